@@ -1,0 +1,269 @@
+//! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
+//! `tracing` layer that shares the tracer provider.
+//!
+//! ```text
+//! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics
+//!                               └─ Prometheus reader <── GET /metrics (export::prometheus)
+//!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
+//! ```
+
+mod console;
+mod otlp;
+mod prometheus;
+#[cfg(feature = "tracing")]
+pub(crate) mod tracing_layer;
+
+pub(crate) use self::prometheus::PrometheusServer;
+
+use crate::config::{Config, HistogramAggregation};
+use crate::names::{default, metric};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{Aggregation, Instrument, SdkMeterProvider, Stream};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use std::net::SocketAddr;
+use std::time::Duration;
+use thiserror::Error;
+
+/// An exporter that could not be set up.
+#[derive(Debug, Error)]
+pub enum ExportError {
+    /// The Prometheus listen address could not be bound.
+    #[error("PHASETRACE_PROMETHEUS={addr}: cannot listen there ({source}); expected a free local address, or off")]
+    PrometheusBind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The Prometheus exporter failed to build.
+    #[error("the Prometheus exporter failed to build: {0}")]
+    Prometheus(String),
+    /// An OTLP exporter failed to build.
+    #[error("OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: the OTLP {signal} exporter failed to build: {detail}")]
+    Otlp {
+        /// `traces` or `metrics`.
+        signal: &'static str,
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        detail: String,
+    },
+    /// The custom CA could not be read.
+    #[error("OTEL_EXPORTER_OTLP_CERTIFICATE={path}: cannot read the CA certificate ({source})")]
+    Certificate {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A background thread or runtime could not start.
+    #[error("cannot start a background thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The providers and servers behind one profiler.
+pub(crate) struct Exporters {
+    /// One provider per histogram flavour: OTLP may use exponential histograms while the
+    /// Prometheus endpoint keeps explicit buckets.
+    pub(crate) meter_providers: Vec<SdkMeterProvider>,
+    pub(crate) tracer_provider: Option<SdkTracerProvider>,
+    pub(crate) prometheus: Option<PrometheusServer>,
+    /// Keeps the tonic channels' background tasks alive.
+    pub(crate) runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Exporters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporters")
+            .field("meter_providers", &self.meter_providers.len())
+            .field("traces", &self.tracer_provider.is_some())
+            .field("prometheus", &self.prometheus.as_ref().map(|p| p.addr()))
+            .finish()
+    }
+}
+
+pub(crate) fn resource(cfg: &Config) -> Resource {
+    let mut attrs: Vec<KeyValue> = vec![
+        KeyValue::new("process.pid", i64::from(std::process::id())),
+        KeyValue::new("telemetry.sdk.name", "phasetrace"),
+        KeyValue::new("telemetry.sdk.language", "rust"),
+        KeyValue::new("telemetry.sdk.version", env!("CARGO_PKG_VERSION")),
+    ];
+    if let Some(exe) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+    {
+        attrs.push(KeyValue::new("process.executable.name", exe));
+    }
+    if let Some(host) = hostname() {
+        attrs.push(KeyValue::new("host.name", host));
+    }
+    for (k, v) in &cfg.resource_attributes {
+        attrs.push(KeyValue::new(k.clone(), v.clone()));
+    }
+    Resource::builder_empty()
+        .with_attributes(attrs)
+        .with_service_name(cfg.service_name.clone())
+        .build()
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+}
+
+fn exponential_view(i: &Instrument) -> Option<Stream> {
+    (i.unit() == metric::UNIT_SECONDS)
+        .then(|| {
+            Stream::builder()
+                .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                    max_size: 160,
+                    max_scale: 20,
+                    record_min_max: true,
+                })
+                .build()
+                .ok()
+        })
+        .flatten()
+}
+
+pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
+    let res = resource(cfg);
+    let otlp = cfg.otlp.as_ref();
+    let needs_runtime = otlp.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc);
+    let runtime = if needs_runtime {
+        Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("phasetrace-otlp")
+                .enable_all()
+                .build()
+                .map_err(ExportError::Thread)?,
+        )
+    } else {
+        None
+    };
+
+    let mut prometheus_reader = None;
+    let mut prometheus = None;
+    if let Some(addr) = cfg.prometheus {
+        let (reader, server) = self::prometheus::start(addr)?;
+        prometheus_reader = Some(reader);
+        prometheus = Some(server);
+    }
+
+    let mut otlp_reader = None;
+    if let (true, Some(o)) = (cfg.metrics_otlp, otlp) {
+        let exporter = otlp::metric_exporter(o, runtime.as_ref())?;
+        otlp_reader = Some(
+            opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                .with_interval(cfg.metric_export_interval)
+                .build(),
+        );
+    }
+
+    let exponential = otlp.is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
+    let mut meter_providers = Vec::new();
+    match (otlp_reader, prometheus_reader, exponential) {
+        (Some(o), Some(p), true) => {
+            meter_providers.push(
+                SdkMeterProvider::builder()
+                    .with_resource(res.clone())
+                    .with_reader(o)
+                    .with_view(exponential_view)
+                    .build(),
+            );
+            meter_providers.push(
+                SdkMeterProvider::builder()
+                    .with_resource(res.clone())
+                    .with_reader(p)
+                    .build(),
+            );
+        }
+        (o, p, exp) => {
+            let mut b = SdkMeterProvider::builder().with_resource(res.clone());
+            if let Some(o) = o {
+                b = b.with_reader(o);
+            }
+            if let Some(p) = p {
+                b = b.with_reader(p);
+            }
+            if exp {
+                b = b.with_view(exponential_view);
+            }
+            meter_providers.push(b.build());
+        }
+    }
+
+    let batch = || {
+        BatchConfigBuilder::default()
+            .with_max_queue_size(16_384)
+            .with_max_export_batch_size(512)
+            .with_scheduled_delay(Duration::from_millis(500))
+            .build()
+    };
+    let tracer_provider = if let (true, Some(o)) = (cfg.traces_otlp, otlp) {
+        let exporter = otlp::span_exporter(o, runtime.as_ref())?;
+        Some(
+            SdkTracerProvider::builder()
+                .with_resource(res)
+                .with_span_processor(
+                    BatchSpanProcessor::builder(exporter)
+                        .with_batch_config(batch())
+                        .build(),
+                )
+                .build(),
+        )
+    } else if cfg.traces_console {
+        Some(
+            SdkTracerProvider::builder()
+                .with_resource(res)
+                .with_span_processor(
+                    BatchSpanProcessor::builder(console::ConsoleSpanExporter::default())
+                        .with_batch_config(batch())
+                        .build(),
+                )
+                .build(),
+        )
+    } else {
+        None
+    };
+    Ok(Exporters {
+        meter_providers,
+        tracer_provider,
+        prometheus,
+        runtime,
+    })
+}
+
+impl Exporters {
+    /// Pushes everything buffered to the exporters.
+    pub(crate) fn force_flush(&self) {
+        if let Some(t) = &self.tracer_provider {
+            let _ = t.force_flush();
+        }
+        for m in &self.meter_providers {
+            let _ = m.force_flush();
+        }
+    }
+
+    /// Flushes and shuts every exporter down; each step is bounded by the exporters' timeouts.
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(t) = &self.tracer_provider {
+            let _ = t.shutdown_with_timeout(Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS));
+        }
+        for m in &self.meter_providers {
+            let _ = m.shutdown_with_timeout(Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS));
+        }
+        if let Some(p) = self.prometheus.take() {
+            p.stop();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_millis(500));
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! # phasetrace
+//!
+//! Turns the timing instrumentation of GPU inference engines (per-section decode timers,
+//! speculative-decoding phase splits, collective rendezvous probes) into OpenTelemetry: histogram
+//! metrics, spans for sampled steps, OTLP (gRPC and HTTP), a Prometheus endpoint and a console
+//! summary.
+//!
+//! ```text
+//! engine thread (hot path)        background worker                  exporters
+//! Recorder::section/step/round    drain lanes, resolve clock tokens  OTLP gRPC / HTTP
+//!   -> Clock::mark                 pair begin/end, aggregate          Prometheus /metrics
+//!   -> push Mark (bounded lane)    spans for sampled steps/rounds     console summary
+//! ```
+//!
+//! The hot path stores marks, not durations: a 24-byte record per boundary into a per-thread
+//! bounded buffer. Off, each call is one relaxed atomic load. On, it is a clock mark and a push;
+//! a full buffer drops and counts. Measured figures are in `BENCHMARKS.md`.
+//!
+//! ## Integrating
+//!
+//! ```
+//! use phasetrace::{Level, Phase, Profiler, Section, Site};
+//!
+//! // From the environment (PHASETRACE_LEVEL, OTEL_EXPORTER_OTLP_ENDPOINT, ...); code wins.
+//! let profiler = Profiler::builder()
+//!     .with_level(Level::Full)
+//!     .with_prometheus(None)
+//!     .build()?;
+//! let rec = profiler.recorder(); // one per engine thread
+//!
+//! let _step = rec.step(); // one decoded token
+//! {
+//!     let _s = rec.section(Section::KDA_MIXER, 12u32, Site::ATTN);
+//!     let _inner = rec.section(Section::KDA_RECUR, 12u32, Site::ATTN); // nests
+//! }
+//! {
+//!     let _probe = rec.section(Section::REDUCE_ATTN_BAR, 12u32, Site::ATTN); // arrival wait
+//! }
+//! let _enq = rec.host_section(Section::REDUCE_ATTN_ENQ, 12u32, Site::ATTN); // never syncs
+//! rec.moe_route(12u32, &[3, 17, 42, 101]);
+//! # drop(_enq); drop(_step);
+//! # profiler.shutdown();
+//! # Ok::<(), phasetrace::Error>(())
+//! ```
+//!
+//! The `phasetrace demo` command (`src/bin/phasetrace/demo.rs`) is a complete multi-rank
+//! integration example.
+
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+pub mod config;
+mod export;
+pub mod names;
+mod profiler;
+mod record;
+pub mod timing;
+pub mod vocab;
+mod worker;
+
+pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing};
+pub use export::ExportError;
+pub use profiler::{Error, Profiler, ProfilerBuilder};
+pub use record::{
+    PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
+};
+pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
+pub use worker::Stats;

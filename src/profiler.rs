@@ -1,0 +1,503 @@
+//! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
+
+use crate::config::{Config, ConfigBuilder, ConfigError, Level, Protocol, SpecLevel, Timing};
+use crate::export::{ExportError, Exporters};
+use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::timing::{Clock, HostClock};
+use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments};
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::trace::TracerProvider as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Why a profiler could not be built.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A configuration value is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An exporter could not be set up.
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    /// A timing backend could not be set up.
+    #[error("PHASETRACE_TIMING={timing}: {detail}")]
+    Timing {
+        /// The backend asked for.
+        timing: &'static str,
+        /// What is missing.
+        detail: String,
+    },
+}
+
+/// Builds a [`Profiler`]: defaults, then the environment, then these settings (code wins).
+#[derive(Default)]
+pub struct ProfilerBuilder {
+    cfg: ConfigBuilder,
+    clock: Option<Arc<dyn Clock>>,
+    drain_interval: Option<Duration>,
+    spec_k_max: Option<u32>,
+    use_env: Option<bool>,
+}
+
+impl std::fmt::Debug for ProfilerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProfilerBuilder")
+            .field("cfg", &self.cfg)
+            .field("clock", &self.clock.as_ref().map(|c| c.name()))
+            .finish()
+    }
+}
+
+impl ProfilerBuilder {
+    /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
+    pub fn with_level(mut self, level: Level) -> Self {
+        self.cfg.level = Some(level);
+        self
+    }
+
+    /// Speculative-decoding detail. Env: `PHASETRACE_SPEC_LEVEL`; default off.
+    pub fn with_spec_level(mut self, level: SpecLevel) -> Self {
+        self.cfg.spec_level = Some(level);
+        self
+    }
+
+    /// Build spans for one step (and one round) in `n`; 0 = none.
+    /// Env: `PHASETRACE_TRACE_EVERY`; default 100.
+    pub fn with_trace_every(mut self, n: u64) -> Self {
+        self.cfg.trace_every = Some(n);
+        self
+    }
+
+    /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
+    pub fn with_layer_attr(mut self, on: bool) -> Self {
+        self.cfg.layer_attr = Some(on);
+        self
+    }
+
+    /// Console summary table every `n` steps; 0 = off. Env: `PHASETRACE_SUMMARY_EVERY`;
+    /// default 0 (100 when `OTEL_METRICS_EXPORTER` includes `console`).
+    pub fn with_summary_every(mut self, n: u64) -> Self {
+        self.cfg.summary_every = Some(n);
+        self
+    }
+
+    /// Console speculative line every `n` rounds; 0 = off.
+    /// Env: `PHASETRACE_SPEC_SUMMARY_EVERY`; default 0.
+    pub fn with_spec_summary_every(mut self, n: u64) -> Self {
+        self.cfg.spec_summary_every = Some(n);
+        self
+    }
+
+    /// The embedded Prometheus endpoint's listen address (`host:port`), or `None` for off.
+    /// Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464` when no OTLP endpoint is set.
+    pub fn with_prometheus(mut self, addr: Option<&str>) -> Self {
+        self.cfg.prometheus = Some(addr.map(str::to_owned));
+        self
+    }
+
+    /// Per-recorder buffer capacity in records (24 bytes each). Env: `PHASETRACE_QUEUE`;
+    /// default 65536 (1.5 MiB per recorder).
+    pub fn with_queue(mut self, records: usize) -> Self {
+        self.cfg.queue = Some(records);
+        self
+    }
+
+    /// This process's rank. Env: `PHASETRACE_RANK`, then `RANK`, `LOCAL_RANK`,
+    /// `OMPI_COMM_WORLD_RANK`; default 0.
+    pub fn with_rank(mut self, rank: u32) -> Self {
+        self.cfg.rank = Some(rank);
+        self
+    }
+
+    /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
+    pub fn with_expert_counter(mut self, on: bool) -> Self {
+        self.cfg.expert_counter = Some(on);
+        self
+    }
+
+    /// The timing backend by name. Env: `PHASETRACE_TIMING`; default `host`. `sync` and
+    /// `events` need a clock for the engine's stream: pass it with [`Self::with_clock`].
+    pub fn with_timing(mut self, timing: Timing) -> Self {
+        self.cfg.timing = Some(timing);
+        self
+    }
+
+    /// The default clock of every recorder (the engine's stream). Its name must match the
+    /// selected timing backend.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Resource `service.name`. Env: `OTEL_SERVICE_NAME`; default `phasetrace`.
+    pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
+        self.cfg.service_name = Some(name.into());
+        self
+    }
+
+    /// The OTLP endpoint, or `None` for no OTLP. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
+    pub fn with_otlp_endpoint(mut self, endpoint: Option<&str>) -> Self {
+        self.cfg.otlp_endpoint = Some(endpoint.map(str::to_owned));
+        self
+    }
+
+    /// The OTLP transport. Env: `OTEL_EXPORTER_OTLP_PROTOCOL`; default `grpc`.
+    pub fn with_otlp_protocol(mut self, protocol: Protocol) -> Self {
+        self.cfg.otlp_protocol = Some(protocol);
+        self
+    }
+
+    /// How often metrics are pushed over OTLP. Env: `OTEL_METRIC_EXPORT_INTERVAL` (ms);
+    /// default 10 s.
+    pub fn with_metric_export_interval(mut self, every: Duration) -> Self {
+        self.cfg.metric_export_interval = Some(every);
+        self
+    }
+
+    /// How long [`Profiler::shutdown`] may take. Default 5 s.
+    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.shutdown_timeout = Some(timeout);
+        self
+    }
+
+    /// Declares a legacy variable that stands for `PHASETRACE_LEVEL` or
+    /// `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`). Both are honored; the phasetrace name
+    /// wins, and a disagreement is reported once on stderr.
+    pub fn with_legacy_alias(mut self, target: &'static str, alias: impl Into<String>) -> Self {
+        self.cfg.aliases.push((alias.into(), target));
+        self
+    }
+
+    /// The largest k of a round, for the accepted-length histogram's integer buckets
+    /// `0..=k_max`. Default 16.
+    pub fn with_spec_k_max(mut self, k_max: u32) -> Self {
+        self.spec_k_max = Some(k_max);
+        self
+    }
+
+    /// Ignore the process environment (tests, embedding). Default: read it.
+    pub fn without_env(mut self) -> Self {
+        self.use_env = Some(false);
+        self
+    }
+
+    /// How often the worker drains the buffers. Default 1 ms.
+    pub fn with_drain_interval(mut self, every: Duration) -> Self {
+        self.drain_interval = Some(every);
+        self
+    }
+
+    /// Resolves the configuration without starting anything (what `phasetrace check` prints).
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        if self.use_env == Some(false) {
+            self.cfg.resolve_with(|_| None)
+        } else {
+            self.cfg.resolve_with(|k| std::env::var_os(k))
+        }
+    }
+
+    /// Resolves the configuration, starts the exporters and the worker.
+    pub fn build(self) -> Result<Profiler, Error> {
+        let cfg = self.config()?;
+        for w in &cfg.alias_warnings {
+            eprintln!("{w}");
+        }
+        let clock: Arc<dyn Clock> = match (cfg.timing, self.clock) {
+            (_, Some(c)) if c.name() == cfg.timing.as_str() => c,
+            (Timing::Host, None) => Arc::new(HostClock),
+            (t, Some(c)) => {
+                return Err(Error::Timing {
+                    timing: t.as_str(),
+                    detail: format!(
+                        "the clock given in code is the {:?} backend; expected the {} backend",
+                        c.name(),
+                        t.as_str()
+                    ),
+                });
+            }
+            (t, None) => {
+                return Err(Error::Timing {
+                    timing: t.as_str(),
+                    detail: "this backend needs the engine's stream: pass a clock with \
+                             ProfilerBuilder::with_clock (SyncClock, CudaEventClock, ...)"
+                        .to_owned(),
+                });
+            }
+        };
+        let enabled = cfg.is_enabled();
+        let shared = Arc::new(Shared {
+            level: AtomicU8::new(if enabled { cfg.level.as_u8() } else { 0 }),
+            spec_level: AtomicU8::new(if enabled { cfg.spec_level.as_u8() } else { 0 }),
+            trace_every: cfg.trace_every,
+            expert_counter: cfg.expert_counter,
+            queue: cfg.queue,
+            rank: cfg.rank,
+            clock,
+            lanes: Mutex::new(Vec::new()),
+            next_lane: AtomicU16::new(1),
+            tracing_parent: AtomicBool::new(false),
+        });
+        if !enabled {
+            return Ok(Profiler {
+                inner: Arc::new(Inner {
+                    shared,
+                    cfg,
+                    running: Mutex::new(None),
+                }),
+            });
+        }
+        let exporters = crate::export::build(&cfg)?;
+        let k_max = self.spec_k_max.unwrap_or(16);
+        let inst = exporters
+            .meter_providers
+            .iter()
+            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, k_max))
+            .collect();
+        let tracer = (cfg.trace_every > 0)
+            .then(|| {
+                exporters
+                    .tracer_provider
+                    .as_ref()
+                    .map(|p| p.tracer("phasetrace"))
+            })
+            .flatten();
+        let pipeline = Pipeline::new(
+            shared.clone(),
+            inst,
+            tracer,
+            cfg.summary_every,
+            cfg.spec_summary_every,
+        );
+        let worker = Worker::start(
+            pipeline,
+            self.drain_interval.unwrap_or(Duration::from_millis(1)),
+        )
+        .map_err(|e| Error::Export(ExportError::Thread(e)))?;
+        Ok(Profiler {
+            inner: Arc::new(Inner {
+                shared,
+                cfg,
+                running: Mutex::new(Some(Running { worker, exporters })),
+            }),
+        })
+    }
+}
+
+struct Running {
+    worker: Worker,
+    exporters: Exporters,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    cfg: Config,
+    running: Mutex<Option<Running>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let running = self
+            .running
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(r) = running {
+            finish(r, self.cfg.shutdown_timeout, self.cfg.summary_every > 0);
+        }
+    }
+}
+
+/// Stops the worker and the exporters, giving up after `timeout` (the rest continues on a
+/// detached thread, which the process exit ends).
+fn finish(r: Running, timeout: Duration, summary: bool) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("phasetrace-shutdown".into())
+        .spawn(move || {
+            let mut r = r;
+            r.worker.stop();
+            if summary {
+                let p = r.worker.pipeline.lock().unwrap_or_else(|e| e.into_inner());
+                if p.tally().steps > 0 {
+                    eprint!("{}", crate::worker::summary_table(p.tally()));
+                }
+            }
+            r.exporters.shutdown();
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() {
+        let _ = rx.recv_timeout(timeout);
+    }
+}
+
+/// The profiler: owns the configuration, the worker and the exporters; hands out
+/// [`Recorder`]s. Cheap to clone; shuts down when [`Profiler::shutdown`] is called or the last
+/// clone drops.
+///
+/// ```
+/// use phasetrace::{Level, Profiler, Section, Site};
+///
+/// let profiler = Profiler::builder()
+///     .without_env()
+///     .with_level(Level::Full)
+///     .with_prometheus(None)
+///     .build()?;
+/// let rec = profiler.recorder();
+/// for _token in 0..3 {
+///     let _step = rec.step();
+///     for layer in 0..2u32 {
+///         let _mixer = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+///         let _front = rec.section(Section::KDA_FRONT, layer, Site::ATTN);
+///     }
+/// }
+/// profiler.flush();
+/// assert_eq!(profiler.stats().sections, 12);
+/// profiler.shutdown();
+/// # Ok::<(), phasetrace::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Profiler {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Profiler")
+            .field("config", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Profiler {
+    /// A builder: defaults, then environment, then code.
+    pub fn builder() -> ProfilerBuilder {
+        ProfilerBuilder::default()
+    }
+
+    /// Builds a profiler from the environment alone.
+    pub fn from_env() -> Result<Profiler, Error> {
+        Self::builder().build()
+    }
+
+    /// A recorder for the calling engine thread, with the profiler's rank and clock.
+    pub fn recorder(&self) -> Recorder {
+        Recorder::new(self.inner.shared.clone(), RecorderOptions::default())
+    }
+
+    /// A recorder with its own rank or clock (ranks as threads; one stream per thread).
+    pub fn recorder_with(&self, opts: RecorderOptions) -> Recorder {
+        Recorder::new(self.inner.shared.clone(), opts)
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    /// Whether anything is recorded.
+    pub fn is_enabled(&self) -> bool {
+        self.inner.shared.level.load(Ordering::Relaxed) != 0
+            || self.inner.shared.spec_level.load(Ordering::Relaxed) != 0
+    }
+
+    /// The embedded Prometheus endpoint's bound address, when it runs.
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.as_ref()
+            .and_then(|r| r.exporters.prometheus.as_ref().map(|p| p.addr()))
+    }
+
+    /// Processes everything recorded so far on the calling thread (resolving what the clocks can
+    /// resolve now), then pushes buffered spans and metrics to the exporters.
+    pub fn flush(&self) {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = r.as_ref() {
+            r.worker.flush();
+            r.exporters.force_flush();
+        }
+    }
+
+    /// Processes everything recorded so far, without pushing to exporters.
+    pub fn drain(&self) {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = r.as_ref() {
+            r.worker.flush();
+        }
+    }
+
+    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops.
+    pub fn stats(&self) -> Stats {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.as_ref().map_or(Stats::default(), |r| {
+            r.worker
+                .pipeline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .stats()
+        })
+    }
+
+    /// The console summary table of everything recorded so far.
+    pub fn summary(&self) -> String {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.as_ref().map_or_else(String::new, |r| {
+            crate::worker::summary_table(
+                r.worker
+                    .pipeline
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .tally(),
+            )
+        })
+    }
+
+    /// Stops recording, processes what is left, flushes every exporter and stops them, within
+    /// the configured shutdown timeout (default 5 s) even when a collector is down.
+    /// Later hot-path calls cost one relaxed load and record nothing.
+    pub fn shutdown(&self) {
+        self.inner.shared.level.store(0, Ordering::Relaxed);
+        self.inner.shared.spec_level.store(0, Ordering::Relaxed);
+        let running = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(r) = running {
+            finish(
+                r,
+                self.inner.cfg.shutdown_timeout,
+                self.inner.cfg.summary_every > 0,
+            );
+        }
+    }
+
+    /// A `tracing` layer exporting through this profiler's tracer provider; once installed, a
+    /// sampled step becomes a child of the engine's current `tracing` span. `None` when no
+    /// traces exporter is configured.
+    #[cfg(feature = "tracing")]
+    pub fn tracing_layer<S>(
+        &self,
+    ) -> Option<
+        tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>,
+    >
+    where
+        S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        let tracer = r
+            .as_ref()?
+            .exporters
+            .tracer_provider
+            .as_ref()?
+            .tracer("phasetrace");
+        self.inner
+            .shared
+            .tracing_parent
+            .store(true, Ordering::Relaxed);
+        Some(tracing_opentelemetry::layer().with_tracer(tracer))
+    }
+}

@@ -1,0 +1,64 @@
+//! A per-recorder bounded buffer of marks, drained by the worker.
+//!
+//! One lane per [`crate::Recorder`] (one per engine thread): the hot path is its only producer,
+//! the worker its only consumer, so a push is uncontended. A full lane drops the mark and counts.
+
+use super::mark::Mark;
+use crate::timing::Clock;
+use crossbeam_queue::ArrayQueue;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+pub(crate) struct Lane {
+    pub(crate) id: u16,
+    pub(crate) rank: u32,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) queue: ArrayQueue<Mark>,
+    /// Marks refused because the queue was full.
+    pub(crate) dropped_full: AtomicU64,
+    /// Marks not taken because the clock gave no token.
+    pub(crate) dropped_clock: AtomicU64,
+    /// Expert ids that do not fit a record.
+    pub(crate) dropped_range: AtomicU64,
+    /// The recorder is gone: drain what is left, then forget the lane.
+    pub(crate) closed: AtomicBool,
+}
+
+impl Lane {
+    pub(crate) fn new(id: u16, rank: u32, clock: Arc<dyn Clock>, capacity: usize) -> Lane {
+        Lane {
+            id,
+            rank,
+            clock,
+            queue: ArrayQueue::new(capacity.max(1)),
+            dropped_full: AtomicU64::new(0),
+            dropped_clock: AtomicU64::new(0),
+            dropped_range: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Stores a mark; a full queue drops and counts it. Never blocks.
+    #[inline]
+    pub(crate) fn push(&self, m: Mark) -> bool {
+        match self.queue.push(m) {
+            Ok(()) => true,
+            Err(_) => {
+                self.dropped_full.fetch_add(1, Relaxed);
+                false
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lane")
+            .field("id", &self.id)
+            .field("rank", &self.rank)
+            .field("clock", &self.clock.name())
+            .field("len", &self.queue.len())
+            .field("capacity", &self.queue.capacity())
+            .finish()
+    }
+}

@@ -1,0 +1,205 @@
+//! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
+
+use crate::names::{attr, metric};
+use crate::vocab::{Layer, Phase, Section, Site};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+
+/// The contract's instruments, created once.
+pub(crate) struct Instruments {
+    section: Histogram<f64>,
+    step: Histogram<f64>,
+    steps: Counter<u64>,
+    wait: Histogram<f64>,
+    expert_tokens: Counter<u64>,
+    dropped: Counter<u64>,
+    phase: Histogram<f64>,
+    part: Histogram<f64>,
+    rounds: Counter<u64>,
+    draft_tokens: Counter<u64>,
+    accepted_tokens: Counter<u64>,
+    accepted_length: Histogram<u64>,
+    layer_attr: bool,
+}
+
+impl Instruments {
+    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32) -> Instruments {
+        let dur = |name: &'static str, desc: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
+                .build()
+        };
+        Instruments {
+            section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
+            step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
+            steps: meter
+                .u64_counter(metric::STEPS)
+                .with_unit(metric::UNIT_STEPS)
+                .with_description("Decode steps")
+                .build(),
+            wait: dur(
+                metric::COLLECTIVE_WAIT,
+                "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
+            ),
+            expert_tokens: meter
+                .u64_counter(metric::MOE_EXPERT_TOKENS)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description("Tokens routed to each MoE expert")
+                .build(),
+            dropped: meter
+                .u64_counter(metric::RECORDS_DROPPED)
+                .with_unit(metric::UNIT_RECORDS)
+                .with_description("Records dropped, by reason")
+                .build(),
+            phase: dur(
+                metric::SPEC_PHASE_DURATION,
+                "Duration of one speculative phase in one round",
+            ),
+            part: dur(
+                metric::SPEC_VERIFY_PART_DURATION,
+                "Duration of one verify part in one round",
+            ),
+            rounds: meter
+                .u64_counter(metric::SPEC_ROUNDS)
+                .with_unit(metric::UNIT_ROUNDS)
+                .with_description("Speculative rounds")
+                .build(),
+            draft_tokens: meter
+                .u64_counter(metric::SPEC_DRAFT_TOKENS)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description("Drafted tokens")
+                .build(),
+            accepted_tokens: meter
+                .u64_counter(metric::SPEC_ACCEPTED_TOKENS)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description("Accepted tokens")
+                .build(),
+            accepted_length: meter
+                .u64_histogram(metric::SPEC_ACCEPTED_LENGTH)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description("Accepted tokens per round")
+                .with_boundaries((0..=k_max).map(f64::from).collect())
+                .build(),
+            layer_attr,
+        }
+    }
+
+    fn rank(rank: u32) -> KeyValue {
+        KeyValue::new(attr::RANK, i64::from(rank))
+    }
+
+    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
+        let mut kv: [KeyValue; 4] = [
+            KeyValue::new(attr::BUCKET, s.as_str()),
+            Self::rank(rank),
+            KeyValue::new(attr::RANK, 0),
+            KeyValue::new(attr::RANK, 0),
+        ];
+        let mut n = 2;
+        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
+            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
+            n += 1;
+        }
+        if let Some(site) = site.as_str() {
+            kv[n] = KeyValue::new(attr::SITE, site);
+            n += 1;
+        }
+        self.section.record(secs, &kv[..n]);
+    }
+
+    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
+        let mut kv: [KeyValue; 3] = [
+            Self::rank(rank),
+            KeyValue::new(attr::RANK, 0),
+            KeyValue::new(attr::RANK, 0),
+        ];
+        let mut n = 1;
+        if let Some(site) = site.as_str() {
+            kv[n] = KeyValue::new(attr::SITE, site);
+            n += 1;
+        }
+        if let Some(l) = layer.get() {
+            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
+            n += 1;
+        }
+        self.wait.record(secs, &kv[..n]);
+    }
+
+    pub(crate) fn step(&self, rank: u32, secs: f64) {
+        let kv = [Self::rank(rank)];
+        self.step.record(secs, &kv);
+        self.steps.add(1, &kv);
+    }
+
+    pub(crate) fn expert(&self, layer: Layer, expert: u16) {
+        let kv = [
+            KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
+            KeyValue::new(attr::EXPERT, i64::from(expert)),
+        ];
+        self.expert_tokens.add(1, &kv);
+    }
+
+    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
+        if n > 0 {
+            self.dropped.add(n, &[KeyValue::new(attr::REASON, reason)]);
+        }
+    }
+
+    pub(crate) fn phase(&self, phase: Phase, rank: u32, secs: f64) {
+        self.phase.record(
+            secs,
+            &[KeyValue::new(attr::PHASE, phase.as_str()), Self::rank(rank)],
+        );
+    }
+
+    pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
+        self.part
+            .record(secs, &[KeyValue::new(attr::PART, part), Self::rank(rank)]);
+    }
+
+    pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
+        let kv = [Self::rank(rank)];
+        self.rounds.add(1, &kv);
+        if let Some(a) = accepted {
+            self.draft_tokens.add(u64::from(k), &kv);
+            self.accepted_tokens.add(u64::from(a), &kv);
+            self.accepted_length.record(u64::from(a), &kv);
+        }
+    }
+}
+
+/// Per-section totals for the console summary.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tally {
+    /// (total ns, calls, nested) indexed by section id.
+    pub(crate) sections: Vec<(u64, u64, bool)>,
+    pub(crate) steps: u64,
+    pub(crate) step_ns: u64,
+    pub(crate) ranks: std::collections::BTreeSet<u32>,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, s: Section, ns: u64, nested: bool) {
+        let i = s.id() as usize;
+        if self.sections.len() <= i {
+            self.sections.resize(i + 1, (0, 0, false));
+        }
+        let e = &mut self.sections[i];
+        e.0 += ns;
+        e.1 += 1;
+        e.2 |= nested;
+    }
+}
+
+/// Per-round-window totals for the speculative console line.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpecTally {
+    pub(crate) rounds: u64,
+    pub(crate) k: u32,
+    pub(crate) phases: [u64; 5],
+    /// kda, kda_scan, mla, ffn, rest
+    pub(crate) parts: [u64; 5],
+}

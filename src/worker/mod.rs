@@ -1,0 +1,349 @@
+//! The background worker: drain buffers, resolve times, pair marks, aggregate, build spans.
+//!
+//! ```text
+//! lanes ──drain──> LaneState (resolve tokens in order, pair begin/end)
+//!                     ├──> Instruments (SDK histograms, counters)
+//!                     ├──> spans for sampled steps and rounds
+//!                     └──> Tally ──> console summary
+//! ```
+//!
+//! The pipeline sits behind a mutex that only the worker thread and explicit
+//! [`crate::Profiler::flush`] calls take; the hot path never touches it.
+
+pub(crate) mod aggregate;
+mod pair;
+pub(crate) mod spans;
+
+pub use pair::Stats;
+
+use crate::names::drop_reason;
+use crate::record::Shared;
+use aggregate::{Instruments, SpecTally, Tally};
+use opentelemetry_sdk::trace::SdkTracer;
+use pair::{EndedRound, LaneState, PartsAcc, Sinks};
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Rounds whose parts map entries are older than this many passes are given up (bounded memory).
+const PARTS_MAX: usize = 65_536;
+
+pub(crate) struct Pipeline {
+    shared: Arc<Shared>,
+    lanes: Vec<LaneState>,
+    inst: Vec<Instruments>,
+    tracer: Option<SdkTracer>,
+    tally: Tally,
+    spec: SpecTally,
+    stats: Stats,
+    parts: HashMap<(u16, u32), PartsAcc>,
+    /// Rounds ended in the previous pass, finalized in this one.
+    ended_prev: Vec<EndedRound>,
+    ended_now: Vec<EndedRound>,
+    summary_every: u64,
+    spec_summary_every: u64,
+    next_summary: u64,
+    expert_counter: bool,
+}
+
+impl Pipeline {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        inst: Vec<Instruments>,
+        tracer: Option<SdkTracer>,
+        summary_every: u64,
+        spec_summary_every: u64,
+    ) -> Pipeline {
+        let expert_counter = shared.expert_counter;
+        Pipeline {
+            shared,
+            lanes: Vec::new(),
+            inst,
+            tracer,
+            tally: Tally::default(),
+            spec: SpecTally::default(),
+            stats: Stats::default(),
+            parts: HashMap::new(),
+            ended_prev: Vec::new(),
+            ended_now: Vec::new(),
+            summary_every,
+            spec_summary_every,
+            next_summary: summary_every,
+            expert_counter,
+        }
+    }
+
+    /// One pass: adopt new lanes, drain each, finalize rounds ended in the previous pass.
+    pub(crate) fn pass(&mut self) {
+        {
+            let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            for l in lanes.iter() {
+                if !self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l)) {
+                    self.lanes.push(LaneState::new(l.clone()));
+                }
+            }
+        }
+        let mut sinks = Sinks {
+            inst: &self.inst,
+            tracer: self.tracer.as_ref(),
+            tally: &mut self.tally,
+            stats: &mut self.stats,
+            parts: &mut self.parts,
+            ended: &mut self.ended_now,
+            expert_counter: self.expert_counter,
+        };
+        for lane in &mut self.lanes {
+            lane.drain(&mut sinks);
+            lane.collect_drops(&mut sinks);
+        }
+        // Forget lanes whose recorder is gone and whose marks are all processed.
+        let before = self.lanes.len();
+        self.lanes.retain(|l| !l.finished());
+        if self.lanes.len() != before {
+            let mut shared = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            shared.retain(|l| {
+                !(l.closed.load(Ordering::Acquire) && l.queue.is_empty())
+                    || self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l))
+            });
+        }
+        let ready = std::mem::take(&mut self.ended_prev);
+        for r in ready {
+            self.finalize_round(r);
+        }
+        self.ended_prev = std::mem::take(&mut self.ended_now);
+        if self.parts.len() > PARTS_MAX {
+            let n = self.parts.len() as u64;
+            self.parts.clear();
+            self.stats.dropped_unbalanced += n;
+            for i in &self.inst {
+                i.dropped(drop_reason::UNBALANCED, n);
+            }
+        }
+        self.maybe_print_summary();
+    }
+
+    /// Finalizes everything, including rounds ended in this very pass (used at flush/shutdown).
+    pub(crate) fn flush(&mut self) {
+        self.pass();
+        let ready = std::mem::take(&mut self.ended_prev);
+        for r in ready {
+            self.finalize_round(r);
+        }
+    }
+
+    fn finalize_round(&mut self, r: EndedRound) {
+        let rank = r.rank;
+        let parts = self.parts.remove(&r.key);
+        let spec_level = self.shared.spec_level.load(Ordering::Relaxed);
+        for inst in &self.inst {
+            for p in crate::vocab::Phase::ALL {
+                let ns = r.round.phases[p as usize];
+                // A phase that never ran in this round is not a zero-length phase.
+                if ns > 0 || r.round.trace.as_ref().is_some_and(|t| t.phases.iter().any(|x| x.0 == p)) {
+                    inst.phase(p, rank, ns as f64 * 1e-9);
+                }
+            }
+            inst.round(rank, r.round.k, r.accepted);
+        }
+        let verify = r.round.phases[crate::vocab::Phase::Verify as usize];
+        let mut split = [0u64; 5];
+        if spec_level >= 2 {
+            let ns = parts.as_ref().map_or([0; 4], |p| p.ns);
+            let rest = verify.saturating_sub(ns[0] + ns[2]);
+            split = [ns[0], ns[1], ns[2], ns[3], rest];
+            let names = ["kda", "kda_scan", "mla", "ffn", crate::vocab::VerifyPart::REST];
+            for inst in &self.inst {
+                for (name, v) in names.iter().zip(split) {
+                    inst.part(name, rank, v as f64 * 1e-9);
+                }
+            }
+        }
+        self.stats.rounds += 1;
+        let sp = &mut self.spec;
+        sp.rounds += 1;
+        sp.k = sp.k.max(r.round.k);
+        for i in 0..5 {
+            sp.phases[i] += r.round.phases[i];
+            sp.parts[i] += split[i];
+        }
+        if let (Some(trace), Some(tracer)) = (r.round.trace.as_ref(), self.tracer.as_ref()) {
+            let mut parts = parts.map(|p| p.intervals).unwrap_or_default();
+            parts.sort_by_key(|p| p.1);
+            self.stats.spans += spans::build_round(
+                tracer,
+                &trace.phases,
+                &parts,
+                rank,
+                r.round.k,
+                r.accepted,
+                r.round.start,
+                r.end,
+            ) as u64;
+        }
+        if self.spec_summary_every > 0 && sp.rounds >= self.spec_summary_every {
+            let line = spec_lines(sp, spec_level >= 2);
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            *sp = SpecTally::default();
+        }
+    }
+
+    fn maybe_print_summary(&mut self) {
+        if self.summary_every == 0 || self.tally.steps < self.next_summary {
+            return;
+        }
+        let ranks = self.tally.ranks.len().max(1) as u64;
+        while self.next_summary <= self.tally.steps {
+            self.next_summary += self.summary_every * ranks;
+        }
+        let text = summary_table(&self.tally);
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    pub(crate) fn tally(&self) -> &Tally {
+        &self.tally
+    }
+}
+
+/// The console summary table: per bucket ms/token, share %, calls/token, µs/call, sorted.
+pub(crate) fn summary_table(t: &Tally) -> String {
+    use std::fmt::Write as _;
+    let steps = t.steps.max(1) as f64;
+    let top: u64 = t.sections.iter().filter(|s| !s.2).map(|s| s.0).sum();
+    let mut rows: Vec<(usize, u64, u64, bool)> = t
+        .sections
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.1 > 0)
+        .map(|(i, s)| (i, s.0, s.1, s.2))
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "phasetrace decode profile after {} steps ({} rank{}): {:.3} ms/token in sections, {:.3} ms/token per step",
+        t.steps,
+        t.ranks.len(),
+        if t.ranks.len() == 1 { "" } else { "s" },
+        top as f64 / 1e6 / steps,
+        t.step_ns as f64 / 1e6 / steps,
+    );
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>10} {:>7} {:>10} {:>10}",
+        "bucket", "ms/token", "share", "calls/tok", "us/call"
+    );
+    for (i, ns, calls, nested) in rows {
+        let name = crate::vocab::Section::from_id(i as u16).as_str();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>10.3} {:>6.1}% {:>10.2} {:>10.1}",
+            if nested {
+                format!(" ↳{name}")
+            } else {
+                name.to_owned()
+            },
+            ns as f64 / 1e6 / steps,
+            100.0 * ns as f64 / top.max(1) as f64,
+            calls as f64 / steps,
+            ns as f64 / 1e3 / calls.max(1) as f64,
+        );
+    }
+    out
+}
+
+/// The speculative console lines: phases per round, and the verify sub-split at level 2.
+pub(crate) fn spec_lines(sp: &SpecTally, split: bool) -> String {
+    let per = |ns: u64| ns as f64 / 1e6 / sp.rounds.max(1) as f64;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let total: u64 = sp.phases.iter().sum();
+    let p = &sp.phases;
+    let mut s = format!(
+        "[phasetrace-spec] rounds={} k={} total={:.2}ms | draft={:.2} verify={:.2} accept={:.2} roll={:.2} maint={:.2} | per-round ms: draft={:.3} verify={:.3} accept={:.3} roll={:.3} maint={:.3} total={:.3}\n",
+        sp.rounds,
+        sp.k,
+        ms(total),
+        ms(p[0]),
+        ms(p[1]),
+        ms(p[2]),
+        ms(p[3]),
+        ms(p[4]),
+        per(p[0]),
+        per(p[1]),
+        per(p[2]),
+        per(p[3]),
+        per(p[4]),
+        per(total)
+    );
+    if split {
+        let v = &sp.parts;
+        s += &format!(
+            "[phasetrace-spec-v] rounds={} k={} | per-round ms: vkda={:.3} (scan={:.3}) vmla={:.3} vrest={:.3} (vffn={:.3})\n",
+            sp.rounds,
+            sp.k,
+            per(v[0]),
+            per(v[1]),
+            per(v[2]),
+            per(v[4]),
+            per(v[3])
+        );
+    }
+    s
+}
+
+/// The worker thread and the pipeline it drives.
+pub(crate) struct Worker {
+    pub(crate) pipeline: Arc<Mutex<Pipeline>>,
+    stop: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Worker {
+    pub(crate) fn start(pipeline: Pipeline, interval: Duration) -> std::io::Result<Worker> {
+        let pipeline = Arc::new(Mutex::new(pipeline));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, st) = (pipeline.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("phasetrace-worker".into())
+            .spawn(move || {
+                while !st.load(Ordering::Acquire) {
+                    p.lock().unwrap_or_else(|e| e.into_inner()).pass();
+                    std::thread::park_timeout(interval);
+                }
+            })?;
+        Ok(Worker {
+            pipeline,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Drains and processes everything recorded so far on the calling thread.
+    pub(crate) fn flush(&self) {
+        self.pipeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush();
+    }
+
+    /// Stops the thread and processes what is left.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(h) = handle {
+            h.thread().unpark();
+            let _ = h.join();
+        }
+        self.flush();
+    }
+}

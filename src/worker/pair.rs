@@ -1,0 +1,411 @@
+//! Pairing: turns one lane's mark stream into durations, in order, and hands them to the
+//! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
+
+use super::aggregate::{Instruments, Tally};
+use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
+use crate::record::Lane;
+use crate::record::mark::{FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use crate::timing::{Resolved, Token};
+use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
+use opentelemetry_sdk::trace::SdkTracer;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Most marks a lane may hold back while its clock resolves them (bounded memory).
+const BACKLOG_MAX: usize = 1 << 20;
+/// Most nested open sections per lane.
+const STACK_MAX: usize = 256;
+
+struct Open {
+    section: Section,
+    site: Site,
+    layer: Layer,
+    start: u64,
+    /// Index into the sampled step's spans.
+    span: Option<usize>,
+}
+
+struct OpenStep {
+    start: u64,
+    number: u64,
+    trace: Option<StepTrace>,
+}
+
+pub(crate) struct OpenRound {
+    pub(crate) start: u64,
+    pub(crate) k: u32,
+    pub(crate) seq: u32,
+    pub(crate) last: u64,
+    pub(crate) phases: [u64; 5],
+    pub(crate) trace: Option<RoundTrace>,
+}
+
+/// A round that ended; finalized one drain pass later so verify parts recorded on other
+/// threads before its end have arrived.
+pub(crate) struct EndedRound {
+    pub(crate) round: OpenRound,
+    pub(crate) end: u64,
+    pub(crate) accepted: Option<u32>,
+    pub(crate) rank: u32,
+    pub(crate) key: (u16, u32),
+}
+
+/// Verify parts gathered for one round: totals (kda, kda_scan, mla, ffn) and intervals.
+#[derive(Default)]
+pub(crate) struct PartsAcc {
+    pub(crate) ns: [u64; 4],
+    pub(crate) intervals: Vec<(&'static str, u64, u64)>,
+}
+
+/// Counters of what the worker saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Marks taken from the buffers and processed.
+    pub marks: u64,
+    /// Sections timed (begin and end paired).
+    pub sections: u64,
+    /// Steps timed.
+    pub steps: u64,
+    /// Rounds finalized.
+    pub rounds: u64,
+    /// Spans built.
+    pub spans: u64,
+    /// Marks dropped because a buffer was full.
+    pub dropped_queue_full: u64,
+    /// Marks dropped because the clock gave or resolved no time.
+    pub dropped_clock: u64,
+    /// Marks that did not pair (end without begin, begin never ended, wrong nesting).
+    pub dropped_unbalanced: u64,
+    /// Values that did not fit a record (expert id above 65535).
+    pub dropped_out_of_range: u64,
+}
+
+/// Everything a lane's marks feed.
+pub(crate) struct Sinks<'a> {
+    pub(crate) inst: &'a [Instruments],
+    pub(crate) tracer: Option<&'a SdkTracer>,
+    pub(crate) tally: &'a mut Tally,
+    pub(crate) stats: &'a mut Stats,
+    pub(crate) parts: &'a mut HashMap<(u16, u32), PartsAcc>,
+    pub(crate) ended: &'a mut Vec<EndedRound>,
+    pub(crate) expert_counter: bool,
+}
+
+pub(crate) struct LaneState {
+    pub(crate) lane: Arc<Lane>,
+    backlog: VecDeque<Mark>,
+    stack: Vec<Open>,
+    step: Option<OpenStep>,
+    steps: u64,
+    round: Option<OpenRound>,
+    parts_open: Vec<(Mark, u64)>,
+    parent: [u64; 3],
+    parent_parts: u8,
+    last_ns: u64,
+    seen: [u64; 3],
+}
+
+impl LaneState {
+    pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
+        LaneState {
+            lane,
+            backlog: VecDeque::new(),
+            stack: Vec::new(),
+            step: None,
+            steps: 0,
+            round: None,
+            parts_open: Vec::new(),
+            parent: [0; 3],
+            parent_parts: 0,
+            last_ns: 0,
+            seen: [0; 3],
+        }
+    }
+
+    /// Whether the lane's recorder is gone and nothing is left to process.
+    pub(crate) fn finished(&self) -> bool {
+        self.lane.closed.load(std::sync::atomic::Ordering::Acquire)
+            && self.lane.queue.is_empty()
+            && self.backlog.is_empty()
+    }
+
+    /// Moves the lane's drop counters into the instruments (as deltas).
+    pub(crate) fn collect_drops(&mut self, s: &mut Sinks<'_>) {
+        use crate::names::drop_reason;
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = [
+            self.lane.dropped_full.load(Relaxed),
+            self.lane.dropped_clock.load(Relaxed),
+            self.lane.dropped_range.load(Relaxed),
+        ];
+        let d: Vec<u64> = now.iter().zip(self.seen).map(|(a, b)| a - b).collect();
+        self.seen = now;
+        s.stats.dropped_queue_full += d[0];
+        s.stats.dropped_clock += d[1];
+        s.stats.dropped_out_of_range += d[2];
+        for inst in s.inst {
+            inst.dropped(drop_reason::QUEUE_FULL, d[0]);
+            inst.dropped(drop_reason::CLOCK, d[1]);
+            inst.dropped(drop_reason::OUT_OF_RANGE, d[2]);
+        }
+    }
+
+    /// Drains the lane and processes marks in order until one is not resolvable yet.
+    pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+        while self.backlog.len() < BACKLOG_MAX {
+            match self.lane.queue.pop() {
+                Some(m) => self.backlog.push_back(m),
+                None => break,
+            }
+        }
+        while let Some(m) = self.backlog.front().copied() {
+            let t = match m.kind {
+                MarkKind::Wait | MarkKind::Route | MarkKind::ParentHi | MarkKind::ParentLo
+                | MarkKind::ParentSpan => 0,
+                _ if m.flag & FLAG_HOST != 0 => m.token,
+                _ => match self.lane.clock.resolve(Token(m.token)) {
+                    Resolved::At(ns) => {
+                        self.lane.clock.release(Token(m.token));
+                        ns
+                    }
+                    Resolved::Pending => break,
+                    Resolved::Failed => {
+                        self.lane.clock.release(Token(m.token));
+                        self.backlog.pop_front();
+                        s.stats.marks += 1;
+                        s.stats.dropped_clock += 1;
+                        for inst in s.inst {
+                            inst.dropped(crate::names::drop_reason::CLOCK, 1);
+                        }
+                        continue;
+                    }
+                },
+            };
+            self.backlog.pop_front();
+            s.stats.marks += 1;
+            if t != 0 {
+                self.last_ns = t;
+            }
+            self.process(m, t, s);
+        }
+    }
+
+    fn unbalanced(s: &mut Sinks<'_>, n: u64) {
+        s.stats.dropped_unbalanced += n;
+        for inst in s.inst {
+            inst.dropped(crate::names::drop_reason::UNBALANCED, n);
+        }
+    }
+
+    fn process(&mut self, m: Mark, t: u64, s: &mut Sinks<'_>) {
+        let rank = self.lane.rank;
+        match m.kind {
+            MarkKind::ParentHi | MarkKind::ParentLo | MarkKind::ParentSpan => {
+                let i = m.kind as usize - MarkKind::ParentHi as usize;
+                self.parent[i] = m.token;
+                self.parent_parts |= 1 << i;
+            }
+            MarkKind::StepBegin => {
+                if self.step.is_some() {
+                    Self::unbalanced(s, 1);
+                }
+                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
+                let parent = (self.parent_parts == 7).then(|| {
+                    ((u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]), self.parent[2])
+                });
+                self.parent_parts = 0;
+                self.steps += 1;
+                self.step = Some(OpenStep {
+                    start: t,
+                    number: self.steps - 1,
+                    trace: sampled.then(|| StepTrace {
+                        parent,
+                        ..StepTrace::default()
+                    }),
+                });
+            }
+            MarkKind::StepEnd => {
+                let Some(step) = self.step.take() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let ns = t.saturating_sub(step.start);
+                for inst in s.inst {
+                    inst.step(rank, ns as f64 * 1e-9);
+                }
+                s.stats.steps += 1;
+                s.tally.steps += 1;
+                s.tally.step_ns += ns;
+                s.tally.ranks.insert(rank);
+                if let (Some(trace), Some(tracer)) = (step.trace, s.tracer) {
+                    s.stats.spans += spans::build_step(
+                        tracer,
+                        &trace,
+                        rank,
+                        step.number,
+                        step.start,
+                        t,
+                        self.lane.clock.name(),
+                    ) as u64;
+                }
+            }
+            MarkKind::SectionBegin => {
+                if self.stack.len() >= STACK_MAX {
+                    Self::unbalanced(s, 1);
+                    return;
+                }
+                let section = Section::from_id(m.id);
+                let site = Site::from_id(m.site);
+                let layer = Layer(m.layer);
+                let parent = self.stack.last().and_then(|o| o.span);
+                let span = self.step.as_mut().and_then(|st| st.trace.as_mut()).map(|tr| {
+                    tr.sections.push(SectionSpan {
+                        section,
+                        layer,
+                        site,
+                        start: t,
+                        end: None,
+                        parent,
+                    });
+                    tr.sections.len() - 1
+                });
+                self.stack.push(Open {
+                    section,
+                    site,
+                    layer,
+                    start: t,
+                    span,
+                });
+            }
+            MarkKind::SectionEnd => {
+                let Some(pos) = self.stack.iter().rposition(|o| o.section.id() == m.id) else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let inner = self.stack.len() - 1 - pos;
+                if inner > 0 {
+                    // Sections opened inside this one and never ended.
+                    self.stack.truncate(pos + 1);
+                    Self::unbalanced(s, inner as u64);
+                }
+                let Some(open) = self.stack.pop() else {
+                    return;
+                };
+                let ns = t.saturating_sub(open.start);
+                let secs = ns as f64 * 1e-9;
+                for inst in s.inst {
+                    inst.section(open.section, open.layer, open.site, rank, secs);
+                    if open.section.kind() == SectionKind::Probe {
+                        inst.wait(open.site, open.layer, rank, secs);
+                    }
+                }
+                s.stats.sections += 1;
+                s.tally.add(open.section, ns, !self.stack.is_empty());
+                if let (Some(i), Some(tr)) = (
+                    open.span,
+                    self.step.as_mut().and_then(|st| st.trace.as_mut()),
+                ) && let Some(sp) = tr.sections.get_mut(i)
+                {
+                    sp.end = Some(t);
+                }
+            }
+            MarkKind::Wait => {
+                for inst in s.inst {
+                    inst.wait(Site::from_id(m.site), Layer(m.layer), rank, m.token as f64 * 1e-9);
+                }
+            }
+            MarkKind::Route => {
+                let n = (m.site as usize).min(4);
+                let ids: [u16; 4] = std::array::from_fn(|i| (m.token >> (16 * i)) as u16);
+                if s.expert_counter {
+                    for inst in s.inst {
+                        for &id in &ids[..n] {
+                            inst.expert(Layer(m.layer), id);
+                        }
+                    }
+                }
+                let at = self.last_ns;
+                if let Some(tr) = self.step.as_mut().and_then(|st| st.trace.as_mut()) {
+                    match tr.routes.last_mut() {
+                        Some((l, v, _)) if *l == Layer(m.layer) && v.len() % 4 == 0 => {
+                            v.extend_from_slice(&ids[..n]);
+                        }
+                        _ => tr.routes.push((Layer(m.layer), ids[..n].to_vec(), at)),
+                    }
+                }
+            }
+            MarkKind::RoundBegin => {
+                if let Some(r) = self.round.take() {
+                    // A round never ended: its phases are lost, counted.
+                    let _ = r;
+                    Self::unbalanced(s, 1);
+                }
+                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
+                self.round = Some(OpenRound {
+                    start: t,
+                    k: m.layer,
+                    seq: (u32::from(m.id) << 16) | u32::from(m.site),
+                    last: t,
+                    phases: [0; 5],
+                    trace: sampled.then(RoundTrace::default),
+                });
+            }
+            MarkKind::Phase => {
+                let (Some(r), Some(phase)) = (self.round.as_mut(), Phase::from_u8(m.id as u8))
+                else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let ns = t.saturating_sub(r.last);
+                r.phases[phase as usize] += ns;
+                if let Some(tr) = r.trace.as_mut() {
+                    tr.phases.push((phase, r.last, t));
+                }
+                r.last = t;
+            }
+            MarkKind::RoundEnd => {
+                let Some(round) = self.round.take() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let accepted = (m.layer != u32::MAX).then_some(m.layer);
+                if accepted.is_none() {
+                    Self::unbalanced(s, 1);
+                }
+                let key = (self.lane.id, round.seq);
+                s.ended.push(EndedRound {
+                    round,
+                    end: t,
+                    accepted,
+                    rank,
+                    key,
+                });
+            }
+            MarkKind::PartBegin => {
+                if self.parts_open.len() >= STACK_MAX {
+                    Self::unbalanced(s, 1);
+                    return;
+                }
+                self.parts_open.push((m, t));
+            }
+            MarkKind::PartEnd => {
+                let Some(pos) = self.parts_open.iter().rposition(|(b, _)| {
+                    b.id == m.id && b.site == m.site && b.layer == m.layer
+                }) else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let (b, start) = self.parts_open.remove(pos);
+                let Some(part) = VerifyPart::from_u8(b.id as u8) else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let acc = s.parts.entry((b.site, b.layer)).or_default();
+                acc.ns[part as usize] += t.saturating_sub(start);
+                if acc.intervals.len() < 4096 {
+                    acc.intervals.push((part.as_str(), start, t));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Span building for sampled steps and rounds, with explicit start and end timestamps.
+//!
+//! ```text
+//! decode.step ─┬─ layer ── kda_mixer ─┬─ kda_front
+//!              │                      └─ kda_recur ...
+//!              └─ (sections without a layer)
+//! spec.round ── draft | verify ── kda | mla ... | accept | rollback | maint
+//! ```
+
+use crate::names::{attr, span};
+use crate::timing::to_system_time;
+use crate::vocab::{Layer, Section, Site};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::SdkTracer;
+
+/// One timed section of a sampled step; `end == None` while open.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SectionSpan {
+    pub(crate) section: Section,
+    pub(crate) layer: Layer,
+    pub(crate) site: Site,
+    pub(crate) start: u64,
+    pub(crate) end: Option<u64>,
+    /// Index of the enclosing section in the same step.
+    pub(crate) parent: Option<usize>,
+}
+
+/// What a sampled step collected.
+#[derive(Debug, Default)]
+pub(crate) struct StepTrace {
+    pub(crate) sections: Vec<SectionSpan>,
+    /// (layer, expert ids, time)
+    pub(crate) routes: Vec<(Layer, Vec<u16>, u64)>,
+    /// Parent from the engine's `tracing` span: (trace id, span id).
+    pub(crate) parent: Option<(u128, u64)>,
+}
+
+fn parent_context(parent: Option<(u128, u64)>) -> Context {
+    match parent {
+        Some((t, s)) if t != 0 && s != 0 => {
+            Context::new().with_remote_span_context(SpanContext::new(
+                TraceId::from(t),
+                SpanId::from(s),
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
+            ))
+        }
+        _ => Context::new(),
+    }
+}
+
+fn child(
+    tracer: &SdkTracer,
+    parent: &Context,
+    name: &'static str,
+    start: u64,
+    attrs: Vec<KeyValue>,
+) -> Context {
+    let s = tracer
+        .span_builder(name)
+        .with_start_time(to_system_time(start))
+        .with_attributes(attrs)
+        .start_with_context(tracer, parent);
+    parent.with_span(s)
+}
+
+fn end(cx: &Context, at: u64) {
+    cx.span().end_with_timestamp(to_system_time(at));
+}
+
+/// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
+pub(crate) fn build_step(
+    tracer: &SdkTracer,
+    trace: &StepTrace,
+    rank: u32,
+    step: u64,
+    start: u64,
+    stop: u64,
+    timing: &'static str,
+) -> usize {
+    let root = child(
+        tracer,
+        &parent_context(trace.parent),
+        span::STEP,
+        start,
+        vec![
+            KeyValue::new(attr::RANK, i64::from(rank)),
+            KeyValue::new(attr::STEP, step as i64),
+            KeyValue::new(attr::TIMING, timing),
+        ],
+    );
+    let mut built = 1;
+    for (layer, ids, at) in &trace.routes {
+        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        root.span().add_event_with_timestamp(
+            span::MOE_ROUTE_EVENT,
+            to_system_time(*at),
+            vec![
+                KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
+                KeyValue::new(attr::EXPERT_IDS, opentelemetry::Value::Array(opentelemetry::Array::I64(ids))),
+            ],
+        );
+    }
+
+    // Layer spans cover their top-level sections.
+    let mut layers: Vec<(Layer, u64, u64)> = Vec::new();
+    for s in trace.sections.iter().filter(|s| s.parent.is_none()) {
+        let (Some(end_ns), Some(_)) = (s.end, s.layer.get()) else {
+            continue;
+        };
+        match layers.iter_mut().find(|(l, _, _)| *l == s.layer) {
+            Some(e) => {
+                e.1 = e.1.min(s.start);
+                e.2 = e.2.max(end_ns);
+            }
+            None => layers.push((s.layer, s.start, end_ns)),
+        }
+    }
+    let layer_cx: Vec<(Layer, Context, u64)> = layers
+        .into_iter()
+        .map(|(l, a, b)| {
+            let cx = child(
+                tracer,
+                &root,
+                span::LAYER,
+                a,
+                vec![KeyValue::new(attr::LAYER, i64::from(l.0))],
+            );
+            (l, cx, b)
+        })
+        .collect();
+    built += layer_cx.len();
+
+    // Parents begin before their children, so one pass in begin order finds every parent.
+    let mut cxs: Vec<Option<Context>> = Vec::with_capacity(trace.sections.len());
+    for s in &trace.sections {
+        let Some(end_ns) = s.end else {
+            cxs.push(None);
+            continue;
+        };
+        let parent = match s.parent.and_then(|p| cxs.get(p).and_then(Option::as_ref)) {
+            Some(p) => p,
+            None => layer_cx
+                .iter()
+                .find(|(l, _, _)| *l == s.layer)
+                .map_or(&root, |(_, cx, _)| cx),
+        };
+        let mut attrs = vec![
+            KeyValue::new(attr::BUCKET, s.section.as_str()),
+            KeyValue::new(attr::RANK, i64::from(rank)),
+        ];
+        if let Some(l) = s.layer.get() {
+            attrs.push(KeyValue::new(attr::LAYER, i64::from(l)));
+        }
+        if let Some(site) = s.site.as_str() {
+            attrs.push(KeyValue::new(attr::SITE, site));
+        }
+        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs);
+        cxs.push(Some(cx.clone()));
+        // Ended after its children are started; children end themselves below.
+        let _ = end_ns;
+        built += 1;
+    }
+    for (s, cx) in trace.sections.iter().zip(&cxs) {
+        if let (Some(cx), Some(e)) = (cx, s.end) {
+            end(cx, e);
+        }
+    }
+    for (_, cx, e) in &layer_cx {
+        end(cx, *e);
+    }
+    end(&root, stop);
+    built
+}
+
+/// What a sampled round collected: its phase intervals (phase, start, end).
+#[derive(Debug, Default)]
+pub(crate) struct RoundTrace {
+    pub(crate) phases: Vec<(crate::vocab::Phase, u64, u64)>,
+}
+
+/// Builds `spec.round -> phase -> part` spans; returns how many spans were built.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_round(
+    tracer: &SdkTracer,
+    phases: &[(crate::vocab::Phase, u64, u64)],
+    parts: &[(&'static str, u64, u64)],
+    rank: u32,
+    k: u32,
+    accepted: Option<u32>,
+    start: u64,
+    stop: u64,
+) -> usize {
+    let mut attrs = vec![
+        KeyValue::new(attr::RANK, i64::from(rank)),
+        KeyValue::new(attr::K, i64::from(k)),
+    ];
+    if let Some(a) = accepted {
+        attrs.push(KeyValue::new(attr::ACCEPTED, i64::from(a)));
+    }
+    let root = child(tracer, &Context::new(), span::ROUND, start, attrs);
+    let mut built = 1;
+    for (phase, a, b) in phases {
+        let cx = child(
+            tracer,
+            &root,
+            phase.as_str(),
+            *a,
+            vec![KeyValue::new(attr::PHASE, phase.as_str())],
+        );
+        built += 1;
+        if *phase == crate::vocab::Phase::Verify {
+            for (part, pa, pb) in parts {
+                let p = child(
+                    tracer,
+                    &cx,
+                    part,
+                    *pa,
+                    vec![KeyValue::new(attr::PART, *part)],
+                );
+                end(&p, *pb);
+                built += 1;
+            }
+        }
+        end(&cx, *b);
+    }
+    end(&root, stop);
+    built
+}
