@@ -1,1 +1,80 @@
-fn main() {}
+//! The `phasetrace` command: `demo` (the main job), `check` and `import`.
+
+mod check;
+mod demo;
+mod flags;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  runtime failure (an exporter could not start, a file could not be read)
+  2  bad command-line usage
+  3  invalid configuration (an environment variable, flag or profile file)
+  4  check failed: an endpoint is unreachable or a listen address is taken";
+
+/// Turns GPU inference-engine timing into OpenTelemetry.
+#[derive(Debug, Parser)]
+#[command(name = "phasetrace", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a synthetic multi-rank GLM-style decode workload instrumented through the public API.
+    #[command(after_help = EXIT_CODES)]
+    Demo(demo::DemoArgs),
+    /// Print the resolved configuration, validate it and probe the endpoints.
+    #[command(after_help = EXIT_CODES)]
+    Check(check::CheckArgs),
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    pub(crate) fn config(e: impl std::fmt::Display) -> Failure {
+        Failure {
+            code: 3,
+            message: format!("invalid configuration: {e}"),
+        }
+    }
+
+    pub(crate) fn runtime(e: impl std::fmt::Display) -> Failure {
+        Failure {
+            code: 1,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<phasetrace::Error> for Failure {
+    fn from(e: phasetrace::Error) -> Failure {
+        match e {
+            phasetrace::Error::Config(c) => Failure::config(c),
+            other => Failure::runtime(other),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => demo::run(a),
+        Command::Check(a) => check::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("phasetrace: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}

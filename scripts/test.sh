@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The project's single test command:
+#   1. installs the real peer processes (rotel, Prometheus, promtool, docker-compose),
+#   2. runs every Rust test with all features against them,
+#   3. validates the deployable stack (scripts/validate-stack.sh), when present.
+# Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh --test rotel_harness_parses_what_the_sdk_sends`.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+section() { printf '\n==== %s ====\n' "$*" >&2; }
+
+section "installing test tools (scripts/install-tools.sh)"
+"$ROOT/scripts/install-tools.sh" >/dev/null
+
+# shellcheck source=/dev/null
+source "$ROOT/.tools/env"
+printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\n' \
+    "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
+
+section "cargo test --all-features --locked $*"
+cargo test --all-features --locked "$@"
+
+if [ -f "$ROOT/scripts/validate-stack.sh" ]; then
+    section "validating the stack (scripts/validate-stack.sh)"
+    if [ -x "$ROOT/scripts/validate-stack.sh" ]; then
+        "$ROOT/scripts/validate-stack.sh"
+    else
+        bash "$ROOT/scripts/validate-stack.sh"
+    fi
+fi
+
+section "all tests passed"

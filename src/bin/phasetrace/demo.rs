@@ -1,0 +1,602 @@
+//! `phasetrace demo`: a synthetic multi-rank GLM-style decode run, instrumented only through the
+//! public API. Read it as the example of how an engine integrates phasetrace:
+//!
+//! 1. build a [`Profiler`] once (environment, then flags);
+//! 2. give each engine thread (here: each tensor-parallel rank) its own [`Recorder`];
+//! 3. wrap each token in `rec.step()`, each kernel group in `rec.section(..)`, each
+//!    all-reduce's rendezvous probe in a `*_BAR` section, enqueue-only work in
+//!    `rec.host_section(..)`, and report routed experts with `rec.moe_route(..)`;
+//! 4. for speculative decoding, wrap each round in `rec.round(k)`, mark phases as they end, and
+//!    time verify parts with `rec.verify_part(..)`;
+//! 5. `profiler.shutdown()` at exit flushes everything.
+//!
+//! Host sleeps stand in for kernels, and a `Barrier` stands in for the all-reduce rendezvous, so
+//! every rank really waits for the slowest one at each collective.
+
+use crate::Failure;
+use crate::flags::ProfilerFlags;
+use clap::Args;
+use phasetrace::{
+    Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, VerifyPart,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, LogNormal};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// `phasetrace demo` flags.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Decode steps per rank (ignored with --duration or --forever).
+    #[arg(long, default_value_t = 2000)]
+    steps: u64,
+    /// Run for this many seconds instead of a step count.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Run until Ctrl-C.
+    #[arg(long)]
+    forever: bool,
+    /// Tensor-parallel ranks (threads that rendezvous at every all-reduce).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    ranks: u32,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=512))]
+    layers: u32,
+    /// Leading dense (non-MoE) layers.
+    #[arg(long, default_value_t = 1)]
+    dense_layers: u32,
+    /// Every Nth layer uses DSA attention; the others use the KDA linear mixer.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    dsa_every: u32,
+    /// Routed experts per MoE layer.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    experts: u32,
+    /// Experts per token.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    top_k: u32,
+    /// A rank whose compute runs --straggler-factor times slower.
+    #[arg(long)]
+    straggler_rank: Option<u32>,
+    /// How much slower the straggler's compute is.
+    #[arg(long, default_value_t = 3.0)]
+    straggler_factor: f64,
+    /// A periodic straggler: every this many seconds, one rank (rotating) straggles for a third
+    /// of the period.
+    #[arg(long)]
+    straggler_period: Option<f64>,
+    /// Scales every section time (0.5 = twice as fast a model).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// A JSON file overriding section time distributions:
+    /// {"kda_mixer": {"mean_us": 120, "cv": 0.1}, ...}
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Speculative decoding: draft K tokens per round.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    spec: Option<u32>,
+    /// Probability that each drafted token is accepted (geometric acceptance).
+    #[arg(long, default_value_t = 0.7)]
+    acceptance: f64,
+    /// Random seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Keep the process (and the Prometheus endpoint) up this many seconds after the run.
+    #[arg(long, default_value_t = 0.0)]
+    linger: f64,
+    #[command(flatten)]
+    flags: ProfilerFlags,
+}
+
+/// Mean and coefficient of variation of a section's time.
+#[derive(Clone, Copy, Debug)]
+struct Dist {
+    mean_us: f64,
+    cv: f64,
+}
+
+fn default_dists() -> HashMap<&'static str, Dist> {
+    let d = |mean_us, cv| Dist { mean_us, cv };
+    HashMap::from([
+        ("mhc", d(12.0, 0.10)),
+        ("mhc_post", d(10.0, 0.10)),
+        ("norm", d(6.0, 0.08)),
+        ("kda_front", d(40.0, 0.08)),
+        ("kda_recur", d(60.0, 0.12)),
+        ("kda_back", d(30.0, 0.08)),
+        ("dsa_proj", d(35.0, 0.08)),
+        ("dsa_indexer", d(25.0, 0.10)),
+        ("dsa_select", d(15.0, 0.15)),
+        ("dsa_attend", d(80.0, 0.12)),
+        ("mlp_dense", d(120.0, 0.06)),
+        ("moe_router", d(8.0, 0.10)),
+        ("moe_hostsync", d(20.0, 0.40)),
+        ("moe_experts", d(150.0, 0.15)),
+        ("moe_shared", d(40.0, 0.06)),
+        ("moe_combine", d(12.0, 0.10)),
+        ("reduce_attn", d(25.0, 0.20)),
+        ("reduce_mlp", d(25.0, 0.20)),
+        ("reduce_attn_enq", d(4.0, 0.20)),
+        ("reduce_mlp_enq", d(4.0, 0.20)),
+        ("draft", d(90.0, 0.10)),
+        ("accept", d(15.0, 0.10)),
+        ("rollback", d(25.0, 0.20)),
+        ("maint", d(20.0, 0.20)),
+    ])
+}
+
+fn load_profile(path: &PathBuf, dists: &mut HashMap<&'static str, Dist>) -> Result<(), Failure> {
+    let bad = |what: String| Failure::config(format!("--profile {}: {what}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| bad(format!("not JSON ({e}); expected {{\"bucket\": {{\"mean_us\": N, \"cv\": N}}}}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("expected a JSON object keyed by bucket name".into()))?;
+    for (k, spec) in obj {
+        let key = dists
+            .keys()
+            .copied()
+            .find(|n| *n == k.as_str())
+            .ok_or_else(|| {
+                let mut known: Vec<_> = dists.keys().copied().collect();
+                known.sort_unstable();
+                bad(format!("unknown bucket {k:?}; expected one of {}", known.join(", ")))
+            })?;
+        let num = |field: &str| {
+            spec.get(field)
+                .and_then(serde_json::Value::as_f64)
+                .filter(|x| x.is_finite() && *x >= 0.0)
+        };
+        let mean_us = num("mean_us").ok_or_else(|| {
+            bad(format!("{k}.mean_us: expected a non-negative number of microseconds"))
+        })?;
+        let cv = match spec.get("cv") {
+            None => 0.1,
+            Some(_) => num("cv").ok_or_else(|| bad(format!("{k}.cv: expected a non-negative number")))?,
+        };
+        dists.insert(key, Dist { mean_us, cv });
+    }
+    Ok(())
+}
+
+/// Draws section times and stands in for the kernels.
+struct Work {
+    dists: HashMap<&'static str, (LogNormal<f64>, f64)>,
+    rng: SmallRng,
+    scale: f64,
+}
+
+impl Work {
+    fn new(dists: &HashMap<&'static str, Dist>, seed: u64, scale: f64) -> Work {
+        let dists = dists
+            .iter()
+            .filter_map(|(k, d)| {
+                let sigma = (1.0 + d.cv * d.cv).ln().sqrt();
+                let mu = d.mean_us.max(1e-3).ln() - sigma * sigma / 2.0;
+                LogNormal::new(mu, sigma).ok().map(|l| (*k, (l, d.mean_us)))
+            })
+            .collect();
+        Work {
+            dists,
+            rng: SmallRng::seed_from_u64(seed),
+            scale,
+        }
+    }
+
+    /// Sleeps for one draw of `bucket`'s time, times `factor`.
+    fn run(&mut self, bucket: &str, factor: f64) {
+        let Some((dist, mean)) = self.dists.get(bucket) else {
+            return;
+        };
+        let us = if *mean == 0.0 {
+            0.0
+        } else {
+            dist.sample(&mut self.rng)
+        };
+        spin_sleep(Duration::from_secs_f64(us * 1e-6 * self.scale * factor));
+    }
+}
+
+/// Sleeps long waits, spins the last stretch: host sleeps overshoot by tens of µs.
+fn spin_sleep(d: Duration) {
+    let end = Instant::now() + d;
+    if d > Duration::from_micros(300) {
+        std::thread::sleep(d - Duration::from_micros(150));
+    }
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+/// What every rank shares: the rendezvous, the stop decision and progress.
+struct Group {
+    barrier: Barrier,
+    stop_requested: Arc<AtomicBool>,
+    stop_now: AtomicBool,
+    steps_done: AtomicU64,
+    tokens_done: AtomicU64,
+    started: Instant,
+}
+
+struct Plan {
+    layers: u32,
+    dense_layers: u32,
+    dsa_every: u32,
+    experts: u32,
+    top_k: u32,
+    max_steps: Option<u64>,
+    deadline: Option<Duration>,
+    straggler: Option<(u32, f64)>,
+    straggler_period: Option<f64>,
+    spec: Option<u32>,
+    acceptance: f64,
+    ranks: u32,
+}
+
+impl Plan {
+    /// The compute slowdown of `rank` right now.
+    fn factor(&self, rank: u32, elapsed: Duration) -> f64 {
+        if let Some((r, f)) = self.straggler
+            && r == rank
+        {
+            return f;
+        }
+        if let (Some(p), Some((_, f))) = (self.straggler_period, self.straggler.or(Some((0, 3.0))))
+            && p > 0.0
+        {
+            let t = elapsed.as_secs_f64();
+            let period = (t / p) as u64;
+            let in_window = (t % p) < p / 3.0;
+            if in_window && (period % u64::from(self.ranks)) as u32 == rank {
+                return f;
+            }
+        }
+        1.0
+    }
+}
+
+/// One decoder layer of one rank: the engine's instrumented forward pass.
+fn layer_forward(
+    rec: &Recorder,
+    work: &mut Work,
+    plan: &Plan,
+    group: &Group,
+    layer: u32,
+    f: f64,
+    round: Option<phasetrace::RoundRef>,
+) {
+    {
+        let _s = rec.section(Section::MHC, layer, Site::NONE);
+        work.run("mhc", f);
+    }
+    {
+        let _s = rec.section(Section::NORM, layer, Site::NONE);
+        work.run("norm", f);
+    }
+    if layer % plan.dsa_every == plan.dsa_every - 1 {
+        let _v = round.map(|r| rec.verify_part(r, VerifyPart::Mla));
+        for (s, b) in [
+            (Section::DSA_PROJ, "dsa_proj"),
+            (Section::DSA_INDEXER, "dsa_indexer"),
+            (Section::DSA_SELECT, "dsa_select"),
+            (Section::DSA_ATTEND, "dsa_attend"),
+        ] {
+            let _s = rec.section(s, layer, Site::ATTN);
+            work.run(b, f);
+        }
+    } else {
+        let _v = round.map(|r| rec.verify_part(r, VerifyPart::Kda));
+        let _mixer = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        {
+            let _s = rec.section(Section::KDA_FRONT, layer, Site::ATTN);
+            work.run("kda_front", f);
+        }
+        {
+            let _scan = round.map(|r| rec.verify_part(r, VerifyPart::KdaScan));
+            let _s = rec.section(Section::KDA_RECUR, layer, Site::ATTN);
+            work.run("kda_recur", f);
+        }
+        {
+            let _s = rec.section(Section::KDA_BACK, layer, Site::ATTN);
+            work.run("kda_back", f);
+        }
+    }
+    all_reduce(rec, work, group, layer, Site::ATTN);
+    {
+        let _s = rec.section(Section::MHC_POST, layer, Site::NONE);
+        work.run("mhc_post", f);
+    }
+    let _ffn = round.map(|r| rec.verify_part(r, VerifyPart::Ffn));
+    if layer < plan.dense_layers {
+        let _s = rec.section(Section::MLP_DENSE, layer, Site::MLP);
+        work.run("mlp_dense", f);
+    } else {
+        {
+            let _s = rec.section(Section::MOE_ROUTER, layer, Site::MLP);
+            work.run("moe_router", f);
+        }
+        {
+            let _s = rec.section(Section::MOE_HOSTSYNC, layer, Site::MLP);
+            work.run("moe_hostsync", f);
+        }
+        // Skewed routing: low expert ids are hot, as in real MoE traffic.
+        let mut ids = [0u32; 64];
+        let k = plan.top_k.min(plan.experts) as usize;
+        for id in ids.iter_mut().take(k) {
+            let u: f64 = work.rng.random();
+            *id = ((u * u) * f64::from(plan.experts)) as u32 % plan.experts;
+        }
+        rec.moe_route(layer, &ids[..k]);
+        for (s, b) in [
+            (Section::MOE_EXPERTS, "moe_experts"),
+            (Section::MOE_SHARED, "moe_shared"),
+            (Section::MOE_COMBINE, "moe_combine"),
+        ] {
+            let _s = rec.section(s, layer, Site::MLP);
+            work.run(b, f);
+        }
+    }
+    drop(_ffn);
+    all_reduce(rec, work, group, layer, Site::MLP);
+}
+
+/// An all-reduce: host enqueue, the rendezvous probe (every rank waits for the slowest), then
+/// the reduction itself.
+fn all_reduce(rec: &Recorder, work: &mut Work, group: &Group, layer: u32, site: Site) {
+    let (enq, bar, red, enq_b, red_b) = if site == Site::ATTN {
+        (
+            Section::REDUCE_ATTN_ENQ,
+            Section::REDUCE_ATTN_BAR,
+            Section::REDUCE_ATTN,
+            "reduce_attn_enq",
+            "reduce_attn",
+        )
+    } else {
+        (
+            Section::REDUCE_MLP_ENQ,
+            Section::REDUCE_MLP_BAR,
+            Section::REDUCE_MLP,
+            "reduce_mlp_enq",
+            "reduce_mlp",
+        )
+    };
+    {
+        let _s = rec.host_section(enq, layer, site);
+        work.run(enq_b, 1.0);
+    }
+    {
+        let _s = rec.section(bar, layer, site);
+        group.barrier.wait();
+    }
+    let _s = rec.section(red, layer, site);
+    work.run(red_b, 1.0);
+}
+
+/// Geometric acceptance: each drafted token is accepted with probability p until one is not.
+fn accepted(rng: &mut SmallRng, k: u32, p: f64) -> u32 {
+    (0..k).take_while(|_| rng.random::<f64>() < p).count() as u32
+}
+
+fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) {
+    let rank = rec.rank();
+    loop {
+        // Every rank takes the same stop decision at the same step, so none is left waiting
+        // at a rendezvous.
+        if rank == 0 {
+            let done = group.stop_requested.load(Ordering::Relaxed)
+                || plan
+                    .deadline
+                    .is_some_and(|d| group.started.elapsed() >= d)
+                || plan
+                    .max_steps
+                    .is_some_and(|m| group.steps_done.load(Ordering::Relaxed) >= m);
+            group.stop_now.store(done, Ordering::Relaxed);
+        }
+        group.barrier.wait();
+        let stop = group.stop_now.load(Ordering::Relaxed);
+        group.barrier.wait();
+        if stop {
+            break;
+        }
+        let f = plan.factor(rank, group.started.elapsed());
+        let tokens = if let Some(k) = plan.spec {
+            let round = rec.round(k);
+            work.run("draft", f * f64::from(k));
+            round.phase(Phase::Draft);
+            {
+                let _step = rec.step();
+                for layer in 0..plan.layers {
+                    layer_forward(&rec, &mut work, &plan, &group, layer, f, Some(round.as_ref()));
+                }
+            }
+            round.phase(Phase::Verify);
+            let a = accepted(&mut work.rng, k, plan.acceptance);
+            work.run("accept", f);
+            round.phase(Phase::Accept);
+            if a < k {
+                work.run("rollback", f);
+                round.phase(Phase::Rollback);
+            }
+            work.run("maint", f);
+            round.phase(Phase::Maint);
+            round.end(a);
+            u64::from(a) + 1
+        } else {
+            let _step = rec.step();
+            for layer in 0..plan.layers {
+                layer_forward(&rec, &mut work, &plan, &group, layer, f, None);
+            }
+            1
+        };
+        if rank == 0 {
+            group.steps_done.fetch_add(1, Ordering::Relaxed);
+            group.tokens_done.fetch_add(tokens, Ordering::Relaxed);
+        }
+    }
+}
+
+pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
+    if !(a.time_scale.is_finite() && a.time_scale > 0.0) {
+        return Err(Failure::config(format!(
+            "--time-scale {}: expected a positive number",
+            a.time_scale
+        )));
+    }
+    if !(0.0..=1.0).contains(&a.acceptance) {
+        return Err(Failure::config(format!(
+            "--acceptance {}: expected a probability from 0 to 1",
+            a.acceptance
+        )));
+    }
+    if !(a.straggler_factor.is_finite() && a.straggler_factor >= 1.0) {
+        return Err(Failure::config(format!(
+            "--straggler-factor {}: expected a number of at least 1",
+            a.straggler_factor
+        )));
+    }
+    if let Some(r) = a.straggler_rank
+        && r >= a.ranks
+    {
+        return Err(Failure::config(format!(
+            "--straggler-rank {r}: expected a rank below --ranks {}",
+            a.ranks
+        )));
+    }
+    if let Some(d) = a.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        return Err(Failure::config(format!(
+            "--duration {d}: expected a positive number of seconds"
+        )));
+    }
+    let mut dists = default_dists();
+    if let Some(p) = &a.profile {
+        load_profile(p, &mut dists)?;
+    }
+
+    // 1. The profiler: defaults, then environment, then flags. The demo records by default.
+    let mut builder = Profiler::builder().with_level(Level::Full);
+    if a.spec.is_some() {
+        builder = builder.with_spec_level(SpecLevel::VerifySplit);
+        builder = builder.with_spec_k_max(a.spec.unwrap_or(16));
+    }
+    let profiler = a.flags.apply(builder).build()?;
+    if let Some(addr) = profiler.prometheus_addr() {
+        eprintln!("phasetrace: Prometheus metrics at http://{addr}/metrics");
+    }
+    if let Some(o) = &profiler.config().otlp {
+        eprintln!(
+            "phasetrace: exporting OTLP {} to {}",
+            o.protocol.as_str(),
+            o.endpoint
+        );
+    }
+
+    let stop_requested = Arc::new(AtomicBool::new(false));
+    {
+        let s = stop_requested.clone();
+        // A second Ctrl-C while flushing falls back to the default action.
+        let _ = ctrlc::set_handler(move || {
+            if s.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let plan = Arc::new(Plan {
+        layers: a.layers,
+        dense_layers: a.dense_layers,
+        dsa_every: a.dsa_every,
+        experts: a.experts,
+        top_k: a.top_k,
+        max_steps: (!a.forever && a.duration.is_none()).then_some(a.steps),
+        deadline: if a.forever {
+            None
+        } else {
+            a.duration.map(Duration::from_secs_f64)
+        },
+        straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
+        straggler_period: a.straggler_period,
+        spec: a.spec,
+        acceptance: a.acceptance,
+        ranks: a.ranks,
+    });
+    let group = Arc::new(Group {
+        barrier: Barrier::new(a.ranks as usize),
+        stop_requested: stop_requested.clone(),
+        stop_now: AtomicBool::new(false),
+        steps_done: AtomicU64::new(0),
+        tokens_done: AtomicU64::new(0),
+        started: Instant::now(),
+    });
+
+    // 2. One recorder per rank thread.
+    let mut handles = Vec::new();
+    for rank in 0..a.ranks {
+        let rec = profiler.recorder_with(RecorderOptions::new().rank(rank));
+        let work = Work::new(&dists, a.seed.wrapping_add(u64::from(rank)), a.time_scale);
+        let (plan, group) = (plan.clone(), group.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("rank-{rank}"))
+                .spawn(move || rank_loop(rec, work, plan, group))
+                .map_err(Failure::runtime)?,
+        );
+    }
+
+    let tty = std::io::stderr().is_terminal();
+    while handles.iter().any(|h| !h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(250));
+        if tty {
+            let steps = group.steps_done.load(Ordering::Relaxed);
+            let tokens = group.tokens_done.load(Ordering::Relaxed);
+            let secs = group.started.elapsed().as_secs_f64().max(1e-9);
+            let of = plan.max_steps.map_or(String::new(), |m| format!("/{m}"));
+            eprint!(
+                "\r  steps {steps}{of}  {:.0} tokens/s  {:.1}s   ",
+                tokens as f64 / secs,
+                secs
+            );
+            let _ = std::io::stderr().flush();
+        }
+    }
+    for h in handles {
+        h.join()
+            .map_err(|_| Failure::runtime("a rank thread panicked"))?;
+    }
+    if tty {
+        eprintln!();
+    }
+    let wall = group.started.elapsed().as_secs_f64();
+    let steps = group.steps_done.load(Ordering::Relaxed);
+    let tokens = group.tokens_done.load(Ordering::Relaxed);
+
+    profiler.flush();
+    let stats = profiler.stats();
+    if profiler.is_enabled() {
+        eprint!("{}", profiler.summary());
+    }
+    eprintln!(
+        "demo: {steps} steps, {tokens} tokens on {} ranks x {} layers in {wall:.2}s ({:.0} tokens/s); {} sections, {} spans, dropped: {} queue_full, {} clock, {} unbalanced",
+        a.ranks,
+        a.layers,
+        tokens as f64 / wall.max(1e-9),
+        stats.sections,
+        stats.spans,
+        stats.dropped_queue_full,
+        stats.dropped_clock,
+        stats.dropped_unbalanced,
+    );
+    if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
+        let until = Instant::now() + Duration::from_secs_f64(a.linger);
+        while Instant::now() < until && !stop_requested.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    profiler.shutdown();
+    Ok(())
+}

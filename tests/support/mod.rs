@@ -1,0 +1,26 @@
+//! Test support shared by the integration tests (`mod support;`): the real peer processes
+//! that `scripts/install-tools.sh` installs, driven from Rust.
+//!
+//! - [`Rotel`]: an OTLP collector (gRPC + HTTP) whose debug output [`otlp_debug`] parses
+//!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
+//! - [`Prometheus`]: a Prometheus server scraping given targets, with PromQL queries.
+//! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
+//!
+//! Each test binary uses a subset of this module.
+#![allow(dead_code, unused_imports)]
+
+pub mod otlp_debug;
+pub mod process;
+pub mod prometheus;
+pub mod rotel;
+
+pub use otlp_debug::{
+    MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedLink, ReceivedMetric, ReceivedSpan,
+    parse_output,
+};
+pub use process::{
+    CapturedChild, StaticHttpServer, TempDir, free_port, http_get, http_request, poll,
+    port_accepts, repo_root, tools_dir, url_encode,
+};
+pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
+pub use rotel::{Rotel, rotel_binary};

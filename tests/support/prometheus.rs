@@ -1,0 +1,416 @@
+//! A real Prometheus server (Debian's 2.42) on a free loopback port, scraping given targets.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::process::{
+    CapturedChild, TempDir, free_port, http_get, locate_binary, poll, tools_dir, url_encode,
+};
+
+/// How long [`Prometheus::start`] waits for `/-/ready`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `prometheus` binary: `$PHASETRACE_PROMETHEUS_BIN`, then `PATH`.
+pub fn prometheus_binary() -> PathBuf {
+    locate_binary(
+        "PHASETRACE_PROMETHEUS_BIN",
+        &[tools_dir().join("bin").join("prometheus")],
+        "prometheus",
+    )
+    .unwrap_or_else(|| panic!("prometheus not found: run scripts/test.sh"))
+}
+
+/// The `promtool` binary: `$PHASETRACE_PROMTOOL_BIN`, then `PATH`.
+pub fn promtool_binary() -> PathBuf {
+    locate_binary(
+        "PHASETRACE_PROMTOOL_BIN",
+        &[tools_dir().join("bin").join("promtool")],
+        "promtool",
+    )
+    .unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
+}
+
+/// What [`PrometheusBuilder::start`] runs.
+#[derive(Debug, Clone)]
+pub struct PrometheusBuilder {
+    jobs: Vec<(String, String)>,
+    scrape_interval: String,
+    evaluation_interval: Option<String>,
+    rule_files: Vec<PathBuf>,
+    rule_texts: Vec<(String, String)>,
+    extra_args: Vec<String>,
+}
+
+impl PrometheusBuilder {
+    /// Adds a scrape job. `target` is `host:port`, optionally with a path
+    /// (`127.0.0.1:9464/metrics`) and an `http://` prefix; the default path is `/metrics`.
+    pub fn job(mut self, job_name: &str, target: &str) -> Self {
+        self.jobs.push((job_name.to_string(), target.to_string()));
+        self
+    }
+
+    /// Adds scrape jobs named `target-0`, `target-1`, ... (continuing the numbering).
+    pub fn targets(mut self, targets: &[String]) -> Self {
+        for target in targets {
+            let name = format!("target-{}", self.jobs.len());
+            self.jobs.push((name, target.clone()));
+        }
+        self
+    }
+
+    /// Scrape interval, a Prometheus duration such as `"1s"` or `"500ms"`. Also the rule
+    /// evaluation interval unless [`PrometheusBuilder::evaluation_interval`] is set.
+    pub fn scrape_interval(mut self, interval: &str) -> Self {
+        self.scrape_interval = interval.to_string();
+        self
+    }
+
+    pub fn evaluation_interval(mut self, interval: &str) -> Self {
+        self.evaluation_interval = Some(interval.to_string());
+        self
+    }
+
+    /// Loads an existing rule file (recording or alerting rules), e.g. one from the repo.
+    pub fn rule_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.rule_files.push(path.into());
+        self
+    }
+
+    /// Writes `contents` as rule file `file_name` into the server's temp dir and loads it.
+    pub fn rule_text(mut self, file_name: &str, contents: &str) -> Self {
+        self.rule_texts
+            .push((file_name.to_string(), contents.to_string()));
+        self
+    }
+
+    /// An extra command-line flag, e.g. `--web.enable-remote-write-receiver`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.extra_args.push(arg.to_string());
+        self
+    }
+
+    /// The configuration file this builder writes, given the paths of its rule files.
+    pub fn config_yaml(&self, rule_paths: &[PathBuf]) -> String {
+        let evaluation = self
+            .evaluation_interval
+            .as_deref()
+            .unwrap_or(&self.scrape_interval);
+        let mut yaml = format!(
+            "global:\n  scrape_interval: {}\n  scrape_timeout: {}\n  evaluation_interval: {}\n",
+            self.scrape_interval, self.scrape_interval, evaluation
+        );
+        if !rule_paths.is_empty() {
+            yaml.push_str("rule_files:\n");
+            for path in rule_paths {
+                yaml.push_str(&format!(
+                    "  - {}\n",
+                    yaml_quote(&path.display().to_string())
+                ));
+            }
+        }
+        yaml.push_str("scrape_configs:\n");
+        for (job, target) in &self.jobs {
+            let target = target.strip_prefix("http://").unwrap_or(target);
+            let (address, path) = match target.find('/') {
+                Some(i) => (&target[..i], &target[i..]),
+                None => (target, "/metrics"),
+            };
+            yaml.push_str(&format!(
+                "  - job_name: {}\n    metrics_path: {}\n    static_configs:\n      - targets: [{}]\n",
+                yaml_quote(job),
+                yaml_quote(path),
+                yaml_quote(address)
+            ));
+        }
+        if self.jobs.is_empty() {
+            // Prometheus accepts an empty list; keep the key for readability.
+            yaml.push_str("  []\n");
+        }
+        yaml
+    }
+
+    /// Writes the config and rule files, starts Prometheus and waits until it is ready.
+    pub fn start(self) -> Prometheus {
+        let bin = prometheus_binary();
+        let dir = TempDir::new("phasetrace-prometheus");
+        let mut rule_paths = self.rule_files.clone();
+        for (name, text) in &self.rule_texts {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text)
+                .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            rule_paths.push(path);
+        }
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, self.config_yaml(&rule_paths))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", config_path.display()));
+
+        let mut last_error = String::new();
+        for _attempt in 0..3 {
+            let port = free_port();
+            let output = Arc::new(Mutex::new(String::new()));
+            let data_dir = dir.path().join(format!("data-{port}"));
+            let mut command = Command::new(&bin);
+            command
+                .arg(format!("--config.file={}", config_path.display()))
+                .arg(format!("--storage.tsdb.path={}", data_dir.display()))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--log.level=info")
+                .args(&self.extra_args);
+            let mut child = CapturedChild::spawn(command, &output)
+                .unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
+            let base_url = format!("http://127.0.0.1:{port}");
+            let ready_url = format!("{base_url}/-/ready");
+            let ready = poll(START_TIMEOUT, || {
+                if child.exited().is_some() {
+                    return Some(false);
+                }
+                matches!(http_get(&ready_url), Ok((200, _))).then_some(true)
+            });
+            let log = output
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone();
+            match ready {
+                Some(true) => {
+                    return Prometheus {
+                        base_url,
+                        job_count: self.jobs.len(),
+                        config_path,
+                        output,
+                        child: Some(child),
+                        _dir: dir,
+                    };
+                }
+                Some(false) => {
+                    child.kill();
+                    last_error = format!("prometheus exited during startup; log:\n{log}");
+                }
+                None => {
+                    child.kill();
+                    last_error =
+                        format!("prometheus not ready within {START_TIMEOUT:?}; log:\n{log}");
+                }
+            }
+        }
+        panic!("{last_error}");
+    }
+}
+
+fn yaml_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// A running Prometheus with its own temp dir (config, rules, TSDB), killed on drop.
+pub struct Prometheus {
+    base_url: String,
+    job_count: usize,
+    config_path: PathBuf,
+    output: Arc<Mutex<String>>,
+    child: Option<CapturedChild>,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    pub fn builder() -> PrometheusBuilder {
+        PrometheusBuilder {
+            jobs: Vec::new(),
+            scrape_interval: "1s".to_string(),
+            evaluation_interval: None,
+            rule_files: Vec::new(),
+            rule_texts: Vec::new(),
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// Scrapes each of `scrape_targets` (`host:port[/path]`) as jobs `target-0`, `target-1`, ...
+    /// every `scrape_interval` (e.g. `"1s"`).
+    pub fn start(scrape_targets: &[String], scrape_interval: &str) -> Prometheus {
+        Prometheus::builder()
+            .targets(scrape_targets)
+            .scrape_interval(scrape_interval)
+            .start()
+    }
+
+    /// Like [`Prometheus::start`], also loading the given rule files.
+    pub fn start_with_rules(
+        scrape_targets: &[String],
+        scrape_interval: &str,
+        rule_files: &[PathBuf],
+    ) -> Prometheus {
+        rule_files
+            .iter()
+            .fold(
+                Prometheus::builder()
+                    .targets(scrape_targets)
+                    .scrape_interval(scrape_interval),
+                |builder, path| builder.rule_file(path),
+            )
+            .start()
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// Prometheus' log so far.
+    pub fn output(&self) -> String {
+        self.output
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// `GET path` on this server (path starts with `/`), the body parsed as JSON.
+    pub fn get_json(&self, path_and_query: &str) -> Result<serde_json::Value, String> {
+        let url = format!("{}{path_and_query}", self.base_url);
+        let (status, body) = http_get(&url)?;
+        let json: serde_json::Value = serde_json::from_str(&body)
+            .map_err(|e| format!("GET {url}: status {status}, body is not JSON ({e}): {body}"))?;
+        if status != 200 {
+            return Err(format!("GET {url}: status {status}: {body}"));
+        }
+        Ok(json)
+    }
+
+    /// Instant query; the whole API response (`{"status":"success","data":{...}}`).
+    /// Panics when the request fails or Prometheus reports an error.
+    pub fn query(&self, promql: &str) -> serde_json::Value {
+        self.try_query(promql)
+            .unwrap_or_else(|e| panic!("query {promql:?} failed: {e}"))
+    }
+
+    pub fn try_query(&self, promql: &str) -> Result<serde_json::Value, String> {
+        let json = self.get_json(&format!("/api/v1/query?query={}", url_encode(promql)))?;
+        if json["status"] != "success" {
+            return Err(format!("query {promql:?}: {json}"));
+        }
+        Ok(json)
+    }
+
+    /// The samples of an instant query: one `(labels, value)` per series of a vector result,
+    /// or a single entry with no labels for a scalar result.
+    pub fn query_vector(&self, promql: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        samples(&self.query(promql))
+    }
+
+    /// The value of a query expected to give a scalar or a single-series vector; `None`
+    /// for an empty result. Panics when there are several series.
+    pub fn query_scalar(&self, promql: &str) -> Option<f64> {
+        let samples = self.query_vector(promql);
+        assert!(
+            samples.len() <= 1,
+            "query {promql:?} returned {} series, expected at most one: {samples:?}",
+            samples.len()
+        );
+        samples.into_iter().next().map(|(_, value)| value)
+    }
+
+    /// Polls `promql` every 100 ms until `done` accepts its samples, and returns them.
+    /// Panics after `timeout` with the last result and Prometheus' log.
+    pub fn wait_for_query(
+        &self,
+        promql: &str,
+        mut done: impl FnMut(&[(BTreeMap<String, String>, f64)]) -> bool,
+        timeout: Duration,
+    ) -> Vec<(BTreeMap<String, String>, f64)> {
+        let mut last = String::new();
+        let found = poll(timeout, || match self.try_query(promql) {
+            Ok(json) => {
+                let got = samples(&json);
+                if done(&got) {
+                    Some(got)
+                } else {
+                    last = format!("{got:?}");
+                    None
+                }
+            }
+            Err(e) => {
+                last = e;
+                None
+            }
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "query {promql:?} did not give the expected result within {timeout:?}; last: {last}\nprometheus log:\n{}",
+                self.output()
+            )
+        })
+    }
+
+    /// Waits until every configured target has been scraped successfully (`up == 1`).
+    pub fn wait_for_up(&self, timeout: Duration) {
+        let expected = self.job_count;
+        self.wait_for_query(
+            "up",
+            |samples| samples.len() == expected && samples.iter().all(|(_, v)| *v == 1.0),
+            timeout,
+        );
+    }
+
+    /// The scrape targets as `/api/v1/targets` reports them.
+    pub fn targets(&self) -> serde_json::Value {
+        self.get_json("/api/v1/targets")
+            .unwrap_or_else(|e| panic!("listing targets: {e}"))
+    }
+
+    /// The loaded rule groups as `/api/v1/rules` reports them.
+    pub fn rules(&self) -> serde_json::Value {
+        self.get_json("/api/v1/rules")
+            .unwrap_or_else(|e| panic!("listing rules: {e}"))
+    }
+}
+
+/// `(labels, value)` pairs of a query response's vector or scalar result.
+pub fn samples(response: &serde_json::Value) -> Vec<(BTreeMap<String, String>, f64)> {
+    let data = &response["data"];
+    let parse_value = |pair: &serde_json::Value| -> f64 {
+        pair.get(1)
+            .and_then(|v| v.as_str())
+            .and_then(|s| match s {
+                "+Inf" => Some(f64::INFINITY),
+                "-Inf" => Some(f64::NEG_INFINITY),
+                "NaN" => Some(f64::NAN),
+                other => other.parse().ok(),
+            })
+            .unwrap_or(f64::NAN)
+    };
+    match data["resultType"].as_str() {
+        Some("vector") => data["result"]
+            .as_array()
+            .map(|series| {
+                series
+                    .iter()
+                    .map(|s| {
+                        let labels = s["metric"]
+                            .as_object()
+                            .map(|m| {
+                                m.iter()
+                                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        (labels, parse_value(&s["value"]))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Some("scalar") => vec![(BTreeMap::new(), parse_value(&data["result"]))],
+        other => panic!("unsupported result type {other:?} in {response}"),
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
