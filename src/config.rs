@@ -324,7 +324,9 @@ impl Env<'_> {
     ) -> Result<Option<T>, ConfigError> {
         match self.str(var, expected)? {
             None => Ok(None),
-            Some(s) => parse(&s).map(Some).ok_or_else(|| invalid(var, &s, expected)),
+            Some(s) => parse(&s)
+                .map(Some)
+                .ok_or_else(|| invalid(var, &s, expected)),
         }
     }
 }
@@ -527,7 +529,11 @@ impl ConfigBuilder {
         let queue = e.parsed(
             env::QUEUE,
             "a whole number of records from 64 to 16777216",
-            |s| s.parse::<usize>().ok().filter(|n| (64..=1 << 24).contains(n)),
+            |s| {
+                s.parse::<usize>()
+                    .ok()
+                    .filter(|n| (64..=1 << 24).contains(n))
+            },
         )?;
         let rank = match e.parsed(env::RANK, "a whole number", |s| s.parse::<u32>().ok())? {
             Some(r) => Some(r),
@@ -657,8 +663,14 @@ impl ConfigBuilder {
         code(env::EXPERT_COUNTER, self.expert_counter.is_some());
         code(env::TIMING, self.timing.is_some());
         code(env::OTEL_SERVICE_NAME, self.service_name.is_some());
-        code(env::OTEL_EXPORTER_OTLP_ENDPOINT, self.otlp_endpoint.is_some());
-        code(env::OTEL_EXPORTER_OTLP_PROTOCOL, self.otlp_protocol.is_some());
+        code(
+            env::OTEL_EXPORTER_OTLP_ENDPOINT,
+            self.otlp_endpoint.is_some(),
+        );
+        code(
+            env::OTEL_EXPORTER_OTLP_PROTOCOL,
+            self.otlp_protocol.is_some(),
+        );
         code(
             env::OTEL_METRIC_EXPORT_INTERVAL,
             self.metric_export_interval.is_some(),
@@ -765,10 +777,7 @@ impl ConfigBuilder {
                 .summary_every
                 .or(summary_every)
                 .unwrap_or(summary_default),
-            spec_summary_every: self
-                .spec_summary_every
-                .or(spec_summary_every)
-                .unwrap_or(0),
+            spec_summary_every: self.spec_summary_every.or(spec_summary_every).unwrap_or(0),
             prometheus,
             queue,
             rank: self.rank.or(rank).unwrap_or(0),
@@ -846,7 +855,10 @@ mod tests {
             ("PHASETRACE_EXPERT_COUNTER", "on"),
             ("PHASETRACE_TIMING", "events"),
             ("OTEL_SERVICE_NAME", "engine"),
-            ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,host.gpu=h200"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=prod,host.gpu=h200",
+            ),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318/"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
             ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=s3cr%3Dt"),
@@ -906,7 +918,11 @@ mod tests {
             ("OTEL_RESOURCE_ATTRIBUTES", "novalue", "key=value"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317", "http://"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://h:99999", "http://"),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "grpc or http/protobuf"),
+            (
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "http/json",
+                "grpc or http/protobuf",
+            ),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "0", "milliseconds"),
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd", "gzip or none"),
             (
@@ -990,7 +1006,9 @@ mod tests {
         .unwrap();
         assert_eq!(both.level, Level::Full);
         assert_eq!(both.alias_warnings.len(), 1);
-        assert!(both.alias_warnings[0].contains("PHASETRACE_LEVEL=1 overrides METRALE_GLM_PROFILE=2"));
+        assert!(
+            both.alias_warnings[0].contains("PHASETRACE_LEVEL=1 overrides METRALE_GLM_PROFILE=2")
+        );
         let agree = resolve(
             &b,
             &[("METRALE_GLM_PROFILE", "1"), ("PHASETRACE_LEVEL", "full")],
@@ -999,6 +1017,28 @@ mod tests {
         assert!(agree.alias_warnings.is_empty());
         let bad = resolve(&b, &[("METRALE_GLM_PROFILE", "yes")]).unwrap_err();
         assert!(bad.to_string().starts_with("METRALE_GLM_PROFILE=\"yes\""));
+    }
+
+    #[test]
+    fn a_spec_level_alias_set_to_another_level_loses_loudly() {
+        let b = ConfigBuilder {
+            aliases: vec![("MEMRA_SPEC_TRACE".into(), env::SPEC_LEVEL)],
+            ..Default::default()
+        };
+        let c = resolve(
+            &b,
+            &[("MEMRA_SPEC_TRACE", "1"), ("PHASETRACE_SPEC_LEVEL", "2")],
+        )
+        .unwrap();
+        assert_eq!(c.spec_level, SpecLevel::VerifySplit);
+        assert_eq!(
+            c.alias_warnings,
+            vec![
+                "phasetrace: PHASETRACE_SPEC_LEVEL=2 overrides MEMRA_SPEC_TRACE=1 (the phasetrace name wins; unset one to silence this)"
+            ]
+        );
+        let alone = resolve(&b, &[("MEMRA_SPEC_TRACE", "2")]).unwrap();
+        assert_eq!(alone.spec_level, SpecLevel::VerifySplit);
     }
 
     #[test]

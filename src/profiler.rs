@@ -481,9 +481,7 @@ impl Profiler {
     #[cfg(feature = "tracing")]
     pub fn tracing_layer<S>(
         &self,
-    ) -> Option<
-        tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>,
-    >
+    ) -> Option<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>>
     where
         S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
     {

@@ -44,7 +44,9 @@ pub struct Site(u16);
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum VocabError {
     /// The name is not `[a-z][a-z0-9_]*` of at most 48 bytes.
-    #[error("{what} name {name:?} is invalid: expected 1 to 48 characters of [a-z0-9_], starting with a letter")]
+    #[error(
+        "{what} name {name:?} is invalid: expected 1 to 48 characters of [a-z0-9_], starting with a letter"
+    )]
     BadName {
         /// `section` or `site`.
         what: &'static str,

@@ -29,7 +29,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ExportError {
     /// The Prometheus listen address could not be bound.
-    #[error("PHASETRACE_PROMETHEUS={addr}: cannot listen there ({source}); expected a free local address, or off")]
+    #[error(
+        "PHASETRACE_PROMETHEUS={addr}: cannot listen there ({source}); expected a free local address, or off"
+    )]
     PrometheusBind {
         /// The address.
         addr: SocketAddr,
@@ -40,7 +42,9 @@ pub enum ExportError {
     #[error("the Prometheus exporter failed to build: {0}")]
     Prometheus(String),
     /// An OTLP exporter failed to build.
-    #[error("OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: the OTLP {signal} exporter failed to build: {detail}")]
+    #[error(
+        "OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: the OTLP {signal} exporter failed to build: {detail}"
+    )]
     Otlp {
         /// `traces` or `metrics`.
         signal: &'static str,

@@ -37,7 +37,13 @@ impl PrometheusServer {
 
 pub(super) fn start(
     addr: SocketAddr,
-) -> Result<(opentelemetry_prometheus::PrometheusExporter, PrometheusServer), ExportError> {
+) -> Result<
+    (
+        opentelemetry_prometheus::PrometheusExporter,
+        PrometheusServer,
+    ),
+    ExportError,
+> {
     let registry = Registry::new();
     let reader = opentelemetry_prometheus::exporter()
         .with_registry(registry.clone())

@@ -355,10 +355,7 @@ impl Recorder {
     #[must_use = "end the round with RoundGuard::end(accepted)"]
     pub fn round(&self, k: u32) -> RoundGuard<'_> {
         if self.spec_level() == 0 {
-            return RoundGuard {
-                rec: None,
-                seq: 0,
-            };
+            return RoundGuard { rec: None, seq: 0 };
         }
         let n = self.rounds.get();
         self.rounds.set(n.wrapping_add(1));

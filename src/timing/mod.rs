@@ -94,7 +94,9 @@ fn epoch() -> &'static Epoch {
 #[inline]
 pub fn now_ns() -> u64 {
     let e = epoch();
-    Instant::now().saturating_duration_since(e.instant).as_nanos() as u64
+    Instant::now()
+        .saturating_duration_since(e.instant)
+        .as_nanos() as u64
 }
 
 /// Converts a time on the [`now_ns`] timeline into wall-clock time for span timestamps.

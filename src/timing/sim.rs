@@ -52,8 +52,15 @@ const MAX_NAP_NS: u64 = 5_000_000;
 const SYNC_SPIN: Duration = Duration::from_micros(50);
 
 enum Op {
-    Work { ns: u64, ready: u64 },
-    Event { event: Arc<EventState>, generation: u64, ready: u64 },
+    Work {
+        ns: u64,
+        ready: u64,
+    },
+    Event {
+        event: Arc<EventState>,
+        generation: u64,
+        ready: u64,
+    },
 }
 
 struct State {
@@ -819,7 +826,11 @@ mod tests {
         assert!(none >= 1);
         assert_eq!(clock.queue_full(), none);
         assert_eq!(clock.dropped(), none);
-        assert_eq!(clock.in_flight() as u64, 4 - none, "refused marks give their slot back");
+        assert_eq!(
+            clock.in_flight() as u64,
+            4 - none,
+            "refused marks give their slot back"
+        );
     }
 
     #[test]

@@ -20,9 +20,32 @@ pub(crate) struct Instruments {
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
     layer_attr: bool,
+    /// Every measurement, for unit tests of the pipeline.
+    #[cfg(test)]
+    pub(crate) log: std::sync::Mutex<Vec<Measurement>>,
 }
 
+/// One recorded measurement: instrument name, attributes, value.
+#[cfg(test)]
+pub(crate) type Measurement = (&'static str, Vec<(String, String)>, f64);
+
 impl Instruments {
+    #[cfg(test)]
+    fn note(&self, name: &'static str, kv: &[KeyValue], v: f64) {
+        let attrs = kv
+            .iter()
+            .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+            .collect();
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name, attrs, v));
+    }
+
+    #[cfg(not(test))]
+    #[inline]
+    fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
+
     pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32) -> Instruments {
         let dur = |name: &'static str, desc: &'static str| {
             meter
@@ -84,6 +107,8 @@ impl Instruments {
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             layer_attr,
+            #[cfg(test)]
+            log: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -107,6 +132,7 @@ impl Instruments {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
+        self.note(metric::SECTION_DURATION, &kv[..n], secs);
         self.section.record(secs, &kv[..n]);
     }
 
@@ -125,11 +151,13 @@ impl Instruments {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
         }
+        self.note(metric::COLLECTIVE_WAIT, &kv[..n], secs);
         self.wait.record(secs, &kv[..n]);
     }
 
     pub(crate) fn step(&self, rank: u32, secs: f64) {
         let kv = [Self::rank(rank)];
+        self.note(metric::STEP_DURATION, &kv, secs);
         self.step.record(secs, &kv);
         self.steps.add(1, &kv);
     }
@@ -139,31 +167,36 @@ impl Instruments {
             KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
             KeyValue::new(attr::EXPERT, i64::from(expert)),
         ];
+        self.note(metric::MOE_EXPERT_TOKENS, &kv, 1.0);
         self.expert_tokens.add(1, &kv);
     }
 
     pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
         if n > 0 {
-            self.dropped.add(n, &[KeyValue::new(attr::REASON, reason)]);
+            let kv = [KeyValue::new(attr::REASON, reason)];
+            self.note(metric::RECORDS_DROPPED, &kv, n as f64);
+            self.dropped.add(n, &kv);
         }
     }
 
     pub(crate) fn phase(&self, phase: Phase, rank: u32, secs: f64) {
-        self.phase.record(
-            secs,
-            &[KeyValue::new(attr::PHASE, phase.as_str()), Self::rank(rank)],
-        );
+        let kv = [KeyValue::new(attr::PHASE, phase.as_str()), Self::rank(rank)];
+        self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
+        self.phase.record(secs, &kv);
     }
 
     pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
-        self.part
-            .record(secs, &[KeyValue::new(attr::PART, part), Self::rank(rank)]);
+        let kv = [KeyValue::new(attr::PART, part), Self::rank(rank)];
+        self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
+        self.part.record(secs, &kv);
     }
 
     pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
         let kv = [Self::rank(rank)];
         self.rounds.add(1, &kv);
+        self.note(metric::SPEC_ROUNDS, &kv, 1.0);
         if let Some(a) = accepted {
+            self.note(metric::SPEC_ACCEPTED_TOKENS, &kv, f64::from(a));
             self.draft_tokens.add(u64::from(k), &kv);
             self.accepted_tokens.add(u64::from(a), &kv);
             self.accepted_length.record(u64::from(a), &kv);

@@ -142,7 +142,12 @@ impl Pipeline {
             for p in crate::vocab::Phase::ALL {
                 let ns = r.round.phases[p as usize];
                 // A phase that never ran in this round is not a zero-length phase.
-                if ns > 0 || r.round.trace.as_ref().is_some_and(|t| t.phases.iter().any(|x| x.0 == p)) {
+                if ns > 0
+                    || r.round
+                        .trace
+                        .as_ref()
+                        .is_some_and(|t| t.phases.iter().any(|x| x.0 == p))
+                {
                     inst.phase(p, rank, ns as f64 * 1e-9);
                 }
             }
@@ -154,7 +159,13 @@ impl Pipeline {
             let ns = parts.as_ref().map_or([0; 4], |p| p.ns);
             let rest = verify.saturating_sub(ns[0] + ns[2]);
             split = [ns[0], ns[1], ns[2], ns[3], rest];
-            let names = ["kda", "kda_scan", "mla", "ffn", crate::vocab::VerifyPart::REST];
+            let names = [
+                "kda",
+                "kda_scan",
+                "mla",
+                "ffn",
+                crate::vocab::VerifyPart::REST,
+            ];
             for inst in &self.inst {
                 for (name, v) in names.iter().zip(split) {
                     inst.part(name, rank, v as f64 * 1e-9);
@@ -335,11 +346,7 @@ impl Worker {
     /// Stops the thread and processes what is left.
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        let handle = self
-            .thread
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(h) = handle {
             h.thread().unpark();
             let _ = h.join();
@@ -347,3 +354,6 @@ impl Worker {
         self.flush();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -160,7 +160,10 @@ impl LaneState {
         }
         while let Some(m) = self.backlog.front().copied() {
             let t = match m.kind {
-                MarkKind::Wait | MarkKind::Route | MarkKind::ParentHi | MarkKind::ParentLo
+                MarkKind::Wait
+                | MarkKind::Route
+                | MarkKind::ParentHi
+                | MarkKind::ParentLo
                 | MarkKind::ParentSpan => 0,
                 _ if m.flag & FLAG_HOST != 0 => m.token,
                 _ => match self.lane.clock.resolve(Token(m.token)) {
@@ -211,7 +214,10 @@ impl LaneState {
                 }
                 let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
                 let parent = (self.parent_parts == 7).then(|| {
-                    ((u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]), self.parent[2])
+                    (
+                        (u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]),
+                        self.parent[2],
+                    )
                 });
                 self.parent_parts = 0;
                 self.steps += 1;
@@ -258,17 +264,21 @@ impl LaneState {
                 let site = Site::from_id(m.site);
                 let layer = Layer(m.layer);
                 let parent = self.stack.last().and_then(|o| o.span);
-                let span = self.step.as_mut().and_then(|st| st.trace.as_mut()).map(|tr| {
-                    tr.sections.push(SectionSpan {
-                        section,
-                        layer,
-                        site,
-                        start: t,
-                        end: None,
-                        parent,
+                let span = self
+                    .step
+                    .as_mut()
+                    .and_then(|st| st.trace.as_mut())
+                    .map(|tr| {
+                        tr.sections.push(SectionSpan {
+                            section,
+                            layer,
+                            site,
+                            start: t,
+                            end: None,
+                            parent,
+                        });
+                        tr.sections.len() - 1
                     });
-                    tr.sections.len() - 1
-                });
                 self.stack.push(Open {
                     section,
                     site,
@@ -311,7 +321,12 @@ impl LaneState {
             }
             MarkKind::Wait => {
                 for inst in s.inst {
-                    inst.wait(Site::from_id(m.site), Layer(m.layer), rank, m.token as f64 * 1e-9);
+                    inst.wait(
+                        Site::from_id(m.site),
+                        Layer(m.layer),
+                        rank,
+                        m.token as f64 * 1e-9,
+                    );
                 }
             }
             MarkKind::Route => {
@@ -389,9 +404,11 @@ impl LaneState {
                 self.parts_open.push((m, t));
             }
             MarkKind::PartEnd => {
-                let Some(pos) = self.parts_open.iter().rposition(|(b, _)| {
-                    b.id == m.id && b.site == m.site && b.layer == m.layer
-                }) else {
+                let Some(pos) = self
+                    .parts_open
+                    .iter()
+                    .rposition(|(b, _)| b.id == m.id && b.site == m.site && b.layer == m.layer)
+                else {
                     Self::unbalanced(s, 1);
                     return;
                 };

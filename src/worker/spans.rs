@@ -101,7 +101,10 @@ pub(crate) fn build_step(
             to_system_time(*at),
             vec![
                 KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
-                KeyValue::new(attr::EXPERT_IDS, opentelemetry::Value::Array(opentelemetry::Array::I64(ids))),
+                KeyValue::new(
+                    attr::EXPERT_IDS,
+                    opentelemetry::Value::Array(opentelemetry::Array::I64(ids)),
+                ),
             ],
         );
     }

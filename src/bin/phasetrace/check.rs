@@ -33,9 +33,15 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
     let otlp = cfg.otlp.as_ref();
     vec![
         (env::LEVEL, format!("{:?}", cfg.level).to_lowercase()),
-        (env::SPEC_LEVEL, format!("{:?}", cfg.spec_level).to_lowercase()),
+        (
+            env::SPEC_LEVEL,
+            format!("{:?}", cfg.spec_level).to_lowercase(),
+        ),
         (env::TRACE_EVERY, cfg.trace_every.to_string()),
-        (env::LAYER_ATTR, if cfg.layer_attr { "on" } else { "off" }.into()),
+        (
+            env::LAYER_ATTR,
+            if cfg.layer_attr { "on" } else { "off" }.into(),
+        ),
         (env::SUMMARY_EVERY, cfg.summary_every.to_string()),
         (env::SPEC_SUMMARY_EVERY, cfg.spec_summary_every.to_string()),
         (
@@ -94,25 +100,22 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
             }
             .into(),
         ),
-        (
-            env::OTEL_METRICS_EXPORTER,
-            {
-                let mut v = Vec::new();
-                if cfg.metrics_otlp {
-                    v.push("otlp");
-                }
-                if cfg.prometheus.is_some() {
-                    v.push("prometheus");
-                }
-                if cfg.summary_every > 0 {
-                    v.push("console");
-                }
-                if v.is_empty() {
-                    v.push("none");
-                }
-                v.join(",")
-            },
-        ),
+        (env::OTEL_METRICS_EXPORTER, {
+            let mut v = Vec::new();
+            if cfg.metrics_otlp {
+                v.push("otlp");
+            }
+            if cfg.prometheus.is_some() {
+                v.push("prometheus");
+            }
+            if cfg.summary_every > 0 {
+                v.push("console");
+            }
+            if v.is_empty() {
+                v.push("none");
+            }
+            v.join(",")
+        }),
     ]
 }
 
@@ -153,7 +156,9 @@ fn connect(endpoint: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr),
 fn probe_http(endpoint: &str, timeout: Duration) -> Result<String, String> {
     if endpoint.starts_with("https://") {
         let (_, a) = connect(endpoint, timeout)?;
-        return Ok(format!("TCP connect to {a} succeeded (TLS handshake not probed)"));
+        return Ok(format!(
+            "TCP connect to {a} succeeded (TLS handshake not probed)"
+        ));
     }
     let (mut s, a) = connect(endpoint, timeout)?;
     let (host, port) = host_port(endpoint).unwrap_or_default();
@@ -193,7 +198,9 @@ fn probe_http(endpoint: &str, timeout: Duration) -> Result<String, String> {
 fn probe_grpc(endpoint: &str, timeout: Duration) -> Result<String, String> {
     let (mut s, a) = connect(endpoint, timeout)?;
     if endpoint.starts_with("https://") {
-        return Ok(format!("TCP connect to {a} succeeded (TLS handshake not probed)"));
+        return Ok(format!(
+            "TCP connect to {a} succeeded (TLS handshake not probed)"
+        ));
     }
     let _ = s.set_read_timeout(Some(timeout));
     let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
@@ -280,7 +287,10 @@ mod tests {
             host_port("http://127.0.0.1:4317"),
             Some(("127.0.0.1".into(), 4317))
         );
-        assert_eq!(host_port("https://collector/otlp"), Some(("collector".into(), 443)));
+        assert_eq!(
+            host_port("https://collector/otlp"),
+            Some(("collector".into(), 443))
+        );
         assert_eq!(host_port("http://[::1]:4318/"), Some(("::1".into(), 4318)));
     }
 }

@@ -132,8 +132,11 @@ fn default_dists() -> HashMap<&'static str, Dist> {
 fn load_profile(path: &PathBuf, dists: &mut HashMap<&'static str, Dist>) -> Result<(), Failure> {
     let bad = |what: String| Failure::config(format!("--profile {}: {what}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read: {e}")))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| bad(format!("not JSON ({e}); expected {{\"bucket\": {{\"mean_us\": N, \"cv\": N}}}}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        bad(format!(
+            "not JSON ({e}); expected {{\"bucket\": {{\"mean_us\": N, \"cv\": N}}}}"
+        ))
+    })?;
     let obj = v
         .as_object()
         .ok_or_else(|| bad("expected a JSON object keyed by bucket name".into()))?;
@@ -145,7 +148,10 @@ fn load_profile(path: &PathBuf, dists: &mut HashMap<&'static str, Dist>) -> Resu
             .ok_or_else(|| {
                 let mut known: Vec<_> = dists.keys().copied().collect();
                 known.sort_unstable();
-                bad(format!("unknown bucket {k:?}; expected one of {}", known.join(", ")))
+                bad(format!(
+                    "unknown bucket {k:?}; expected one of {}",
+                    known.join(", ")
+                ))
             })?;
         let num = |field: &str| {
             spec.get(field)
@@ -153,11 +159,15 @@ fn load_profile(path: &PathBuf, dists: &mut HashMap<&'static str, Dist>) -> Resu
                 .filter(|x| x.is_finite() && *x >= 0.0)
         };
         let mean_us = num("mean_us").ok_or_else(|| {
-            bad(format!("{k}.mean_us: expected a non-negative number of microseconds"))
+            bad(format!(
+                "{k}.mean_us: expected a non-negative number of microseconds"
+            ))
         })?;
         let cv = match spec.get("cv") {
             None => 0.1,
-            Some(_) => num("cv").ok_or_else(|| bad(format!("{k}.cv: expected a non-negative number")))?,
+            Some(_) => {
+                num("cv").ok_or_else(|| bad(format!("{k}.cv: expected a non-negative number")))?
+            }
         };
         dists.insert(key, Dist { mean_us, cv });
     }
@@ -389,9 +399,7 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
         // at a rendezvous.
         if rank == 0 {
             let done = group.stop_requested.load(Ordering::Relaxed)
-                || plan
-                    .deadline
-                    .is_some_and(|d| group.started.elapsed() >= d)
+                || plan.deadline.is_some_and(|d| group.started.elapsed() >= d)
                 || plan
                     .max_steps
                     .is_some_and(|m| group.steps_done.load(Ordering::Relaxed) >= m);
@@ -411,7 +419,15 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
             {
                 let _step = rec.step();
                 for layer in 0..plan.layers {
-                    layer_forward(&rec, &mut work, &plan, &group, layer, f, Some(round.as_ref()));
+                    layer_forward(
+                        &rec,
+                        &mut work,
+                        &plan,
+                        &group,
+                        layer,
+                        f,
+                        Some(round.as_ref()),
+                    );
                 }
             }
             round.phase(Phase::Verify);

@@ -1,7 +1,7 @@
 //! Flags that mirror the environment variables; a flag beats its variable.
 
 use clap::Args;
-use phasetrace::{Level, Protocol, ProfilerBuilder, SpecLevel};
+use phasetrace::{Level, ProfilerBuilder, Protocol, SpecLevel};
 
 /// The profiler settings every command accepts.
 #[derive(Debug, Args, Clone, Default)]

@@ -1,0 +1,338 @@
+//! Pipeline tests against a scripted clock: known boundary times in, exact durations out.
+
+use super::Pipeline;
+use super::aggregate::Instruments;
+use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::timing::{Clock, Resolved, Token};
+use crate::vocab::{Phase, Section, Site, VerifyPart};
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16};
+use std::sync::{Arc, Mutex};
+
+/// Hands out the scripted times in order (nanoseconds); a deferred clock when `pending` is set.
+struct Script {
+    times: Mutex<VecDeque<u64>>,
+    hold: AtomicBool,
+}
+
+impl Script {
+    fn new(times: &[u64]) -> Arc<Script> {
+        Arc::new(Script {
+            times: Mutex::new(times.iter().copied().collect()),
+            hold: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Clock for Script {
+    fn mark(&self) -> Option<Token> {
+        self.times.lock().unwrap().pop_front().map(Token)
+    }
+    fn resolve(&self, t: Token) -> Resolved {
+        if self.hold.load(std::sync::atomic::Ordering::Relaxed) {
+            Resolved::Pending
+        } else {
+            Resolved::At(t.0)
+        }
+    }
+    fn is_deferred(&self) -> bool {
+        true
+    }
+    fn name(&self) -> &'static str {
+        "script"
+    }
+}
+
+fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
+    let shared = Arc::new(Shared {
+        level: AtomicU8::new(level),
+        spec_level: AtomicU8::new(spec),
+        trace_every: 0,
+        expert_counter: true,
+        queue: 1024,
+        rank: 3,
+        clock,
+        lanes: Mutex::new(Vec::new()),
+        next_lane: AtomicU16::new(1),
+        tracing_parent: AtomicBool::new(false),
+    });
+    let provider = SdkMeterProvider::builder().build();
+    let inst = Instruments::new(&provider.meter("test"), true, 8);
+    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0);
+    (shared, p)
+}
+
+fn rec(shared: &Arc<Shared>) -> Recorder {
+    Recorder::new(shared.clone(), RecorderOptions::new())
+}
+
+/// (value, attributes) of every measurement of `name`.
+fn values(p: &Pipeline, name: &str) -> Vec<(f64, Vec<(String, String)>)> {
+    p.inst[0]
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m.0 == name)
+        .map(|m| (m.2, m.1.clone()))
+        .collect()
+}
+
+fn attr<'a>(a: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    a.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str())
+}
+
+const US: u64 = 1_000;
+
+#[test]
+fn nested_sections_pair_into_exact_durations() {
+    // step [0, 1000us]: kda_mixer [100, 700] with kda_front [150, 250] and kda_recur [300, 600].
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        150 * US,
+        250 * US,
+        300 * US,
+        600 * US,
+        700 * US,
+        1000 * US,
+    ]);
+    let (shared, mut p) = setup(1, 0, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _m = r.section(Section::KDA_MIXER, 12u32, Site::ATTN);
+        {
+            let _f = r.section(Section::KDA_FRONT, 12u32, Site::ATTN);
+        }
+        let _c = r.section(Section::KDA_RECUR, 12u32, Site::ATTN);
+    }
+    p.flush();
+    let v = values(&p, crate::names::metric::SECTION_DURATION);
+    let got: Vec<(String, f64)> = v
+        .iter()
+        .map(|(x, a)| (attr(a, "bucket").unwrap().to_owned(), (x * 1e6).round()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("kda_front".into(), 100.0),
+            ("kda_recur".into(), 300.0),
+            ("kda_mixer".into(), 600.0)
+        ]
+    );
+    let a = &v[0].1;
+    assert_eq!(attr(a, "layer"), Some("12"));
+    assert_eq!(attr(a, "site"), Some("attn"));
+    assert_eq!(attr(a, "rank"), Some("3"));
+    let steps = values(&p, crate::names::metric::STEP_DURATION);
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].0 * 1e6).round(), 1000.0);
+    assert_eq!(p.stats().sections, 3);
+    assert_eq!(p.stats().dropped_unbalanced, 0);
+}
+
+#[test]
+fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
+    let clock = Script::new(&[0, 30 * US, 40 * US, 90 * US]);
+    let (shared, mut p) = setup(2, 0, clock);
+    let r = rec(&shared);
+    {
+        let _s = r.section(Section::MOE_EXPERTS, 1u32, Site::MLP); // not recorded at level 2
+    }
+    {
+        let _b = r.section(Section::REDUCE_MLP_BAR, 1u32, Site::MLP);
+    }
+    {
+        let _b = r.section(Section::REDUCE_MLP, 1u32, Site::MLP);
+    }
+    r.collective_wait(Site::ATTN, 2u32, std::time::Duration::from_micros(7));
+    p.flush();
+    let waits = values(&p, crate::names::metric::COLLECTIVE_WAIT);
+    assert_eq!(waits.len(), 2);
+    assert_eq!((waits[0].0 * 1e6).round(), 30.0);
+    assert_eq!(attr(&waits[0].1, "site"), Some("mlp"));
+    assert_eq!((waits[1].0 * 1e6).round(), 7.0);
+    assert_eq!(attr(&waits[1].1, "layer"), Some("2"));
+    let buckets: Vec<_> = values(&p, crate::names::metric::SECTION_DURATION)
+        .into_iter()
+        .map(|(_, a)| attr(&a, "bucket").unwrap().to_owned())
+        .collect();
+    assert_eq!(buckets, ["reduce_mlp_bar", "reduce_mlp"]);
+}
+
+#[test]
+fn unbalanced_marks_are_counted_not_fatal() {
+    let clock = Script::new(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    let (shared, mut p) = setup(1, 0, clock);
+    let r = rec(&shared);
+    r.end_section(Section::NORM); // end without begin
+    r.begin_section(Section::KDA_MIXER, 0u32, Site::ATTN);
+    r.begin_section(Section::KDA_FRONT, 0u32, Site::ATTN);
+    r.end_section(Section::KDA_MIXER); // closes mixer, front never ended
+    p.flush();
+    assert_eq!(p.stats().dropped_unbalanced, 2);
+    assert_eq!(p.stats().sections, 1);
+    let dropped = values(&p, crate::names::metric::RECORDS_DROPPED);
+    assert_eq!(dropped.iter().map(|d| d.0).sum::<f64>(), 2.0);
+}
+
+#[test]
+fn pending_tokens_hold_the_lane_until_resolved() {
+    let clock = Script::new(&[0, 500 * US]);
+    let (shared, mut p) = setup(1, 0, clock.clone());
+    let r = rec(&shared);
+    clock.hold.store(true, std::sync::atomic::Ordering::Relaxed);
+    {
+        let _s = r.section(Section::NORM, 0u32, Site::NONE);
+    }
+    p.flush();
+    assert_eq!(p.stats().sections, 0);
+    clock
+        .hold
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    p.flush();
+    assert_eq!(p.stats().sections, 1);
+}
+
+#[test]
+fn a_full_buffer_drops_and_counts() {
+    let times: Vec<u64> = (0..3000).collect();
+    let (shared, mut p) = setup(1, 0, Script::new(&times));
+    let r = rec(&shared);
+    for _ in 0..1000 {
+        let _s = r.section(Section::NORM, 0u32, Site::NONE);
+    }
+    p.flush();
+    let s = p.stats();
+    // 1024 marks fit: 512 begin/end pairs; every refused begin skips its end.
+    assert_eq!(s.sections, 512);
+    assert_eq!(s.dropped_queue_full, 1000 - 512);
+    assert_eq!(s.dropped_unbalanced, 0);
+}
+
+#[test]
+fn phases_take_the_time_since_the_previous_mark_and_skipped_phases_are_absent() {
+    // round [0, 1000]: draft ends 200, verify ends 900, maint ends 1000 (accept, rollback skipped)
+    let clock = Script::new(&[0, 200 * US, 900 * US, 1000 * US, 1000 * US]);
+    let (shared, mut p) = setup(0, 1, clock);
+    let r = rec(&shared);
+    let round = r.round(4);
+    round.phase(Phase::Draft);
+    round.phase(Phase::Verify);
+    round.phase(Phase::Maint);
+    round.end(3);
+    p.flush();
+    let ph: Vec<(String, f64)> = values(&p, crate::names::metric::SPEC_PHASE_DURATION)
+        .iter()
+        .map(|(v, a)| (attr(a, "phase").unwrap().to_owned(), (v * 1e6).round()))
+        .collect();
+    assert_eq!(
+        ph,
+        vec![
+            ("draft".into(), 200.0),
+            ("verify".into(), 700.0),
+            ("maint".into(), 100.0)
+        ]
+    );
+    assert_eq!(values(&p, crate::names::metric::SPEC_ROUNDS).len(), 1);
+    let acc = values(&p, crate::names::metric::SPEC_ACCEPTED_TOKENS);
+    assert_eq!(acc[0].0, 3.0);
+    assert!(values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION).is_empty());
+}
+
+#[test]
+fn a_round_ended_without_marks_counts_the_round_and_no_phase() {
+    let clock = Script::new(&[0, 50 * US]);
+    let (shared, mut p) = setup(0, 1, clock);
+    let r = rec(&shared);
+    r.round(2).end(0);
+    p.flush();
+    assert!(values(&p, crate::names::metric::SPEC_PHASE_DURATION).is_empty());
+    assert_eq!(values(&p, crate::names::metric::SPEC_ROUNDS).len(), 1);
+    assert_eq!(p.stats().rounds, 1);
+}
+
+#[test]
+fn level_two_splits_verify_into_parts_with_rest_as_the_remainder() {
+    // round 0..; draft ends 100; verify walk: kda [100,300] with scan [150,250], mla [300,450],
+    // ffn [450,700]; verify ends 800 -> rest = 700 - 200 - 150 = 350, ffn reported inside it.
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        100 * US,
+        150 * US,
+        250 * US,
+        300 * US,
+        300 * US,
+        450 * US,
+        450 * US,
+        700 * US,
+        800 * US,
+        800 * US,
+    ]);
+    let (shared, mut p) = setup(0, 2, clock);
+    let r = rec(&shared);
+    let other = rec(&shared); // a second thread of the same round
+    let round = r.round(4);
+    round.phase(Phase::Draft);
+    {
+        let _k = r.verify_part(round.as_ref(), VerifyPart::Kda);
+        let _s = r.verify_part(round.as_ref(), VerifyPart::KdaScan);
+    }
+    {
+        let _m = other.verify_part(round.as_ref(), VerifyPart::Mla);
+    }
+    {
+        let _f = other.verify_part(round.as_ref(), VerifyPart::Ffn);
+    }
+    round.phase(Phase::Verify);
+    round.end(2);
+    p.flush();
+    let parts: Vec<(String, f64)> = values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION)
+        .iter()
+        .map(|(v, a)| (attr(a, "part").unwrap().to_owned(), (v * 1e6).round()))
+        .collect();
+    assert_eq!(
+        parts,
+        vec![
+            ("kda".into(), 200.0),
+            ("kda_scan".into(), 100.0),
+            ("mla".into(), 150.0),
+            ("ffn".into(), 250.0),
+            ("rest".into(), 350.0)
+        ]
+    );
+}
+
+#[test]
+fn concurrent_sessions_do_not_mix_their_rounds() {
+    let c1 = Script::new(&[0, 100 * US, 110 * US, 160 * US, 400 * US, 400 * US]);
+    let c2 = Script::new(&[0, 300 * US, 310 * US, 330 * US, 900 * US, 900 * US]);
+    let (shared, mut p) = setup(0, 2, Script::new(&[]));
+    let a = Recorder::new(shared.clone(), RecorderOptions::new().clock(c1));
+    let b = Recorder::new(shared.clone(), RecorderOptions::new().clock(c2));
+    let ra = a.round(2);
+    let rb = b.round(2);
+    ra.phase(Phase::Draft);
+    rb.phase(Phase::Draft);
+    {
+        let _k = a.verify_part(ra.as_ref(), VerifyPart::Kda);
+    }
+    {
+        let _k = b.verify_part(rb.as_ref(), VerifyPart::Kda);
+    }
+    ra.phase(Phase::Verify);
+    rb.phase(Phase::Verify);
+    ra.end(1);
+    rb.end(2);
+    p.flush();
+    let kda: Vec<f64> = values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION)
+        .iter()
+        .filter(|(_, a)| attr(a, "part") == Some("kda"))
+        .map(|(v, _)| (v * 1e6).round())
+        .collect();
+    assert_eq!(kda, vec![50.0, 20.0]);
+}
