@@ -1,1 +1,218 @@
-fn main() {}
+//! Hot-path costs, each comparison side by side in one run:
+//!
+//! - `section/*`: one section begin+end: phasetrace off and on (host clock), against baselines
+//!   that reproduce the reference GLM profiler (a once-read level; clock read + two relaxed
+//!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
+//! - `spec/*`: one phase mark inside a round, a disabled round.
+//! - `worker/drain`: section records drained into histograms per second on one core.
+//!
+//! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
+
+use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use phasetrace::{Level, Phase, Profiler, Section, Site, SpecLevel};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// The reference profiler's shape, reproduced as the baseline.
+mod reference {
+    use super::*;
+    static NANOS: [AtomicU64; 23] = [const { AtomicU64::new(0) }; 23];
+    static CALLS: [AtomicU64; 23] = [const { AtomicU64::new(0) }; 23];
+
+    pub(super) fn level(v: u8) -> u8 {
+        static L: OnceLock<u8> = OnceLock::new();
+        *L.get_or_init(|| v)
+    }
+
+    #[inline(never)]
+    pub(super) fn start(on: bool) -> Option<Instant> {
+        on.then(Instant::now)
+    }
+
+    #[inline(never)]
+    pub(super) fn end(bucket: usize, t0: Option<Instant>) {
+        let Some(t0) = t0 else { return };
+        NANOS[bucket].fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        CALLS[bucket].fetch_add(1, Relaxed);
+    }
+}
+
+const BATCH: u64 = 8_192;
+
+fn profiler(level: Level, spec: SpecLevel) -> Profiler {
+    Profiler::builder()
+        .without_env()
+        .with_level(level)
+        .with_spec_level(spec)
+        .with_prometheus(None)
+        .with_trace_every(0)
+        .with_queue(1 << 20)
+        .with_drain_interval(Duration::from_secs(3600))
+        .build()
+        .expect("profiler")
+}
+
+#[derive(Debug)]
+struct NoopExporter;
+
+impl opentelemetry_sdk::trace::SpanExporter for NoopExporter {
+    async fn export(
+        &self,
+        _batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+fn section(c: &mut Criterion) {
+    let mut g = c.benchmark_group("section");
+    g.throughput(Throughput::Elements(1));
+
+    let on_level = reference::level(0) == 1; // the reference reads its level once: off here
+    g.bench_function("baseline_reference_off", |b| {
+        b.iter(|| {
+            let t = reference::start(black_box(on_level));
+            reference::end(black_box(3), t);
+        })
+    });
+    let off = profiler(Level::Off, SpecLevel::Off);
+    let rec_off = off.recorder();
+    g.bench_function("phasetrace_off", |b| {
+        b.iter(|| {
+            let _s = rec_off.section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+        })
+    });
+    g.bench_function("baseline_reference_on", |b| {
+        b.iter(|| {
+            let t = reference::start(black_box(true));
+            reference::end(black_box(3), t);
+        })
+    });
+    let on = profiler(Level::Full, SpecLevel::Off);
+    let rec_on = on.recorder();
+    g.bench_function("phasetrace_on_host_clock", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(BATCH);
+                let t = Instant::now();
+                for _ in 0..n {
+                    let _s = rec_on.section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+                }
+                total += t.elapsed();
+                on.drain(); // outside the timed region: the worker's share is benched below
+                left -= n;
+            }
+            total
+        })
+    });
+
+    // One span through tracing + tracing-opentelemetry, exported through a batch processor.
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(NoopExporter)
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")));
+    tracing::subscriber::with_default(subscriber, || {
+        g.bench_function("tracing_opentelemetry_span", |b| {
+            b.iter(|| {
+                let s = tracing::info_span!("kda_mixer", layer = 12u32, site = "attn");
+                let _e = s.enter();
+            })
+        });
+    });
+    let _ = provider.shutdown();
+    g.finish();
+    on.shutdown();
+}
+
+fn spec(c: &mut Criterion) {
+    let mut g = c.benchmark_group("spec");
+    g.throughput(Throughput::Elements(1));
+    let on = profiler(Level::Off, SpecLevel::Phases);
+    let rec = on.recorder();
+    g.bench_function("phase_mark_on", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(BATCH);
+                let round = rec.round(4);
+                let t = Instant::now();
+                for _ in 0..n {
+                    round.phase(black_box(Phase::Verify));
+                }
+                total += t.elapsed();
+                round.end(2);
+                on.drain();
+                left -= n;
+            }
+            total
+        })
+    });
+    let off = profiler(Level::Off, SpecLevel::Off);
+    let rec_off = off.recorder();
+    g.bench_function("round_off", |b| {
+        b.iter(|| {
+            let r = rec_off.round(black_box(4));
+            r.phase(Phase::Draft);
+            r.end(2);
+        })
+    });
+    g.finish();
+    on.shutdown();
+}
+
+fn worker(c: &mut Criterion) {
+    let mut g = c.benchmark_group("worker");
+    g.sample_size(10);
+    let records: u64 = 200_000;
+    g.throughput(Throughput::Elements(records));
+    for layer_attr in [true] {
+        let p = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_prometheus(Some("127.0.0.1:0"))
+            .with_trace_every(0)
+            .with_layer_attr(layer_attr)
+            .with_queue(1 << 22)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler");
+        let rec = p.recorder();
+        let sections = [
+            Section::KDA_MIXER,
+            Section::MOE_EXPERTS,
+            Section::REDUCE_ATTN,
+            Section::NORM,
+        ];
+        g.bench_with_input(
+            BenchmarkId::new("drain_sections_into_histograms", records),
+            &records,
+            |b, &n| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        for i in 0..n {
+                            let s = sections[(i % 4) as usize];
+                            let _g = rec.section(s, (i % 96) as u32, Site::ATTN);
+                        }
+                        let t = Instant::now();
+                        p.drain();
+                        total += t.elapsed();
+                    }
+                    total
+                })
+            },
+        );
+        p.shutdown();
+    }
+    g.finish();
+}
+
+criterion_group!(benches, section, spec, worker);
+criterion_main!(benches);
