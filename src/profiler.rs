@@ -270,6 +270,7 @@ impl ProfilerBuilder {
             tracer,
             cfg.summary_every,
             cfg.spec_summary_every,
+            exporters.span_counts.clone(),
         );
         let worker = Worker::start(
             pipeline,
@@ -432,11 +433,15 @@ impl Profiler {
     pub fn stats(&self) -> Stats {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         r.as_ref().map_or(Stats::default(), |r| {
-            r.worker
+            let mut s = r
+                .worker
                 .pipeline
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .stats()
+                .stats();
+            s.spans_exported = r.exporters.span_counts.exported.load(Ordering::Relaxed);
+            s.spans_failed = r.exporters.span_counts.failed.load(Ordering::Relaxed);
+            s
         })
     }
 

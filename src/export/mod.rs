@@ -8,11 +8,13 @@
 //! ```
 
 mod console;
+mod counted;
 mod otlp;
 mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
 
+pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::prometheus::PrometheusServer;
 
 use crate::config::{Config, HistogramAggregation};
@@ -72,6 +74,8 @@ pub(crate) struct Exporters {
     /// Prometheus endpoint keeps explicit buckets.
     pub(crate) meter_providers: Vec<SdkMeterProvider>,
     pub(crate) tracer_provider: Option<SdkTracerProvider>,
+    /// What the span exporter delivered and lost.
+    pub(crate) span_counts: std::sync::Arc<SpanCounts>,
     pub(crate) prometheus: Option<PrometheusServer>,
     /// Keeps the tonic channels' background tasks alive.
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
@@ -210,8 +214,10 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
             .with_scheduled_delay(Duration::from_millis(500))
             .build()
     };
+    let span_counts = std::sync::Arc::new(SpanCounts::default());
     let tracer_provider = if let (true, Some(o)) = (cfg.traces_otlp, otlp) {
-        let exporter = otlp::span_exporter(o, runtime.as_ref())?;
+        let exporter =
+            counted::Counted::new(otlp::span_exporter(o, runtime.as_ref())?, span_counts.clone());
         Some(
             SdkTracerProvider::builder()
                 .with_resource(res)
@@ -227,7 +233,10 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
             SdkTracerProvider::builder()
                 .with_resource(res)
                 .with_span_processor(
-                    BatchSpanProcessor::builder(console::ConsoleSpanExporter::default())
+                    BatchSpanProcessor::builder(counted::Counted::new(
+                        console::ConsoleSpanExporter::default(),
+                        span_counts.clone(),
+                    ))
                         .with_batch_config(batch())
                         .build(),
                 )
@@ -239,6 +248,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     Ok(Exporters {
         meter_providers,
         tracer_provider,
+        span_counts,
         prometheus,
         runtime,
     })

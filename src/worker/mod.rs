@@ -47,6 +47,8 @@ pub(crate) struct Pipeline {
     spec_summary_every: u64,
     next_summary: u64,
     expert_counter: bool,
+    span_counts: Arc<crate::export::SpanCounts>,
+    span_failed_seen: u64,
 }
 
 impl Pipeline {
@@ -56,6 +58,7 @@ impl Pipeline {
         tracer: Option<SdkTracer>,
         summary_every: u64,
         spec_summary_every: u64,
+        span_counts: Arc<crate::export::SpanCounts>,
     ) -> Pipeline {
         let expert_counter = shared.expert_counter;
         Pipeline {
@@ -73,6 +76,8 @@ impl Pipeline {
             spec_summary_every,
             next_summary: summary_every,
             expert_counter,
+            span_counts,
+            span_failed_seen: 0,
         }
     }
 
@@ -122,6 +127,15 @@ impl Pipeline {
                 i.dropped(drop_reason::UNBALANCED, n);
             }
         }
+        let failed = self.span_counts.failed.load(Ordering::Relaxed);
+        if failed > self.span_failed_seen {
+            for i in &self.inst {
+                i.dropped(drop_reason::SPAN_EXPORT, failed - self.span_failed_seen);
+            }
+            self.span_failed_seen = failed;
+        }
+        self.stats.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
+        self.stats.spans_failed = failed;
         self.maybe_print_summary();
     }
 

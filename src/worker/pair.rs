@@ -68,8 +68,14 @@ pub struct Stats {
     pub steps: u64,
     /// Rounds finalized.
     pub rounds: u64,
-    /// Spans built.
+    /// Spans built and handed to the span processor.
     pub spans: u64,
+    /// Spans the exporter delivered.
+    pub spans_exported: u64,
+    /// Spans lost to failed exports (collector down or refusing); counted under
+    /// `reason="span_export"`. Spans built but neither exported nor failed after a flush were
+    /// dropped by the span processor's full queue.
+    pub spans_failed: u64,
     /// Marks dropped because a buffer was full.
     pub dropped_queue_full: u64,
     /// Marks dropped because the clock gave or resolved no time.

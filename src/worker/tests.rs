@@ -60,7 +60,7 @@ fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) 
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), true, 8);
-    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0);
+    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
     (shared, p)
 }
 

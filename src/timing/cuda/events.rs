@@ -563,11 +563,11 @@ impl Clock for CudaEventClock {
         // SAFETY: the context is live; `set` makes it current on the worker (phasetrace's own
         // thread) when it is not. Events are ours and were recorded outside any capture.
         unsafe {
+            let _mode = CaptureModeGuard::thread_local();
             if CurrentCtx::set(self.handles.ctx).is_err() {
                 self.query_errors.fetch_add(1, Ordering::Relaxed);
                 return Resolved::Failed;
             }
-            let _mode = CaptureModeGuard::thread_local();
             match sys::cuEventQuery(slot.ev.0).result() {
                 Ok(()) => {}
                 Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => return Resolved::Pending,
