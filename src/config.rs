@@ -286,6 +286,8 @@ pub(crate) struct ConfigBuilder {
     pub(crate) service_name: Option<String>,
     pub(crate) otlp_endpoint: Option<Option<String>>,
     pub(crate) otlp_protocol: Option<Protocol>,
+    pub(crate) otlp_headers: Option<Vec<(String, String)>>,
+    pub(crate) otlp_certificate: Option<PathBuf>,
     pub(crate) metric_export_interval: Option<Duration>,
     pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
@@ -738,10 +740,13 @@ impl ConfigBuilder {
         let otlp = endpoint.map(|endpoint| OtlpConfig {
             protocol: self.otlp_protocol.or(protocol).unwrap_or(Protocol::Grpc),
             endpoint,
-            headers,
+            headers: self.otlp_headers.clone().unwrap_or(headers),
             timeout: Duration::from_millis(timeout.unwrap_or(default::OTLP_TIMEOUT_MS)),
             gzip: gzip.unwrap_or(false),
-            certificate: certificate.map(PathBuf::from),
+            certificate: self
+                .otlp_certificate
+                .clone()
+                .or(certificate.map(PathBuf::from)),
             histogram: histogram.unwrap_or_default(),
         });
         if let Some(o) = &otlp

@@ -150,6 +150,20 @@ impl ProfilerBuilder {
         self
     }
 
+    /// OTLP request headers (API keys); values are never printed.
+    /// Env: `OTEL_EXPORTER_OTLP_HEADERS`; default none.
+    pub fn with_otlp_headers(mut self, headers: Vec<(String, String)>) -> Self {
+        self.cfg.otlp_headers = Some(headers);
+        self
+    }
+
+    /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
+    /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
+    pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.cfg.otlp_certificate = Some(path.into());
+        self
+    }
+
     /// How often metrics are pushed over OTLP. Env: `OTEL_METRIC_EXPORT_INTERVAL` (ms);
     /// default 10 s.
     pub fn with_metric_export_interval(mut self, every: Duration) -> Self {
