@@ -5,21 +5,20 @@
 
 mod support;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use std::sync::Arc;
 use std::time::Duration;
 use support::{Rotel, TempDir};
 
-/// A TLS endpoint (ALPN h2) on a free port that forwards the decrypted stream to `upstream`.
+/// A TLS endpoint (ALPN h2 and http/1.1) on a free port that forwards the decrypted stream to `upstream`.
 struct TlsProxy {
     port: u16,
     _rt: tokio::runtime::Runtime,
 }
 
 fn start_proxy(upstream: u16, cert_pem: &str, key_pem: &str) -> TlsProxy {
-    let certs: Vec<rustls::pki_types::CertificateDer<'static>> =
-        vec![pem_der(cert_pem).into()];
+    let certs: Vec<rustls::pki_types::CertificateDer<'static>> = vec![pem_der(cert_pem).into()];
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(pem_der(key_pem).into());
     let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -29,7 +28,7 @@ fn start_proxy(upstream: u16, cert_pem: &str, key_pem: &str) -> TlsProxy {
     .with_no_client_auth()
     .with_single_cert(certs, key)
     .expect("server certificate");
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -76,7 +75,10 @@ fn decode_base64(s: &str) -> Vec<u8> {
             _ => 63,
         }
     };
-    let bytes: Vec<u8> = s.bytes().filter(|c| *c != b'=' && !c.is_ascii_whitespace()).collect();
+    let bytes: Vec<u8> = s
+        .bytes()
+        .filter(|c| *c != b'=' && !c.is_ascii_whitespace())
+        .collect();
     let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
     for chunk in bytes.chunks(4) {
         let mut n = 0u32;
@@ -107,8 +109,9 @@ fn certificates() -> (String, String, String) {
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
 
-fn run(endpoint: &str, ca: Option<&std::path::Path>) -> Profiler {
+fn run(endpoint: &str, ca: Option<&std::path::Path>, protocol: Protocol) -> Profiler {
     let mut b = Profiler::builder()
+        .with_otlp_protocol(protocol)
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
@@ -140,20 +143,43 @@ fn spans_cross_tls_with_the_custom_ca_and_are_refused_without_it() {
     let proxy = start_proxy(rotel.grpc_port(), &cert, &key);
     let endpoint = format!("https://localhost:{}", proxy.port);
 
-    let p = run(&endpoint, Some(&ca_path));
-    rotel.wait_for(|o| o.spans_named("decode.step").len() == 3, Duration::from_secs(20));
+    let p = run(&endpoint, Some(&ca_path), Protocol::Grpc);
+    rotel.wait_for(
+        |o| o.spans_named("decode.step").len() == 3,
+        Duration::from_secs(20),
+    );
     p.shutdown();
 
     // Without the CA the server's certificate is not trusted: nothing arrives, the loss counts.
     rotel.clear_output();
-    let p = run(&endpoint, None);
+    let p = run(&endpoint, None, Protocol::Grpc);
     let failed = support::poll(Duration::from_secs(20), || {
         p.flush();
         let s = p.stats();
         (s.spans_failed > 0).then_some(s.spans_failed)
     });
-    assert!(failed.is_some(), "export to an untrusted endpoint must fail");
+    assert!(
+        failed.is_some(),
+        "export to an untrusted endpoint must fail"
+    );
     assert!(rotel.parsed().spans_named("decode.step").is_empty());
+    p.shutdown();
+}
+
+#[test]
+fn http_protobuf_crosses_tls_with_the_custom_ca() {
+    let rotel = Rotel::start();
+    let (ca, cert, key) = certificates();
+    let dir = TempDir::new("phasetrace-tls-http");
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca).expect("write ca");
+    let proxy = start_proxy(rotel.http_port(), &cert, &key);
+    let endpoint = format!("https://localhost:{}", proxy.port);
+    let p = run(&endpoint, Some(&ca_path), Protocol::HttpProtobuf);
+    rotel.wait_for(
+        |o| o.spans_named("decode.step").len() == 3,
+        Duration::from_secs(20),
+    );
     p.shutdown();
 }
 
@@ -168,5 +194,8 @@ fn a_missing_ca_file_is_a_clear_error() {
         .build()
         .expect_err("missing CA");
     let msg = err.to_string();
-    assert!(msg.contains("OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem"), "{msg}");
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem"),
+        "{msg}"
+    );
 }

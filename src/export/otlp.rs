@@ -39,6 +39,7 @@ fn tls(o: &OtlpConfig) -> Result<Option<tonic::transport::ClientTlsConfig>, Expo
     }
     let mut cfg = tonic::transport::ClientTlsConfig::new().with_native_roots();
     if let Some(path) = &o.certificate {
+        root_store(o)?;
         let pem = std::fs::read(path).map_err(|source| ExportError::Certificate {
             path: path.display().to_string(),
             source,
@@ -46,6 +47,57 @@ fn tls(o: &OtlpConfig) -> Result<Option<tonic::transport::ClientTlsConfig>, Expo
         cfg = cfg.ca_certificate(tonic::transport::Certificate::from_pem(pem));
     }
     Ok(Some(cfg))
+}
+
+/// The system's roots plus the custom CA, if any.
+fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, ExportError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates are skipped: a custom CA may be all that is needed.
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = &o.certificate {
+        let read_err = |detail: String| ExportError::Certificate {
+            path: path.display().to_string(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, detail),
+        };
+        let pem = std::fs::read(path).map_err(|source| ExportError::Certificate {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut n = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| read_err(format!("not a PEM certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| read_err(format!("not a usable CA certificate: {e}")))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(read_err("no PEM certificate in the file".into()));
+        }
+    }
+    Ok(roots)
+}
+
+/// A blocking HTTP client; for `https://`, rustls (ring) trusting [`root_store`].
+fn http_client(
+    signal: &'static str,
+    o: &OtlpConfig,
+) -> Result<reqwest::blocking::Client, ExportError> {
+    let mut b = reqwest::blocking::Client::builder().timeout(o.timeout);
+    if o.endpoint.starts_with("https://") {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| err(signal, o, e))?
+            .with_root_certificates(root_store(o)?)
+            .with_no_client_auth();
+        b = b.tls_backend_preconfigured(tls);
+    }
+    b.build().map_err(|e| err(signal, o, e))
 }
 
 pub(super) fn span_exporter(
@@ -71,6 +123,7 @@ pub(super) fn span_exporter(
         Protocol::HttpProtobuf => {
             let mut b = SpanExporter::builder()
                 .with_http()
+                .with_http_client(http_client("traces", o)?)
                 .with_endpoint(format!("{}/v1/traces", o.endpoint))
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
@@ -107,6 +160,7 @@ pub(super) fn metric_exporter(
         Protocol::HttpProtobuf => {
             let mut b = MetricExporter::builder()
                 .with_http()
+                .with_http_client(http_client("metrics", o)?)
                 .with_endpoint(format!("{}/v1/metrics", o.endpoint))
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
