@@ -11,8 +11,10 @@ use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-/// Most marks a lane may hold back while its clock resolves them (bounded memory).
-const BACKLOG_MAX: usize = 1 << 20;
+/// Most section spans kept for one sampled step (a step that never ends stops collecting).
+const STEP_SPANS_MAX: usize = 1 << 16;
+/// Most verify-part intervals kept for one sampled round.
+const ROUND_PARTS_MAX: usize = 256;
 /// Most nested open sections per lane.
 const STACK_MAX: usize = 256;
 
@@ -158,7 +160,10 @@ impl LaneState {
 
     /// Drains the lane and processes marks in order until one is not resolvable yet.
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
-        while self.backlog.len() < BACKLOG_MAX {
+        // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
+        // lane, so a lane costs at most twice its capacity in memory.
+        let max = self.lane.queue.capacity();
+        while self.backlog.len() < max {
             match self.lane.queue.pop() {
                 Some(m) => self.backlog.push_back(m),
                 None => break,
@@ -274,6 +279,7 @@ impl LaneState {
                     .step
                     .as_mut()
                     .and_then(|st| st.trace.as_mut())
+                    .filter(|tr| tr.sections.len() < STEP_SPANS_MAX)
                     .map(|tr| {
                         tr.sections.push(SectionSpan {
                             section,
@@ -425,7 +431,7 @@ impl LaneState {
                 };
                 let acc = s.parts.entry((b.site, b.layer)).or_default();
                 acc.ns[part as usize] += t.saturating_sub(start);
-                if acc.intervals.len() < 4096 {
+                if acc.intervals.len() < ROUND_PARTS_MAX {
                     acc.intervals.push((part.as_str(), start, t));
                 }
             }
