@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# Validates the bundled observability stack (docker-compose.yml, Dockerfile, otel-config/,
+# dashboards/) offline, with the real tools of each format:
+#
+#   promtool (Debian's prometheus 2.42)   check config, check rules, test rules, and parses every
+#                                         dashboard PromQL expression
+#   docker-compose 1.29 (Debian)          config -q (with a dummy GRAFANA_ADMIN_PASSWORD), and
+#                                         refuses the file without one
+#   tsc + @grafana/schema (npm)           every dashboard as typed object literals, --strict
+#   grafana-foundation-sdk (PyPI)         lossless round trip of every dashboard through the SDK
+#   hadolint + BuildKit's parser (PyPI)   Dockerfile
+#   tools/stack-check/check_stack.py      cross-file consistency (ports, pins, uids, mounts...)
+#
+# Installs what it needs when missing (apt: prometheus, docker-compose; npm ci in
+# tools/dashboard-check; a venv at .tools/venv-stack) and is safe to re-run.
+# Not covered here (needs Docker or the running demo): image pulls and builds, the collector
+# actually starting, Grafana rendering, and scripts/promql-live-check.py against live data.
+#
+# Usage: scripts/validate-stack.sh [--mutations]
+#   --mutations  also prove that each check can fail: injects a fault per check into a scratch
+#                copy (misspelled dashboard keys, a broken rule, a bad compose key...) and
+#                expects that check to reject it. The repository is never modified.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+TOOLS_DIR="$ROOT/.tools"
+VENV="$TOOLS_DIR/venv-stack"
+DASH_CHECK="$ROOT/tools/dashboard-check"
+REQUIREMENTS="$ROOT/tools/stack-check/requirements.txt"
+MUTATIONS=0
+for arg in "$@"; do
+  case "$arg" in
+    --mutations) MUTATIONS=1 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "validate-stack: unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+SCRATCH="$(mktemp -d)"
+trap 'rm -rf "$SCRATCH"' EXIT
+START=$SECONDS
+
+log() { printf '%s\n' "$*"; }
+section() { printf '\n== %s\n' "$*"; }
+
+# ---------------------------------------------------------------- installs
+apt_updated=0
+apt_install() {
+  # apt_install PACKAGE... : installs Debian packages without starting their services.
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "validate-stack: need root to apt-get install $*" >&2
+    exit 2
+  fi
+  if [ "$apt_updated" -eq 0 ]; then
+    apt-get update -qq
+    apt_updated=1
+  fi
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [ ! -e "$policy" ]; then
+    # Keep the prometheus package from starting its daemon (restored right after).
+    printf '#!/bin/sh\nexit 101\n' > "$policy"
+    chmod +x "$policy"
+    made_policy=1
+  fi
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null || rc=$?
+  if [ "$made_policy" -eq 1 ]; then rm -f "$policy"; fi
+  return "$rc"
+}
+
+stamp_ok() {
+  # stamp_ok STAMPFILE INPUT... : true when STAMPFILE records the sha256 of the inputs.
+  local stamp="$1"; shift
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(cat "$@" | sha256sum | cut -d' ' -f1)" ]
+}
+write_stamp() {
+  local stamp="$1"; shift
+  cat "$@" | sha256sum | cut -d' ' -f1 > "$stamp"
+}
+
+section "tools"
+need_apt=()
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  log "installing with apt: ${need_apt[*]}"
+  apt_install "${need_apt[@]}"
+fi
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  log "installing with apt: nodejs npm"
+  apt_install nodejs npm
+fi
+
+if ! stamp_ok "$DASH_CHECK/node_modules/.validate-stack.stamp" "$DASH_CHECK/package-lock.json"; then
+  log "npm ci in tools/dashboard-check"
+  (cd "$DASH_CHECK" && npm ci --no-audit --no-fund --loglevel=error)
+  write_stamp "$DASH_CHECK/node_modules/.validate-stack.stamp" "$DASH_CHECK/package-lock.json"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  mkdir -p "$TOOLS_DIR"
+  if ! python3 -m venv "$VENV" 2>/dev/null; then
+    rm -rf "$VENV"
+    apt_install python3-venv
+    python3 -m venv "$VENV"
+  fi
+fi
+if ! stamp_ok "$VENV/.validate-stack.stamp" "$REQUIREMENTS"; then
+  log "pip install -r tools/stack-check/requirements.txt into .tools/venv-stack"
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS"
+  write_stamp "$VENV/.validate-stack.stamp" "$REQUIREMENTS"
+fi
+PY="$VENV/bin/python"
+log "promtool: $(promtool --version 2>&1 | head -n1)"
+log "docker-compose: $(docker-compose version --short 2>/dev/null || docker-compose --version)"
+log "node: $(node --version), tsc: $("$DASH_CHECK/node_modules/.bin/tsc" --version)"
+log "@grafana/schema: $(node -p "require('$DASH_CHECK/node_modules/@grafana/schema/package.json').version")"
+log "grafana-foundation-sdk: $("$PY" -m pip show grafana-foundation-sdk 2>/dev/null | sed -n 's/^Version: //p')"
+log "hadolint: $("$VENV/bin/hadolint" --version)"
+
+# ---------------------------------------------------------------- the checks
+# Each takes its inputs as arguments (repository paths by default) so --mutations can point
+# them at faulty copies. They run as `if check ...`, where bash ignores `set -e`: every
+# command but the last carries its own `|| return 1`.
+check_prom_config() { promtool check config "$1"; }
+check_rules() { promtool check rules "$@"; }
+check_rule_tests() { promtool test rules "$@"; }
+check_dashboard_promql() {
+  # Every dashboard and rule expression (Grafana variables substituted), parsed by promtool.
+  local dashboards="$1" rules="$2" out="$SCRATCH/promql-$RANDOM.yml"
+  python3 "$ROOT/scripts/promql-live-check.py" --dashboards "$dashboards" --rules "$rules" --emit-rule-file "$out" || return 1
+  promtool check rules "$out"
+}
+check_compose() {
+  local file="$1"
+  GRAFANA_ADMIN_PASSWORD=validate-stack-dummy docker-compose --project-directory "$ROOT" -f "$file" config -q || return 1
+  # The Grafana admin password has no default: without it, compose must refuse the file.
+  if (unset GRAFANA_ADMIN_PASSWORD; docker-compose --project-directory "$ROOT" -f "$file" config -q) >/dev/null 2>&1; then
+    echo "docker-compose accepted $file without GRAFANA_ADMIN_PASSWORD (the password must not have a default)"
+    return 1
+  fi
+  echo "docker-compose: $file valid; refused without GRAFANA_ADMIN_PASSWORD as intended"
+}
+check_dockerfile() {
+  "$VENV/bin/hadolint" "$1" || return 1
+  "$PY" -c 'import sys, dockerfile
+cmds = dockerfile.parse_file(sys.argv[1])
+stages = [c for c in cmds if c.cmd == "FROM"]
+assert len(stages) >= 2, "expected a multi-stage build"
+print(f"BuildKit parser: {len(cmds)} instructions, {len(stages)} stages")' "$1"
+}
+check_dashboards_ts() {
+  # Typed object literals (.generated/*.ts) compiled with tsc --strict against @grafana/schema.
+  (cd "$DASH_CHECK" && node gen-ts.mjs "$@" && ./node_modules/.bin/tsc --strict --noEmit -p tsconfig.json)
+}
+check_dashboards_sdk() { "$PY" "$DASH_CHECK/sdk_roundtrip.py" "$@"; }
+check_consistency() { "$PY" "$ROOT/tools/stack-check/check_stack.py" "$1"; }
+
+PASSED=0
+FAILED=0
+FAILED_NAMES=()
+run() {
+  # run NAME COMMAND... : runs one check, records the outcome, never exits.
+  local name="$1"; shift
+  section "$name"
+  local t0=$SECONDS
+  if "$@"; then
+    PASSED=$((PASSED + 1))
+    log "-- ok: $name ($((SECONDS - t0))s)"
+  else
+    FAILED=$((FAILED + 1))
+    FAILED_NAMES+=("$name")
+    log "-- FAILED: $name"
+  fi
+}
+
+mapfile -t RULE_FILES < <(find otel-config/rules -maxdepth 1 -name '*.yml' ! -name '*.test.yml' | sort)
+mapfile -t RULE_TESTS < <(find otel-config/rules -maxdepth 1 -name '*.test.yml' | sort)
+mapfile -t DASHBOARDS < <(find dashboards -maxdepth 1 -name '*.json' | sort)
+
+run "promtool check config" check_prom_config otel-config/prometheus.yml
+run "promtool check rules" check_rules "${RULE_FILES[@]}"
+run "promtool test rules" check_rule_tests "${RULE_TESTS[@]}"
+run "dashboard PromQL parses (promtool)" check_dashboard_promql dashboards otel-config/rules
+run "docker-compose config" check_compose docker-compose.yml
+run "Dockerfile (hadolint, BuildKit parser)" check_dockerfile Dockerfile
+run "dashboards: tsc --strict against @grafana/schema" check_dashboards_ts "${DASHBOARDS[@]/#/$ROOT/}"
+run "dashboards: grafana-foundation-sdk round trip" check_dashboards_sdk "${DASHBOARDS[@]}"
+run "cross-file consistency" check_consistency "$ROOT"
+
+# ---------------------------------------------------------------- --mutations
+if [ "$MUTATIONS" -eq 1 ]; then
+  MUT_PASSED=0
+  MUT_FAILED=0
+  expect_failure() {
+    # expect_failure NAME COMMAND... : the check must reject the injected fault.
+    local name="$1"; shift
+    if "$@" >"$SCRATCH/mutation.log" 2>&1; then
+      MUT_FAILED=$((MUT_FAILED + 1))
+      FAILED_NAMES+=("mutation not caught: $name")
+      log "-- NOT CAUGHT: $name"
+      sed 's/^/   | /' "$SCRATCH/mutation.log" | tail -n 5
+    else
+      MUT_PASSED=$((MUT_PASSED + 1))
+      log "-- caught: $name"
+      grep -m2 -iE 'error|fail|unknown|invalid|unsupported|problem|DL[0-9]+|not |parse' "$SCRATCH/mutation.log" | cut -c1-160 | sed 's/^/   | /' || true
+    fi
+  }
+  mutate() {
+    # mutate SRC DEST SED-EXPRESSION : copies SRC to DEST with one substitution, which must apply.
+    mkdir -p "$(dirname "$2")"
+    sed "$3" "$1" > "$2"
+    if cmp -s "$1" "$2"; then
+      echo "validate-stack: mutation '$3' did not change $1" >&2
+      exit 2
+    fi
+  }
+  section "mutations: each check must reject an injected fault"
+  M="$SCRATCH/mut"
+  # Dashboards: a misspelled key in a target, in panel options, in a field config, a variable.
+  mutate dashboards/decode-sections.json "$M/d1/decode-sections.json" '0,/"legendFormat"/s//"legendFromat"/'
+  mutate dashboards/collectives-rank-skew.json "$M/d2/collectives-rank-skew.json" '0,/"placement"/s//"placment"/'
+  mutate dashboards/speculative-decoding.json "$M/d3/speculative-decoding.json" '0,/"fillOpacity"/s//"fillOpactiy"/'
+  mutate dashboards/decode-sections.json "$M/d4/decode-sections.json" '0,/"allValue"/s//"allValu"/'
+  mutate dashboards/decode-sections.json "$M/d5/decode-sections.json" '0,/"valueField"/s//"valueFeild"/'
+  for d in d1 d2 d3 d4; do
+    f="$(ls "$M/$d"/*.json)"
+    expect_failure "tsc: misspelled key ($d, $(basename "$f"))" check_dashboards_ts "$f"
+    expect_failure "sdk: misspelled key ($d, $(basename "$f"))" check_dashboards_sdk "$f"
+  done
+  expect_failure "tsc: misspelled transformation option (d5)" check_dashboards_ts "$M/d5/decode-sections.json"
+  # A wrong type: a string where the schema wants a number.
+  mutate dashboards/decode-sections.json "$M/d6/decode-sections.json" '0,/"w": \([0-9]*\)/s//"w": "\1"/'
+  expect_failure "tsc: wrong value type (gridPos.w as a string)" check_dashboards_ts "$M/d6/decode-sections.json"
+  # A panel whose target is not a Prometheus query for the SDK.
+  mkdir -p "$M/d7"
+  "$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+panel = next(p for p in d["panels"] if p["type"] != "row")
+panel["datasource"]["type"] = "prometheu"
+json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json "$M/d7/decode-sections.json"
+  expect_failure "sdk: target not decoded as a Prometheus query" check_dashboards_sdk "$M/d7/decode-sections.json"
+  # Dashboard PromQL that does not parse.
+  mkdir -p "$M/p1"
+  mutate dashboards/decode-sections.json "$M/p1/decode-sections.json" '0,/sum by (bucket) (rate(/s//sum by (bucket) (rate((/'
+  expect_failure "promtool: unparsable dashboard PromQL" check_dashboard_promql "$M/p1" otel-config/rules
+  # Rules: a broken expression; a threshold change that breaks the unit tests.
+  mkdir -p "$M/r1" "$M/r2"
+  cp otel-config/rules/*.yml "$M/r1/"
+  mutate otel-config/rules/phasetrace-alerts.yml "$M/r1/phasetrace-alerts.yml" 's/group_left ()$/group_left (/'
+  expect_failure "promtool check rules: broken alert expression" check_rules "$M/r1/phasetrace-alerts.yml"
+  cp otel-config/rules/*.yml "$M/r2/"
+  mutate otel-config/rules/phasetrace-thresholds.yml "$M/r2/phasetrace-thresholds.yml" 's/vector(0.2)/vector(0.99)/'
+  expect_failure "promtool test rules: straggler ratio raised to 0.99 (balanced ranks alert)" check_rule_tests "$M/r2/phasetrace-alerts.test.yml"
+  # Prometheus config: a rule file that does not resolve.
+  mkdir -p "$M/c1/rules"
+  cp otel-config/rules/*.yml "$M/c1/rules/"
+  mutate otel-config/prometheus.yml "$M/c1/prometheus.yml" 's#rules/phasetrace-alerts.yml#rules/phasetrace-alert.yml#'
+  expect_failure "promtool check config: missing rule file" check_prom_config "$M/c1/prometheus.yml"
+  # Compose: a misspelled service key; a default for the Grafana password.
+  mutate docker-compose.yml "$M/compose1.yml" '0,/    restart: unless-stopped/s//    restrat: unless-stopped/'
+  expect_failure "docker-compose: misspelled service key" check_compose "$M/compose1.yml"
+  # shellcheck disable=SC2016 # a literal ${...} for sed
+  mutate docker-compose.yml "$M/compose2.yml" 's/${GRAFANA_ADMIN_PASSWORD:?set GRAFANA_ADMIN_PASSWORD}/${GRAFANA_ADMIN_PASSWORD:-admin}/'
+  expect_failure "docker-compose: Grafana password with a default" check_compose "$M/compose2.yml"
+  # Dockerfile: a lint error (apt lists left in the image).
+  mutate Dockerfile "$M/Dockerfile" 's#    && rm -rf /var/lib/apt/lists/\* \\#    \&\& true \\#'
+  expect_failure "hadolint: apt lists not removed" check_dockerfile "$M/Dockerfile"
+  # Consistency: a port published on all interfaces.
+  mkdir -p "$M/repo"
+  cp -r dashboards otel-config Dockerfile "$M/repo/"
+  mutate docker-compose.yml "$M/repo/docker-compose.yml" 's/"127.0.0.1:9090:9090"/"9090:9090"/'
+  expect_failure "consistency: port not bound to 127.0.0.1" check_consistency "$M/repo"
+  log ""
+  log "mutations: $MUT_PASSED caught, $MUT_FAILED not caught"
+  PASSED=$((PASSED + MUT_PASSED))
+  FAILED=$((FAILED + MUT_FAILED))
+fi
+
+section "summary ($((SECONDS - START))s)"
+for name in "${FAILED_NAMES[@]+"${FAILED_NAMES[@]}"}"; do log "FAILED: $name"; done
+echo "validate-stack: $PASSED passed, $FAILED failed"
+[ "$FAILED" -eq 0 ]
