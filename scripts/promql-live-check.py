@@ -413,8 +413,9 @@ def one_line(expr: str) -> str:
 
 def run_alert(args) -> int:
     wanted = dict(pair.split("=", 1) for pair in args.label)
-    deadline = time.monotonic() + args.timeout_alert
+    deadline = time.monotonic() + max(args.timeout_alert, args.hold + args.poll)
     last = "no answer yet"
+    quiet_since = None
     while True:
         try:
             alerts = prom_get(args.prometheus, "/api/v1/alerts", None, args.timeout).get("alerts", [])
@@ -434,9 +435,26 @@ def run_alert(args) -> int:
                     print(f"firing: {json.dumps(a.get('labels'), sort_keys=True)}")
             print(f"ok: {args.alert} is firing")
             return 0
-        if args.expect == "quiet" and not mine:
-            print(f"ok: {args.alert} is quiet (no pending or firing instance)")
+        if args.expect == "active" and mine:
+            for a in mine:
+                print(f"{a.get('state')}: {json.dumps(a.get('labels'), sort_keys=True)}")
+            print(f"ok: {args.alert} is active")
             return 0
+        if args.expect == "quiet" and mine:
+            if args.hold > 0:
+                print(f"FAILED: {args.alert} expected quiet; {last}")
+                for a in mine:
+                    print(f"  {a.get('state')}: {json.dumps(a.get('labels'), sort_keys=True)}")
+                return 1
+        if args.expect == "quiet" and not mine:
+            if args.hold <= 0:
+                print(f"ok: {args.alert} is quiet (no pending or firing instance)")
+                return 0
+            if quiet_since is None:
+                quiet_since = time.monotonic()
+            if time.monotonic() - quiet_since >= args.hold:
+                print(f"ok: {args.alert} stayed quiet for {args.hold:g}s")
+                return 0
         if time.monotonic() >= deadline:
             print(f"FAILED: {args.alert} expected {args.expect} within {args.timeout_alert:g}s; last seen {last}")
             for a in mine:
@@ -484,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--emit-rule-file", metavar="FILE",
                         help="write the expressions as a rule file for `promtool check rules` and exit (offline)")
     parser.add_argument("--alert", metavar="NAME", help="alert mode: poll /api/v1/alerts for this alert")
-    parser.add_argument("--expect", choices=["firing", "quiet"], help="alert mode: the state to wait for")
+    parser.add_argument("--expect", choices=["firing", "active", "quiet"],
+                        help="alert mode: the state to wait for (active: pending or firing)")
+    parser.add_argument("--hold", type=float, default=0, metavar="SECONDS",
+                        help="alert mode, quiet: the alert must stay quiet this long (default: 0)")
     parser.add_argument("--label", action="append", default=[], metavar="K=V",
                         help="alert mode: only instances with this label (repeatable)")
     parser.add_argument("--timeout-alert", type=float, default=300, metavar="SECONDS",

@@ -2,7 +2,8 @@
 # The project's single test command:
 #   1. installs the real peer processes (rotel, Prometheus, promtool, docker-compose),
 #   2. runs every Rust test with all features against them,
-#   3. validates the deployable stack (scripts/validate-stack.sh), when present.
+#   3. validates the deployable stack (scripts/validate-stack.sh), when present,
+#   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh).
 # Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh --test rotel_harness_parses_what_the_sdk_sends`.
 set -euo pipefail
 
@@ -30,5 +31,8 @@ if [ -f "$ROOT/scripts/validate-stack.sh" ]; then
         bash "$ROOT/scripts/validate-stack.sh"
     fi
 fi
+
+section "live check: every dashboard and rule expression against demo runs (scripts/live-stack-check.sh)"
+"$ROOT/scripts/live-stack-check.sh"
 
 section "all tests passed"
