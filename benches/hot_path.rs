@@ -8,8 +8,9 @@
 //!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
-use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use phasetrace::{Level, Phase, Profiler, Section, Site, SpecLevel};
+use std::hint::black_box;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};

@@ -102,6 +102,8 @@ pub mod drop_reason {
     pub const CLOCK: &str = "clock";
     /// A value outside what the record format holds (an expert id above 65535).
     pub const OUT_OF_RANGE: &str = "out_of_range";
+    /// Spans not built because the span processor's queue was full (collector slow or down).
+    pub const SPAN_QUEUE: &str = "span_queue";
     /// Spans lost because their export failed (collector down or refusing).
     pub const SPAN_EXPORT: &str = "span_export";
 }

@@ -27,6 +27,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use thiserror::Error;
 
+/// Spans the batch processor queues (its `max_queue_size`).
+const SPAN_QUEUE: usize = 16_384;
+/// Spans the worker lets be pending in the processor: the queue less one export batch in flight.
+pub(crate) const SPAN_QUEUE_BUDGET: usize = SPAN_QUEUE - 2 * SPAN_BATCH;
+const SPAN_BATCH: usize = 512;
+
 /// An exporter that could not be set up.
 #[derive(Debug, Error)]
 pub enum ExportError {
@@ -209,15 +215,17 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
 
     let batch = || {
         BatchConfigBuilder::default()
-            .with_max_queue_size(16_384)
-            .with_max_export_batch_size(512)
+            .with_max_queue_size(SPAN_QUEUE)
+            .with_max_export_batch_size(SPAN_BATCH)
             .with_scheduled_delay(Duration::from_millis(500))
             .build()
     };
     let span_counts = std::sync::Arc::new(SpanCounts::default());
     let tracer_provider = if let (true, Some(o)) = (cfg.traces_otlp, otlp) {
-        let exporter =
-            counted::Counted::new(otlp::span_exporter(o, runtime.as_ref())?, span_counts.clone());
+        let exporter = counted::Counted::new(
+            otlp::span_exporter(o, runtime.as_ref())?,
+            span_counts.clone(),
+        );
         Some(
             SdkTracerProvider::builder()
                 .with_resource(res)
@@ -237,8 +245,8 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                         console::ConsoleSpanExporter::default(),
                         span_counts.clone(),
                     ))
-                        .with_batch_config(batch())
-                        .build(),
+                    .with_batch_config(batch())
+                    .build(),
                 )
                 .build(),
         )

@@ -1,13 +1,13 @@
 //! A simulated CUDA stream, for CPU-only tests, benchmarks and the demo.
 //!
 //! [`SimStream`] behaves like a CUDA stream as far as timing is concerned: the host enqueues
-//! work items of given durations and returns at once, a device thread executes them in order,
-//! events recorded onto the stream complete when the stream reaches them, and
+//! work items of given durations and returns at once, the simulated device executes them in
+//! order, events recorded onto the stream complete when the stream reaches them, and
 //! [`SimStream::synchronize`] blocks until everything enqueued so far has finished.
 //!
 //! ```text
-//! host thread: enqueue(30µs) record(ev) enqueue(20µs) ... synchronize() ──┐ (blocks)
-//! sim device:  [──── 30µs ────]ev[── 20µs ──] ... ───────────────────────┘ (wakes the host)
+//! host thread: enqueue(30µs) record(ev) enqueue(20µs) ... synchronize() ──┐ (waits)
+//! sim device:  [──── 30µs ────]ev[── 20µs ──] ... ───────────────────────┘ (done)
 //! ```
 //!
 //! On top of it, [`SimEventClock`] is a deferred [`Clock`] with the same behavior as the CUDA
@@ -17,188 +17,59 @@
 //!
 //! # Time model
 //!
-//! The device thread keeps a *virtual device clock* on the [`now_ns`] timeline, the way a GPU has
-//! its own timer: an item starts at `max(end of the previous item, time it was enqueued)` and ends
-//! `duration` later. The thread then waits (sleeping for long remainders, spinning for the last
-//! few hundred microseconds) until the host clock has reached that end before it completes the
-//! item. Event timestamps are the virtual device time at which the stream reached them, so they
-//! stay exact to the nanosecond even when the OS preempts the device thread for a while (it then
-//! catches up, like a GPU whose timestamps are unaffected by a slow host), while the host observes
-//! completion at most a few microseconds late, as with a real driver.
+//! The device is a *schedule on the [`now_ns`] timeline*, the way a GPU runs on its own timer:
+//! an operation starts at `max(end of the previous operation, time it was enqueued + launch
+//! latency)` and a work item ends `duration` later; an event completes at the time the stream reaches it. Because that
+//! schedule is fully determined when an operation is enqueued, the stream computes it right
+//! there, and "the device has finished X" is simply `now_ns() >= end(X)`:
+//!
+//! - no device thread burns a CPU core spinning through short kernels, which on a small machine
+//!   would compete with the very threads being measured (the engine thread, phasetrace's worker);
+//! - completion is observable exactly when the simulated work ends (no thread wake-up latency),
+//!   and event timestamps are exact to the nanosecond even when the OS preempts a thread;
+//! - nothing needs shutting down: dropping the last handle frees the stream, and events already
+//!   recorded still complete at their device time, as on a GPU finishing its queue.
+//!
+//! `synchronize` (and an `enqueue` into a full queue) waits on the calling thread the way CUDA's
+//! default spin scheduling does: it sleeps while the remaining time is long and spins for the
+//! last few hundred microseconds, so it returns within a few microseconds of the device time.
 
 use super::{Clock, Resolved, StreamSync, Token, now_ns};
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 /// How many operations a [`SimStream`] queues before `enqueue` blocks (a CUDA stream's launch
 /// queue is about a thousand entries deep; this one is a little deeper).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 
+/// A realistic launch latency (host enqueue to device start on an idle stream) for
+/// [`SimStreamOptions::launch_latency`]: a few microseconds on current NVIDIA GPUs.
+pub const TYPICAL_LAUNCH_LATENCY: Duration = Duration::from_micros(5);
+
 /// How many events a [`SimEventClock`] pools by default.
 pub const DEFAULT_POOL_SIZE: usize = 4096;
 
-/// Remainders above this are slept (minus [`SLEEP_MARGIN_NS`]); below it the device thread spins.
+/// Remainders above this are slept (minus [`SLEEP_MARGIN_NS`]); below it the waiter spins.
 const SLEEP_THRESHOLD_NS: u64 = 400_000;
 /// What a `thread::sleep` may overshoot by (timer slack is 50 µs by default on Linux).
 const SLEEP_MARGIN_NS: u64 = 250_000;
-/// The longest single sleep of the device thread (it checks for a shutdown in between).
-const MAX_NAP_NS: u64 = 5_000_000;
-/// How long `synchronize` spins on the completion counter before it parks on the condition
-/// variable (CUDA's default scheduling spins as well).
-const SYNC_SPIN: Duration = Duration::from_micros(50);
+/// An event that was never recorded.
+const NEVER: u64 = u64::MAX;
 
-enum Op {
-    Work {
-        ns: u64,
-        ready: u64,
-    },
-    Event {
-        event: Arc<EventState>,
-        generation: u64,
-        ready: u64,
-    },
-}
-
-struct State {
-    queue: VecDeque<Op>,
-    shutdown: bool,
-    device_idle: bool,
-}
-
-struct Shared {
-    state: Mutex<State>,
-    /// The device thread waits here for work.
-    work_cv: Condvar,
-    /// `synchronize` callers and blocked enqueuers wait here.
-    done_cv: Condvar,
-    /// Operations ever enqueued (assigned under the lock, so in queue order).
-    enqueued: AtomicU64,
-    /// Operations ever completed.
-    completed: AtomicU64,
-    /// Threads waiting on `done_cv`.
-    waiters: AtomicUsize,
-    /// Set when the last handle is dropped: the item in progress stops waiting.
-    stopping: AtomicBool,
-    capacity: usize,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Nothing panics while holding the lock; recover the data if that ever changes.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn wait<'a>(&self, cv: &Condvar, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Pushes an op; `None` when the queue is full and `block` is false.
-    fn push(&self, block: bool, make: impl FnOnce(u64) -> Op) -> Option<()> {
-        let mut st = self.lock();
-        if st.queue.len() >= self.capacity {
-            if !block {
-                return None;
-            }
-            self.waiters.fetch_add(1, Ordering::SeqCst);
-            while st.queue.len() >= self.capacity && !st.shutdown {
-                st = self.wait(&self.done_cv, st);
-            }
-            self.waiters.fetch_sub(1, Ordering::SeqCst);
-        }
-        st.queue.push_back(make(now_ns()));
-        self.enqueued.fetch_add(1, Ordering::SeqCst);
-        if st.device_idle {
-            st.device_idle = false;
-            self.work_cv.notify_one();
-        }
-        Some(())
-    }
-
-    /// Blocks until every op enqueued before the call has completed.
-    fn wait_idle(&self) {
-        let target = self.enqueued.load(Ordering::SeqCst);
-        if self.completed.load(Ordering::SeqCst) >= target {
-            return;
-        }
-        let spin_until = Instant::now() + SYNC_SPIN;
-        while Instant::now() < spin_until {
-            for _ in 0..64 {
-                std::hint::spin_loop();
-            }
-            if self.completed.load(Ordering::SeqCst) >= target {
-                return;
-            }
-        }
-        let mut st = self.lock();
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        while self.completed.load(Ordering::SeqCst) < target {
-            st = self.wait(&self.done_cv, st);
-        }
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        drop(st);
-    }
-
-    /// The device thread's loop.
-    fn run(&self) {
-        // The virtual device clock: when the stream is free again.
-        let mut cursor = 0u64;
-        loop {
-            let (op, draining) = {
-                let mut st = self.lock();
-                loop {
-                    if let Some(op) = st.queue.pop_front() {
-                        break (op, st.shutdown);
-                    }
-                    if st.shutdown {
-                        return;
-                    }
-                    st.device_idle = true;
-                    st = self.wait(&self.work_cv, st);
-                }
-            };
-            match op {
-                Op::Work { ns, ready } => {
-                    cursor = cursor.max(ready).saturating_add(ns);
-                    // When the last handle is gone, the rest of the queue completes at once (in
-                    // virtual time) instead of holding up the drop.
-                    if !draining {
-                        wait_until(cursor, &self.stopping);
-                    }
-                }
-                Op::Event {
-                    event,
-                    generation,
-                    ready,
-                } => {
-                    cursor = cursor.max(ready);
-                    event.complete(generation, cursor);
-                }
-            }
-            self.completed.fetch_add(1, Ordering::SeqCst);
-            if self.waiters.load(Ordering::SeqCst) > 0 {
-                let _st = self.lock();
-                self.done_cv.notify_all();
-            }
-        }
-    }
-}
-
-/// Waits until [`now_ns`] reaches `deadline`: sleeps for long remainders (in slices, to notice a
-/// shutdown), spins for the rest.
-fn wait_until(deadline: u64, stopping: &AtomicBool) {
+/// Waits on the calling thread until [`now_ns`] reaches `deadline`: sleeps for long remainders,
+/// spins for the rest (CUDA's default synchronization spins too).
+fn wait_until(deadline: u64) {
     loop {
         let now = now_ns();
-        if now >= deadline || stopping.load(Ordering::Relaxed) {
+        if now >= deadline {
             return;
         }
         let left = deadline - now;
         if left > SLEEP_THRESHOLD_NS {
-            let nap = (left - SLEEP_MARGIN_NS).min(MAX_NAP_NS);
-            std::thread::sleep(Duration::from_nanos(nap));
+            std::thread::sleep(Duration::from_nanos(left - SLEEP_MARGIN_NS));
         } else {
             for _ in 0..32 {
                 std::hint::spin_loop();
@@ -207,43 +78,115 @@ fn wait_until(deadline: u64, stopping: &AtomicBool) {
     }
 }
 
-/// Owns the device thread; the last [`SimStream`] handle dropping it stops the thread.
-struct Device {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+struct Schedule {
+    /// Device time at which everything enqueued so far has finished.
+    cursor: u64,
+    /// End times of the operations not yet finished at the last look, in order (at most
+    /// `capacity`).
+    ends: VecDeque<u64>,
 }
 
-impl Drop for Device {
-    fn drop(&mut self) {
-        {
-            let mut st = self.shared.lock();
-            st.shutdown = true;
-            self.shared.stopping.store(true, Ordering::Relaxed);
-            self.shared.work_cv.notify_all();
-            self.shared.done_cv.notify_all();
-        }
-        if let Some(thread) = self.thread.take() {
-            // The device thread does not panic; if it somehow did, there is nothing to clean up.
-            let _ = thread.join();
+impl Schedule {
+    /// Forgets the operations that have finished by `now`.
+    fn retire(&mut self, now: u64) {
+        while self.ends.front().is_some_and(|&end| end <= now) {
+            self.ends.pop_front();
         }
     }
 }
 
-/// A simulated CUDA stream: a device thread executing enqueued work items in order.
+struct Inner {
+    schedule: Mutex<Schedule>,
+    capacity: usize,
+    launch_latency_ns: u64,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Schedule> {
+        // Nothing panics while holding the lock; recover the data if that ever changes.
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Schedules one operation lasting `ns` and returns its end; `None` when the queue is full
+    /// and `block` is false. A full queue with `block` waits until the oldest operation ends.
+    fn push(&self, ns: u64, block: bool) -> Option<u64> {
+        loop {
+            let mut st = self.lock();
+            let now = now_ns();
+            st.retire(now);
+            if st.ends.len() < self.capacity {
+                let end = st
+                    .cursor
+                    .max(now.saturating_add(self.launch_latency_ns))
+                    .saturating_add(ns);
+                st.cursor = end;
+                st.ends.push_back(end);
+                return Some(end);
+            }
+            if !block {
+                return None;
+            }
+            let oldest = st.ends.front().copied().unwrap_or(now);
+            drop(st);
+            wait_until(oldest);
+        }
+    }
+}
+
+/// Settings of a [`SimStream`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimStreamOptions {
+    /// Unfinished operations the queue holds before `enqueue` waits ([`DEFAULT_QUEUE_CAPACITY`]).
+    pub queue_capacity: usize,
+    /// Delay between an enqueue and the earliest device start of that operation (default zero:
+    /// an ideal device; [`TYPICAL_LAUNCH_LATENCY`] for a realistic one). It is hidden while the
+    /// host runs ahead of the device, and paid at every boundary by a synchronizing profiler.
+    pub launch_latency: Duration,
+}
+
+impl Default for SimStreamOptions {
+    fn default() -> Self {
+        Self {
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            launch_latency: Duration::ZERO,
+        }
+    }
+}
+
+impl SimStreamOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`SimStreamOptions::queue_capacity`].
+    pub fn queue_capacity(mut self, operations: usize) -> Self {
+        self.queue_capacity = operations;
+        self
+    }
+
+    /// Sets [`SimStreamOptions::launch_latency`].
+    pub fn launch_latency(mut self, latency: Duration) -> Self {
+        self.launch_latency = latency;
+        self
+    }
+}
+
+/// A simulated CUDA stream (see the [module docs](self) for the time model).
 ///
-/// Cheap to clone (an `Arc` inside); every clone is the same stream. The device thread stops when
-/// the last handle is dropped: work still queued then completes immediately in virtual time, so
-/// events recorded before the drop still complete and the drop does not wait for the queue.
+/// Cheap to clone (an `Arc` inside); every clone is the same stream. Safe to use from several
+/// threads, like a CUDA stream: operations are ordered as their enqueue calls are.
 #[derive(Clone)]
 pub struct SimStream {
-    device: Arc<Device>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for SimStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimStream")
             .field("pending", &self.pending())
-            .field("capacity", &self.device.shared.capacity)
+            .field("capacity", &self.inner.capacity)
             .finish()
     }
 }
@@ -256,64 +199,37 @@ impl Default for SimStream {
 
 impl SimStream {
     /// A stream whose queue holds [`DEFAULT_QUEUE_CAPACITY`] operations.
-    ///
-    /// # Panics
-    ///
-    /// When the operating system cannot start a thread, as [`std::thread::spawn`] does; use
-    /// [`SimStream::try_with_capacity`] to get that as an error.
     pub fn new() -> Self {
         Self::with_capacity(DEFAULT_QUEUE_CAPACITY)
     }
 
-    /// A stream whose queue holds `capacity` operations (at least 1) before `enqueue` blocks.
-    ///
-    /// # Panics
-    ///
-    /// When the operating system cannot start a thread.
+    /// A stream whose queue holds `capacity` unfinished operations (at least 1) before `enqueue`
+    /// blocks and `try_record` refuses.
     pub fn with_capacity(capacity: usize) -> Self {
-        Self::try_with_capacity(capacity).expect("failed to spawn the simulated stream's thread")
+        Self::with_options(SimStreamOptions::new().queue_capacity(capacity))
     }
 
-    /// Like [`SimStream::with_capacity`], returning the error when the thread cannot be started.
-    pub fn try_with_capacity(capacity: usize) -> std::io::Result<Self> {
-        let capacity = capacity.max(1);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                queue: VecDeque::with_capacity(capacity.min(DEFAULT_QUEUE_CAPACITY)),
-                shutdown: false,
-                device_idle: false,
+    /// A stream with the given options.
+    pub fn with_options(options: SimStreamOptions) -> Self {
+        let capacity = options.queue_capacity.max(1);
+        Self {
+            inner: Arc::new(Inner {
+                schedule: Mutex::new(Schedule {
+                    cursor: 0,
+                    ends: VecDeque::with_capacity(capacity.min(DEFAULT_QUEUE_CAPACITY)),
+                }),
+                capacity,
+                launch_latency_ns: u64::try_from(options.launch_latency.as_nanos())
+                    .unwrap_or(u64::MAX),
             }),
-            work_cv: Condvar::new(),
-            done_cv: Condvar::new(),
-            enqueued: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            waiters: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            capacity,
-        });
-        let thread = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("phasetrace-sim-stream".into())
-                .spawn(move || shared.run())?
-        };
-        Ok(Self {
-            device: Arc::new(Device {
-                shared,
-                thread: Some(thread),
-            }),
-        })
+        }
     }
 
-    fn shared(&self) -> &Shared {
-        &self.device.shared
-    }
-
-    /// Enqueues `duration` of device work and returns at once (blocks only while the queue is
+    /// Enqueues `duration` of device work and returns at once (waits only while the queue is
     /// full, as a CUDA launch does).
     pub fn enqueue(&self, duration: Duration) {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        let _ = self.shared().push(true, |ready| Op::Work { ns, ready });
+        let _ = self.inner.push(ns, true);
     }
 
     /// Creates an event and records it onto the stream (`cudaEventRecord` on a new event).
@@ -325,28 +241,22 @@ impl SimStream {
 
     /// Records `event` onto the stream: it completes when the stream reaches this point. Like
     /// CUDA, re-recording an event replaces its previous record (queries then refer to the new
-    /// one). Blocks only while the queue is full.
+    /// one). Waits only while the queue is full.
     pub fn record(&self, event: &SimEvent) {
-        let _ = self.push_record(event, true);
+        if let Some(at) = self.inner.push(0, true) {
+            event.0.store(at, Ordering::Release);
+        }
     }
 
-    /// Records `event` unless the queue is full; never blocks. Returns whether it was recorded.
+    /// Records `event` unless the queue is full; never waits. Returns whether it was recorded.
     pub fn try_record(&self, event: &SimEvent) -> bool {
-        self.push_record(event, false)
-    }
-
-    fn push_record(&self, event: &SimEvent, block: bool) -> bool {
-        self.shared()
-            .push(block, |ready| {
-                // Under the stream's lock, so generations enter the queue in order.
-                let generation = event.0.recorded.fetch_add(1, Ordering::AcqRel) + 1;
-                Op::Event {
-                    event: Arc::clone(&event.0),
-                    generation,
-                    ready,
-                }
-            })
-            .is_some()
+        match self.inner.push(0, false) {
+            Some(at) => {
+                event.0.store(at, Ordering::Release);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether the stream has reached `event`'s latest record (`cudaEventQuery`); an event that
@@ -362,52 +272,43 @@ impl SimStream {
         u64::try_from(ns).ok().map(Duration::from_nanos)
     }
 
-    /// Blocks until all work enqueued before the call has finished (`cudaStreamSynchronize`).
+    /// Waits until all work enqueued before the call has finished (`cudaStreamSynchronize`).
     pub fn synchronize(&self) {
-        self.shared().wait_idle();
+        let target = self.inner.lock().cursor;
+        wait_until(target);
     }
 
-    /// Operations enqueued and not yet completed.
+    /// Operations enqueued and not finished yet.
     pub fn pending(&self) -> u64 {
-        let done = self.shared().completed.load(Ordering::SeqCst);
-        self.shared()
-            .enqueued
-            .load(Ordering::SeqCst)
-            .saturating_sub(done)
+        let mut st = self.inner.lock();
+        st.retire(now_ns());
+        st.ends.len() as u64
+    }
+
+    /// When everything enqueued so far will have finished, on the [`now_ns`] timeline.
+    pub fn idle_at_ns(&self) -> u64 {
+        self.inner.lock().cursor
     }
 
     /// Whether two handles are the same stream.
     pub fn same_stream(&self, other: &SimStream) -> bool {
-        Arc::ptr_eq(&self.device, &other.device)
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
 impl StreamSync for SimStream {
     fn synchronize(&self) -> Result<(), String> {
-        self.shared().wait_idle();
+        SimStream::synchronize(self);
         Ok(())
     }
 }
 
-struct EventState {
-    /// Generation of the latest record (0: never recorded).
-    recorded: AtomicU64,
-    /// Generation of the latest record the stream has reached.
-    done: AtomicU64,
-    /// Device time at which that happened, on the [`now_ns`] timeline.
-    at_ns: AtomicU64,
-}
-
-impl EventState {
-    fn complete(&self, generation: u64, at: u64) {
-        self.at_ns.store(at, Ordering::Relaxed);
-        self.done.store(generation, Ordering::Release);
-    }
-}
-
 /// An event on a [`SimStream`] (`cudaEvent_t`). Clones are the same event.
+///
+/// It holds the device time of its latest record; it has completed once the host clock has
+/// passed that time.
 #[derive(Clone)]
-pub struct SimEvent(Arc<EventState>);
+pub struct SimEvent(Arc<AtomicU64>);
 
 impl std::fmt::Debug for SimEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -427,25 +328,20 @@ impl Default for SimEvent {
 impl SimEvent {
     /// An event that was never recorded (complete, without a time, as in CUDA).
     pub fn new() -> Self {
-        Self(Arc::new(EventState {
-            recorded: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            at_ns: AtomicU64::new(0),
-        }))
+        Self(Arc::new(AtomicU64::new(NEVER)))
     }
 
     /// Whether the stream has reached the event's latest record.
     pub fn is_complete(&self) -> bool {
-        let recorded = self.0.recorded.load(Ordering::Acquire);
-        self.0.done.load(Ordering::Acquire) >= recorded
+        let at = self.0.load(Ordering::Acquire);
+        at == NEVER || now_ns() >= at
     }
 
     /// When the stream reached the event's latest record, in [`now_ns`] nanoseconds; `None` while
     /// pending or when never recorded.
     pub fn completed_ns(&self) -> Option<u64> {
-        let recorded = self.0.recorded.load(Ordering::Acquire);
-        let done = self.0.done.load(Ordering::Acquire);
-        (recorded != 0 && done >= recorded).then(|| self.0.at_ns.load(Ordering::Relaxed))
+        let at = self.0.load(Ordering::Acquire);
+        (at != NEVER && now_ns() >= at).then_some(at)
     }
 
     /// Signed device time from `start` to `end` in nanoseconds, when both have completed.
@@ -618,6 +514,7 @@ impl Clock for SimEventClock {
 mod tests {
     use super::*;
     use crate::timing::SyncClock;
+    use std::time::Instant;
 
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
@@ -700,6 +597,29 @@ mod tests {
     }
 
     #[test]
+    fn launch_latency_delays_work_on_an_idle_stream_only() {
+        let s = SimStream::with_options(SimStreamOptions::new().launch_latency(us(100)));
+        let before = now_ns();
+        let a = s.record_event();
+        s.enqueue(us(1_000));
+        let b = s.record_event();
+        s.enqueue(us(500));
+        let c = s.record_event();
+        s.synchronize();
+        assert!(
+            a.completed_ns().unwrap() >= before + 100_000,
+            "paid on the idle stream"
+        );
+        let ab = s.elapsed(&a, &b).unwrap();
+        assert!(ab >= us(1_000) && ab < us(1_000) + us(150), "{ab:?}");
+        assert_eq!(
+            s.elapsed(&b, &c).unwrap(),
+            us(500),
+            "hidden behind queued work"
+        );
+    }
+
+    #[test]
     fn durations_are_accurate_in_real_time() {
         let s = SimStream::new();
         for &d in &[50u64, 200, 1_000, 3_000] {
@@ -713,8 +633,8 @@ mod tests {
                 assert!(took >= us(d), "{d}µs took {took:?}");
                 best = best.min(took);
             }
-            // Generous bound: loaded CI machines preempt the spinning device thread (the virtual
-            // clock keeps event times exact regardless).
+            // Generous bound: a loaded CI machine may preempt the waiting thread (event times stay
+            // exact regardless; they do not depend on any thread's scheduling).
             assert!(best < us(d) + us(10_000), "{d}µs took {best:?} at best");
         }
     }
@@ -723,17 +643,20 @@ mod tests {
     fn full_queue_try_record_fails_and_enqueue_blocks() {
         let s = SimStream::with_capacity(2);
         s.enqueue(us(2_000));
-        s.enqueue(us(1));
-        s.enqueue(us(1)); // the first one may already have been popped; fill up for sure
+        s.enqueue(us(2_000));
         let e = SimEvent::new();
-        let mut refused = false;
-        for _ in 0..4 {
-            if !s.try_record(&e) {
-                refused = true;
-                break;
-            }
-        }
-        assert!(refused);
+        assert!(
+            !s.try_record(&e),
+            "two unfinished operations fill the queue"
+        );
+        assert_eq!(s.pending(), 2);
+        let t0 = Instant::now();
+        s.enqueue(us(1));
+        let waited = t0.elapsed();
+        assert!(
+            waited >= us(1_500),
+            "enqueue into a full queue waited only {waited:?}"
+        );
         s.synchronize();
         assert!(s.try_record(&e));
         s.synchronize();
@@ -741,15 +664,16 @@ mod tests {
     }
 
     #[test]
-    fn drop_with_pending_work_does_not_wait_and_completes_events() {
+    fn drop_with_pending_work_does_not_wait_and_events_still_complete() {
         let s = SimStream::new();
-        s.enqueue(Duration::from_secs(30));
+        s.enqueue(us(30_000));
         let e = s.record_event();
-        std::thread::sleep(us(200));
         let t0 = Instant::now();
         drop(s);
-        assert!(t0.elapsed() < Duration::from_secs(5));
-        assert!(e.is_complete());
+        assert!(t0.elapsed() < us(20_000), "the drop waited for the work");
+        assert!(!e.is_complete());
+        std::thread::sleep(us(35_000));
+        assert!(e.is_complete(), "the device finishes its queue");
     }
 
     #[test]
@@ -815,22 +739,17 @@ mod tests {
     fn event_clock_counts_a_full_stream_queue() {
         let s = SimStream::with_capacity(1);
         let clock = SimEventClock::with_pool_size(s.clone(), 16);
-        s.enqueue(us(3_000));
-        s.enqueue(us(1));
-        let mut none = 0;
+        s.enqueue(us(50_000));
         for _ in 0..4 {
-            if clock.mark().is_none() {
-                none += 1;
-            }
+            assert_eq!(clock.mark(), None);
         }
-        assert!(none >= 1);
-        assert_eq!(clock.queue_full(), none);
-        assert_eq!(clock.dropped(), none);
-        assert_eq!(
-            clock.in_flight() as u64,
-            4 - none,
-            "refused marks give their slot back"
-        );
+        assert_eq!(clock.queue_full(), 4);
+        assert_eq!(clock.dropped(), 4);
+        assert_eq!(clock.in_flight(), 0, "refused marks give their slot back");
+        s.synchronize();
+        let t = clock.mark().expect("room again");
+        s.synchronize();
+        assert!(matches!(clock.resolve(t), Resolved::At(_)));
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Pipeline {
             parts: &mut self.parts,
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
+            span_counts: &self.span_counts,
         };
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
@@ -194,7 +195,19 @@ impl Pipeline {
             sp.phases[i] += r.round.phases[i];
             sp.parts[i] += split[i];
         }
-        if let (Some(trace), Some(tracer)) = (r.round.trace.as_ref(), self.tracer.as_ref()) {
+        let round_spans = r.round.trace.as_ref().map_or(0, |t| {
+            1 + t.phases.len() + parts.as_ref().map_or(0, |p| p.intervals.len())
+        });
+        let fits = pair::span_budget(&self.stats, &self.span_counts, round_spans);
+        if !fits && r.round.trace.is_some() {
+            self.stats.dropped_span_queue += round_spans as u64;
+            for i in &self.inst {
+                i.dropped(drop_reason::SPAN_QUEUE, round_spans as u64);
+            }
+        }
+        if let (true, Some(trace), Some(tracer)) =
+            (fits, r.round.trace.as_ref(), self.tracer.as_ref())
+        {
             let mut parts = parts.map(|p| p.intervals).unwrap_or_default();
             parts.sort_by_key(|p| p.1);
             self.stats.spans += spans::build_round(

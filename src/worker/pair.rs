@@ -30,6 +30,8 @@ struct Open {
 struct OpenStep {
     start: u64,
     number: u64,
+    /// Sections open when the step began; deeper ones left open at its end are stale.
+    depth: usize,
     trace: Option<StepTrace>,
 }
 
@@ -86,6 +88,8 @@ pub struct Stats {
     pub dropped_unbalanced: u64,
     /// Values that did not fit a record (expert id above 65535).
     pub dropped_out_of_range: u64,
+    /// Spans not built because the span processor's queue was full (exporter slow or down).
+    pub dropped_span_queue: u64,
 }
 
 /// Everything a lane's marks feed.
@@ -97,6 +101,31 @@ pub(crate) struct Sinks<'a> {
     pub(crate) parts: &'a mut HashMap<(u16, u32), PartsAcc>,
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
+    pub(crate) span_counts: &'a crate::export::SpanCounts,
+}
+
+impl Sinks<'_> {
+    /// Whether `n` more spans fit the span processor's queue; if not they are not built, and
+    /// are counted under `reason="span_queue"` (the processor would drop them uncounted).
+    pub(crate) fn span_budget(&mut self, n: usize) -> bool {
+        let fits = span_budget(self.stats, self.span_counts, n);
+        if !fits {
+            self.stats.dropped_span_queue += n as u64;
+            for i in self.inst {
+                i.dropped(crate::names::drop_reason::SPAN_QUEUE, n as u64);
+            }
+        }
+        fits
+    }
+}
+
+/// Spans handed to the processor and not yet exported or failed, plus `n`, stay under the
+/// processor's queue capacity (less one export batch in flight).
+pub(crate) fn span_budget(stats: &Stats, counts: &crate::export::SpanCounts, n: usize) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let done = counts.exported.load(Relaxed) + counts.failed.load(Relaxed);
+    let pending = stats.spans.saturating_sub(done);
+    pending + n as u64 <= crate::export::SPAN_QUEUE_BUDGET as u64
 }
 
 pub(crate) struct LaneState {
@@ -235,6 +264,7 @@ impl LaneState {
                 self.step = Some(OpenStep {
                     start: t,
                     number: self.steps - 1,
+                    depth: self.stack.len(),
                     trace: sampled.then(|| StepTrace {
                         parent,
                         ..StepTrace::default()
@@ -246,6 +276,12 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                     return;
                 };
+                // A section begun in this step whose end was lost (a full buffer) would otherwise
+                // sit on the stack and pair with a later end of the same section.
+                if self.stack.len() > step.depth {
+                    Self::unbalanced(s, (self.stack.len() - step.depth) as u64);
+                    self.stack.truncate(step.depth);
+                }
                 let ns = t.saturating_sub(step.start);
                 for inst in s.inst {
                     inst.step(rank, ns as f64 * 1e-9);
@@ -254,7 +290,9 @@ impl LaneState {
                 s.tally.steps += 1;
                 s.tally.step_ns += ns;
                 s.tally.ranks.insert(rank);
-                if let (Some(trace), Some(tracer)) = (step.trace, s.tracer) {
+                if let (Some(trace), Some(tracer)) = (step.trace, s.tracer)
+                    && s.span_budget(spans::step_span_count(&trace))
+                {
                     s.stats.spans += spans::build_step(
                         tracer,
                         &trace,

@@ -72,6 +72,19 @@ fn end(cx: &Context, at: u64) {
     cx.span().end_with_timestamp(to_system_time(at));
 }
 
+/// How many spans [`build_step`] builds for `trace`.
+pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
+    let mut layers: Vec<Layer> = trace
+        .sections
+        .iter()
+        .filter(|s| s.parent.is_none() && s.end.is_some())
+        .filter_map(|s| s.layer.get().map(|_| s.layer))
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    1 + layers.len() + trace.sections.iter().filter(|s| s.end.is_some()).count()
+}
+
 /// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
 pub(crate) fn build_step(
     tracer: &SdkTracer,

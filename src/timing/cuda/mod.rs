@@ -142,6 +142,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventQuery",
     "cuEventSynchronize",
     "cuEventElapsedTime",
+    "cuThreadExchangeStreamCaptureMode",
 ];
 
 /// Checks, once per process, that the CUDA driver library is present, exports every function the
