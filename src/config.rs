@@ -528,6 +528,17 @@ impl ConfigBuilder {
             parse_u64,
         )?;
         let prometheus_env = e.str(env::PROMETHEUS, "host:port or off")?;
+        // Checked even when code overrides it: a bad value is never silently ignored.
+        if let Some(s) = &prometheus_env
+            && !s.eq_ignore_ascii_case("off")
+            && parse_listen(s).is_none()
+        {
+            return Err(invalid(
+                env::PROMETHEUS,
+                s,
+                "a listen address host:port (127.0.0.1:9464) or off",
+            ));
+        }
         let queue = e.parsed(
             env::QUEUE,
             "a whole number of records from 64 to 16777216",

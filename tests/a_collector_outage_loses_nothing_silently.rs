@@ -74,7 +74,10 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
     );
     // Metrics are cumulative: nothing recorded during the outage is missing from the counts.
     let norm = out
-        .latest_point("phasetrace.section.duration", &[("bucket", "norm"), ("layer", "0")])
+        .latest_point(
+            "phasetrace.section.duration",
+            &[("bucket", "norm"), ("layer", "0")],
+        )
         .expect("norm point");
     assert_eq!(norm.count, Some(200));
     let s = p.stats();

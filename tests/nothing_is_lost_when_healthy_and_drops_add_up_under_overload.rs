@@ -21,7 +21,12 @@ fn a_million_sections_arrive_exactly() {
         .build()
         .expect("profiler");
     let rec = p.recorder();
-    let sections = [Section::KDA_MIXER, Section::MOE_EXPERTS, Section::REDUCE_ATTN, Section::NORM];
+    let sections = [
+        Section::KDA_MIXER,
+        Section::MOE_EXPERTS,
+        Section::REDUCE_ATTN,
+        Section::NORM,
+    ];
     let steps = 25_000u64;
     for step in 0..steps {
         let _s = rec.step();
@@ -40,7 +45,10 @@ fn a_million_sections_arrive_exactly() {
     let recorded = steps * 40;
     assert!(recorded >= 1_000_000);
     assert_eq!(s.sections, recorded);
-    assert_eq!(s.dropped_queue_full + s.dropped_unbalanced + s.dropped_clock, 0);
+    assert_eq!(
+        s.dropped_queue_full + s.dropped_unbalanced + s.dropped_clock,
+        0
+    );
     // 25 sampled steps: 1 step span + 10 layer spans + 40 section spans each.
     assert_eq!(s.spans, 25 * 51);
     let total_count = |o: &support::ParsedOutput| -> u64 {
@@ -53,10 +61,16 @@ fn a_million_sections_arrive_exactly() {
         Duration::from_secs(60),
     );
     assert_eq!(out.spans_named("decode.step").len(), 25);
-    let steps_point = out.latest_point("phasetrace.steps", &[]).and_then(|p| p.value);
+    let steps_point = out
+        .latest_point("phasetrace.steps", &[])
+        .and_then(|p| p.value);
     assert_eq!(steps_point, Some(steps as f64));
     p.shutdown();
-    assert_eq!(p.stats(), Default::default(), "stats after shutdown are empty");
+    assert_eq!(
+        p.stats(),
+        Default::default(),
+        "stats after shutdown are empty"
+    );
 }
 
 #[test]
@@ -85,7 +99,10 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     let s = p.stats();
     let recorded = 16 * per_thread;
     assert_eq!(s.marks + s.dropped_queue_full, recorded, "{s:?}");
-    assert!(s.dropped_queue_full > 0, "the overload should overflow 1024-record buffers");
+    assert!(
+        s.dropped_queue_full > 0,
+        "the overload should overflow 1024-record buffers"
+    );
     // What the exporter serves agrees with the accounting.
     let url = format!("http://{}/metrics", p.prometheus_addr().expect("endpoint"));
     let (code, body) = support::http_get(&url).expect("scrape");

@@ -4,6 +4,12 @@
 
 mod support;
 
+/// reqwest is built without a default rustls provider (phasetrace configures its own); the
+/// SDK's default HTTP client here needs one installed.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -212,6 +218,7 @@ fn grpc_export_round_trips_through_the_parser() {
 
 #[test]
 fn http_protobuf_export_round_trips_through_the_parser() {
+    install_crypto_provider();
     let rotel = Rotel::start();
     // The reqwest-blocking client must be built outside any Tokio runtime.
     let span_exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -242,6 +249,7 @@ fn http_protobuf_export_round_trips_through_the_parser() {
 
 #[test]
 fn restart_keeps_the_same_endpoints() {
+    install_crypto_provider();
     let mut rotel = Rotel::start();
     let endpoint = rotel.http_endpoint();
     rotel.kill();

@@ -112,7 +112,10 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
     assert_eq!(accepted, ["1", "3", "4"]);
     assert!(rounds.iter().all(|s| s.attr("k") == Some("4")));
     assert!(rounds.iter().all(|s| s.attr("rank") == Some("2")));
-    assert_eq!(rounds[0].resource.get("service.name").map(String::as_str), Some("spec-e2e"));
+    assert_eq!(
+        rounds[0].resource.get("service.name").map(String::as_str),
+        Some("spec-e2e")
+    );
     // Phase children, in order; the fully accepted round has no rollback.
     for (i, r) in rounds.iter().enumerate() {
         let mut kids: Vec<&support::ReceivedSpan> = out.children_of(r);
@@ -124,14 +127,21 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
             assert_eq!(names, ["draft", "verify", "accept", "rollback", "maint"]);
         }
         assert_eq!(kids[1].duration_nanos(), 300 * US);
-        let mut parts: Vec<String> = out.children_of(kids[1]).iter().map(|s| s.name.clone()).collect();
+        let mut parts: Vec<String> = out
+            .children_of(kids[1])
+            .iter()
+            .map(|s| s.name.clone())
+            .collect();
         parts.sort();
         assert_eq!(parts, ["ffn", "kda", "kda_scan", "mla"]);
     }
     let phase = |ph: &str| {
-        out.latest_point("phasetrace.spec.phase.duration", &[("phase", ph), ("rank", "2")])
-            .cloned()
-            .unwrap_or_else(|| panic!("no {ph} point"))
+        out.latest_point(
+            "phasetrace.spec.phase.duration",
+            &[("phase", ph), ("rank", "2")],
+        )
+        .cloned()
+        .unwrap_or_else(|| panic!("no {ph} point"))
     };
     assert_eq!(phase("verify").count, Some(3));
     assert!((phase("verify").sum.unwrap() - 3.0 * 300e-6).abs() < 1e-9);
@@ -145,8 +155,14 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
     assert!((part("kda_scan") - 3.0 * 40e-6).abs() < 1e-9);
     assert!((part("mla") - 3.0 * 60e-6).abs() < 1e-9);
     assert!((part("ffn") - 3.0 * 90e-6).abs() < 1e-9);
-    assert!((part("rest") - 3.0 * 120e-6).abs() < 1e-9, "rest = verify - kda - mla");
-    let sum = |name: &str| out.latest_point(name, &[("rank", "2")]).and_then(|p| p.value);
+    assert!(
+        (part("rest") - 3.0 * 120e-6).abs() < 1e-9,
+        "rest = verify - kda - mla"
+    );
+    let sum = |name: &str| {
+        out.latest_point(name, &[("rank", "2")])
+            .and_then(|p| p.value)
+    };
     assert_eq!(sum("phasetrace.spec.draft_tokens"), Some(12.0));
     assert_eq!(sum("phasetrace.spec.accepted_tokens"), Some(8.0));
     let len = out

@@ -242,7 +242,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                 .with_resource(res)
                 .with_span_processor(
                     BatchSpanProcessor::builder(counted::Counted::new(
-                        console::ConsoleSpanExporter::default(),
+                        console::ConsoleSpanExporter,
                         span_counts.clone(),
                     ))
                     .with_batch_config(batch())

@@ -87,16 +87,21 @@ fn http_client(
     signal: &'static str,
     o: &OtlpConfig,
 ) -> Result<reqwest::blocking::Client, ExportError> {
-    let mut b = reqwest::blocking::Client::builder().timeout(o.timeout);
-    if o.endpoint.starts_with("https://") {
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| err(signal, o, e))?
-            .with_root_certificates(root_store(o)?)
-            .with_no_client_auth();
-        b = b.tls_backend_preconfigured(tls);
-    }
+    // rustls with ring, configured here: reqwest is built without a default crypto provider.
+    let roots = if o.endpoint.starts_with("https://") {
+        root_store(o)?
+    } else {
+        rustls::RootCertStore::empty()
+    };
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(signal, o, e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let b = reqwest::blocking::Client::builder()
+        .timeout(o.timeout)
+        .tls_backend_preconfigured(tls);
     b.build().map_err(|e| err(signal, o, e))
 }
 

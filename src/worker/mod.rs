@@ -191,9 +191,11 @@ impl Pipeline {
         let sp = &mut self.spec;
         sp.rounds += 1;
         sp.k = sp.k.max(r.round.k);
-        for i in 0..5 {
-            sp.phases[i] += r.round.phases[i];
-            sp.parts[i] += split[i];
+        for (acc, v) in sp.phases.iter_mut().zip(r.round.phases) {
+            *acc += v;
+        }
+        for (acc, v) in sp.parts.iter_mut().zip(split) {
+            *acc += v;
         }
         let round_spans = r.round.trace.as_ref().map_or(0, |t| {
             1 + t.phases.len() + parts.as_ref().map_or(0, |p| p.intervals.len())

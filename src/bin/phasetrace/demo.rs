@@ -243,6 +243,7 @@ struct Plan {
     deadline: Option<Duration>,
     straggler: Option<(u32, f64)>,
     straggler_period: Option<f64>,
+    straggler_factor: f64,
     spec: Option<u32>,
     acceptance: f64,
     ranks: u32,
@@ -256,9 +257,10 @@ impl Plan {
         {
             return f;
         }
-        if let (Some(p), Some((_, f))) = (self.straggler_period, self.straggler.or(Some((0, 3.0))))
+        if let Some(p) = self.straggler_period
             && p > 0.0
         {
+            let f = self.straggler_factor;
             let t = elapsed.as_secs_f64();
             let period = (t / p) as u64;
             let in_window = (t % p) < p / 3.0;
@@ -537,6 +539,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         },
         straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
         straggler_period: a.straggler_period,
+        straggler_factor: a.straggler_factor,
         spec: a.spec,
         acceptance: a.acceptance,
         ranks: a.ranks,

@@ -1,0 +1,232 @@
+//! Decode-step throughput: unprofiled vs profiled with the sync backend vs the event backend.
+//!
+//! A synthetic decode loop on the simulated CUDA stream ([`SimStream`]): every step enqueues 40
+//! sections of 20-50 µs of device work (about 1.4 ms in all), each inside a `Recorder::section`
+//! guard, and then synchronizes once, like an engine reading the sampled token. The host thread
+//! only enqueues, so it runs ahead of the device, as an engine does ahead of its GPU. The
+//! simulated device has a launch latency of 5 µs (`TYPICAL_LAUNCH_LATENCY`: enqueue to start on
+//! an idle stream), hidden while the host runs ahead.
+//!
+//! - `unprofiled`: no profiler at all.
+//! - `sync`: a profiler whose recorder uses `SyncClock` on the stream: every boundary
+//!   synchronizes, so the host can no longer run ahead and every section pays the launch
+//!   latency (the reference profilers' semantics). On a real GPU each boundary also pays the
+//!   driver's synchronize and launch costs on the host, which the simulation does not model: the
+//!   sync figure here is a lower bound on its cost.
+//! - `events`: a recorder on `SimEventClock`: every boundary records a pooled event and returns;
+//!   phasetrace's worker resolves the events as the device reaches them.
+//!
+//! Run: `cargo bench --bench backends -- --warm-up-time 1 --measurement-time 5`. After criterion's
+//! own report, a table gives each variant's median step time, tokens per second, and its ratio to
+//! the unprofiled loop (goal for `events`: at least 0.97), both from criterion's samples and from
+//! a run that interleaves the variants step by step (robust to load changing between criterion's
+//! sequential measurements on a shared machine).
+
+use criterion::{Criterion, Throughput};
+use phasetrace::timing::sim::{SimEventClock, SimStream, SimStreamOptions, TYPICAL_LAUNCH_LATENCY};
+use phasetrace::timing::{Clock, SyncClock};
+use phasetrace::{Level, Profiler, Recorder, RecorderOptions, Section, Site};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SECTIONS_PER_STEP: usize = 40;
+
+/// The sections of one step, cycling through a layer's worth of kernels.
+const KINDS: [Section; 8] = [
+    Section::NORM,
+    Section::KDA_MIXER,
+    Section::NORM,
+    Section::MOE_ROUTER,
+    Section::MOE_EXPERTS,
+    Section::MOE_SHARED,
+    Section::MOE_COMBINE,
+    Section::REDUCE_MLP,
+];
+
+/// Deterministic 20-50 µs durations (a fixed LCG, so every run enqueues the same work).
+fn durations() -> Vec<Duration> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..SECTIONS_PER_STEP)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            Duration::from_micros(20 + (x >> 33) % 31)
+        })
+        .collect()
+}
+
+/// One decode step: enqueue every section (timed when a recorder is given), then synchronize.
+fn step(stream: &SimStream, rec: Option<&Recorder>, work: &[Duration]) {
+    let step = rec.map(Recorder::step);
+    for (i, d) in work.iter().enumerate() {
+        let _s =
+            rec.map(|r| r.section(KINDS[i % KINDS.len()], (i / KINDS.len()) as u32, Site::MLP));
+        stream.enqueue(*d);
+    }
+    stream.synchronize();
+    drop(step);
+}
+
+fn profiler() -> Profiler {
+    Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_prometheus(None)
+        .with_otlp_endpoint(None)
+        .with_summary_every(0)
+        .build()
+        .expect("a profiler without exporters builds")
+}
+
+/// Per-iteration step times criterion measured, by variant (the last `sample_size` are the
+/// measurement; earlier ones are warm-up).
+type Samples = Arc<Mutex<Vec<Duration>>>;
+
+fn bench_variant(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    stream: &SimStream,
+    rec: Option<&Recorder>,
+    work: &[Duration],
+) -> Samples {
+    let samples: Samples = Arc::default();
+    let sink = Arc::clone(&samples);
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            stream.synchronize();
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                step(stream, rec, work);
+            }
+            let took = t0.elapsed();
+            sink.lock()
+                .unwrap()
+                .push(took / u32::try_from(iters.max(1)).unwrap_or(u32::MAX));
+            took
+        });
+    });
+    samples
+}
+
+fn median(samples: &Samples, n: usize) -> Duration {
+    let all = samples.lock().unwrap();
+    let mut last: Vec<Duration> = all[all.len().saturating_sub(n)..].to_vec();
+    last.sort();
+    last.get(last.len() / 2).copied().unwrap_or_default()
+}
+
+const SAMPLE_SIZE: usize = 60;
+
+/// Interleaved rounds after criterion's run (`PHASETRACE_BENCH_ROUNDS`, default 600: about 3 s).
+fn interleaved_rounds() -> usize {
+    std::env::var("PHASETRACE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(600)
+        .max(1)
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .sample_size(SAMPLE_SIZE)
+        .configure_from_args();
+    let work = durations();
+    let device_per_step: Duration = work.iter().sum();
+    let stream =
+        SimStream::with_options(SimStreamOptions::new().launch_latency(TYPICAL_LAUNCH_LATENCY));
+
+    let sync_clock = Arc::new(SyncClock::new(stream.clone()));
+    let event_clock = Arc::new(SimEventClock::new(stream.clone()));
+    let p_sync = profiler();
+    let p_events = profiler();
+    let rec_sync = p_sync.recorder_with(RecorderOptions::new().clock(sync_clock.clone()));
+    let rec_events = p_events.recorder_with(RecorderOptions::new().clock(event_clock.clone()));
+
+    let mut group = c.benchmark_group("decode_step_40x20-50us");
+    group.throughput(Throughput::Elements(1));
+    let base = bench_variant(&mut group, "unprofiled", &stream, None, &work);
+    let sync = bench_variant(&mut group, "sync", &stream, Some(&rec_sync), &work);
+    let events = bench_variant(&mut group, "events", &stream, Some(&rec_events), &work);
+    group.finish();
+
+    // Criterion measures the variants one after the other, so a change in machine load between
+    // them (other processes on a small machine) biases their ratio. The same steps interleaved
+    // (unprofiled, sync, events, unprofiled, ...) give every variant the same conditions.
+    let rounds = interleaved_rounds();
+    let mut inter: [Vec<Duration>; 3] = Default::default();
+    for _ in 0..rounds {
+        for (v, rec) in [None, Some(&rec_sync), Some(&rec_events)]
+            .into_iter()
+            .enumerate()
+        {
+            stream.synchronize();
+            let t0 = Instant::now();
+            step(&stream, rec, &work);
+            inter[v].push(t0.elapsed());
+        }
+    }
+
+    p_sync.drain();
+    p_events.drain();
+    let (s_stats, e_stats) = (p_sync.stats(), p_events.stats());
+    let base_median = median(&base, SAMPLE_SIZE);
+    let inter_medians: Vec<Duration> = inter
+        .iter_mut()
+        .map(|v| {
+            v.sort();
+            v[v.len() / 2]
+        })
+        .collect();
+    println!();
+    println!(
+        "decode step: {SECTIONS_PER_STEP} sections, {:.0} µs of device work",
+        device_per_step.as_secs_f64() * 1e6
+    );
+    println!(
+        "criterion: median of the last {SAMPLE_SIZE} samples per variant (run one after the other); \
+         interleaved: median of {rounds} single steps per variant, variants alternating"
+    );
+    println!(
+        "{:<11} {:>10} {:>10} {:>8} {:>13} {:>13} {:>10} {:>8}",
+        "variant", "step µs", "tokens/s", "ratio", "inter. µs", "inter. ratio", "sections", "drops"
+    );
+    for (v, (name, samples, sections, drops)) in [
+        ("unprofiled", &base, None, None),
+        (
+            "sync",
+            &sync,
+            Some(s_stats.sections),
+            Some(sync_clock.dropped()),
+        ),
+        (
+            "events",
+            &events,
+            Some(e_stats.sections),
+            Some(event_clock.dropped()),
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = median(samples, SAMPLE_SIZE);
+        let im = inter_medians[v];
+        let fmt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        println!(
+            "{:<11} {:>10.1} {:>10.1} {:>8.4} {:>13.1} {:>13.4} {:>10} {:>8}",
+            name,
+            m.as_secs_f64() * 1e6,
+            1.0 / m.as_secs_f64(),
+            base_median.as_secs_f64() / m.as_secs_f64(),
+            im.as_secs_f64() * 1e6,
+            inter_medians[0].as_secs_f64() / im.as_secs_f64(),
+            fmt(sections),
+            fmt(drops),
+        );
+    }
+    drop(rec_sync);
+    drop(rec_events);
+    p_sync.shutdown();
+    p_events.shutdown();
+    c.final_summary();
+}

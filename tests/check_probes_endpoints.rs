@@ -1,0 +1,249 @@
+//! `phasetrace check` prints the resolved configuration with the origin of every value (env,
+//! default, flag), then probes the endpoints: a dead endpoint or a peer that does not speak the
+//! configured protocol fails with exit 4; a real collector (rotel) passes over gRPC and HTTP.
+
+mod cli;
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::Duration;
+
+use cli::{Finished, phasetrace};
+use support::{Rotel, StaticHttpServer};
+
+const RUN: Duration = Duration::from_secs(30);
+
+/// A loopback port nobody listens on (bound, then released).
+fn dead_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `(value, origin)` of a configuration row `check` printed.
+fn row<'a>(run: &'a Finished, var: &str) -> (&'a str, &'a str) {
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(var))
+        .unwrap_or_else(|| panic!("no {var} row: {run}"));
+    let rest = line.trim_start()[var.len()..].trim();
+    let (value, origin) = rest
+        .rsplit_once(" (")
+        .map(|(v, o)| (v.trim(), o.trim_end_matches(')')))
+        .or_else(|| {
+            rest.strip_prefix('(')
+                .map(|o| ("", o.trim_end_matches(')')))
+        })
+        .unwrap_or_else(|| panic!("no origin on {line:?}"));
+    (value, origin)
+}
+
+#[test]
+fn a_dead_endpoint_fails_with_exit_4_and_says_it_is_unreachable() {
+    for protocol in ["grpc", "http/protobuf"] {
+        let endpoint = format!("http://127.0.0.1:{}", dead_port());
+        let run = phasetrace(
+            &["check", "--timeout-ms", "500"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ],
+            RUN,
+        );
+        assert_eq!(run.code, Some(4), "{protocol}: {run}");
+        assert!(
+            run.stdout
+                .contains(&format!("FAIL  OTLP {protocol}: {endpoint} is unreachable")),
+            "{run}"
+        );
+        assert!(
+            run.stderr.contains(&format!(
+                "phasetrace: check failed: {endpoint} is unreachable"
+            )),
+            "{run}"
+        );
+        assert!(!run.stdout.contains("all checks passed"), "{run}");
+        assert_eq!(row(&run, "OTEL_EXPORTER_OTLP_PROTOCOL"), (protocol, "env"));
+    }
+}
+
+#[test]
+fn a_live_collector_passes_over_grpc_and_http() {
+    let rotel = Rotel::start();
+    let cases = [
+        ("grpc", rotel.grpc_endpoint(), "gRPC (HTTP/2) endpoint at"),
+        (
+            "http/protobuf",
+            rotel.http_endpoint(),
+            "OTLP/HTTP POST /v1/metrics to",
+        ),
+    ];
+    for (protocol, endpoint, probe) in &cases {
+        // The variables, and the equivalent flags.
+        let by_env = phasetrace(
+            &["check"],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ],
+            RUN,
+        );
+        let by_flag = phasetrace(
+            &[
+                "check",
+                "--otlp-endpoint",
+                endpoint,
+                "--otlp-protocol",
+                protocol,
+            ],
+            &[],
+            RUN,
+        );
+        for (run, origin) in [(by_env, "env"), (by_flag, "flag")] {
+            assert_eq!(run.code, Some(0), "{protocol} by {origin}: {run}");
+            assert!(
+                run.stdout
+                    .contains(&format!("ok    OTLP {protocol}: {probe}")),
+                "{run}"
+            );
+            assert!(
+                run.stdout.trim_end().ends_with("all checks passed"),
+                "{run}"
+            );
+            assert_eq!(
+                row(&run, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+                (endpoint.as_str(), origin)
+            );
+            assert_eq!(
+                row(&run, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+                (*protocol, origin)
+            );
+            // An OTLP endpoint turns the embedded Prometheus endpoint off by default.
+            assert_eq!(row(&run, "PHASETRACE_PROMETHEUS"), ("off", "default"));
+            assert!(run.stdout.contains("-     Prometheus: off"), "{run}");
+            assert_eq!(row(&run, "OTEL_TRACES_EXPORTER"), ("otlp", "default"));
+            assert_eq!(row(&run, "OTEL_METRICS_EXPORTER"), ("otlp", "default"));
+        }
+    }
+
+    // The HTTP probe against the gRPC port: it answers, but not as OTLP/HTTP.
+    let run = phasetrace(
+        &["check", "--timeout-ms", "1000"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &rotel.grpc_endpoint()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ],
+        RUN,
+    );
+    assert_eq!(run.code, Some(4), "{run}");
+    assert!(run.stdout.contains("FAIL  OTLP http/protobuf: "), "{run}");
+}
+
+#[test]
+fn a_peer_speaking_the_wrong_protocol_fails() {
+    // A plain HTTP/1.1 server is not a gRPC endpoint.
+    let http1 = StaticHttpServer::start("hello", "text/plain");
+    let run = phasetrace(
+        &["check", "--timeout-ms", "1000"],
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &http1.url())],
+        RUN,
+    );
+    assert_eq!(run.code, Some(4), "{run}");
+    assert!(
+        run.stdout
+            .contains("answered, but not with HTTP/2 SETTINGS: is this an OTLP/gRPC endpoint?"),
+        "{run}"
+    );
+
+    // An HTTP server that has no /v1/metrics is not an OTLP/HTTP endpoint.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let _ = conn
+            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    let run = phasetrace(
+        &["check", "--timeout-ms", "2000"],
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &format!("http://127.0.0.1:{port}/otlp/"),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ],
+        RUN,
+    );
+    let request = server.join().unwrap();
+    assert!(
+        request.starts_with("POST /otlp/v1/metrics HTTP/1.1\r\n"),
+        "the probe posts under the endpoint's path: {request:?}"
+    );
+    assert!(
+        request.contains("Content-Type: application/x-protobuf"),
+        "{request:?}"
+    );
+    assert_eq!(run.code, Some(4), "{run}");
+    assert!(
+        run.stdout
+            .contains("POST /otlp/v1/metrics answered 404: is this an OTLP/HTTP endpoint?"),
+        "{run}"
+    );
+}
+
+#[test]
+fn origins_say_whether_a_value_came_from_the_environment_a_flag_or_the_default() {
+    let run = phasetrace(
+        &["check", "--trace-every", "5", "--prometheus", "127.0.0.1:0"],
+        &[
+            ("PHASETRACE_LEVEL", "full"),
+            ("PHASETRACE_QUEUE", "4096"),
+            ("PHASETRACE_TRACE_EVERY", "7"),
+            ("OTEL_SERVICE_NAME", "checked"),
+            ("LOCAL_RANK", "3"),
+        ],
+        RUN,
+    );
+    assert_eq!(run.code, Some(0), "{run}");
+    assert_eq!(row(&run, "PHASETRACE_LEVEL"), ("full", "env"));
+    assert_eq!(row(&run, "PHASETRACE_QUEUE"), ("4096", "env"));
+    // The flag beats the variable.
+    assert_eq!(row(&run, "PHASETRACE_TRACE_EVERY"), ("5", "flag"));
+    assert_eq!(row(&run, "PHASETRACE_PROMETHEUS"), ("127.0.0.1:0", "flag"));
+    assert_eq!(row(&run, "OTEL_SERVICE_NAME"), ("checked", "env"));
+    // A launcher's rank variable counts as the environment.
+    assert_eq!(row(&run, "PHASETRACE_RANK"), ("3", "env"));
+    assert_eq!(row(&run, "PHASETRACE_SPEC_LEVEL"), ("off", "default"));
+    assert_eq!(row(&run, "PHASETRACE_TIMING"), ("host", "default"));
+    assert_eq!(
+        row(&run, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ("(none)", "default")
+    );
+    assert_eq!(
+        row(&run, "OTEL_METRICS_EXPORTER"),
+        ("prometheus", "default")
+    );
+    assert!(
+        run.stdout.contains("-     OTLP: no endpoint configured"),
+        "{run}"
+    );
+    assert!(
+        run.stdout
+            .contains("ok    Prometheus: 127.0.0.1:0 is free to listen on"),
+        "{run}"
+    );
+    assert!(
+        run.stdout.trim_end().ends_with("all checks passed"),
+        "{run}"
+    );
+}

@@ -1,0 +1,351 @@
+//! A small test engine drives the public recording API into a real OTLP collector (rotel), once
+//! over gRPC and once over HTTP/protobuf. What arrives must be exactly what was recorded: span
+//! names, the `decode.step -> layer -> section` tree (nested sections under their parent
+//! section), attributes, the `moe.route` span event, and the metric counts.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use phasetrace::names::{attr, metric, span};
+use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use support::{MetricKind, ParsedOutput, ReceivedSpan, Rotel};
+
+const WAIT: Duration = Duration::from_secs(20);
+const STEPS: u64 = 4;
+const LAYERS: u32 = 2;
+/// One step in two gets spans: steps 0 and 2.
+const TRACE_EVERY: u64 = 2;
+const SAMPLED: [u64; 2] = [0, 2];
+const RANK: u32 = 3;
+/// Routed expert ids per layer: five ids travel as two records and arrive as one event.
+const EXPERTS: [u32; 5] = [3, 17, 42, 101, 7];
+/// Sections per layer in [`drive`].
+const SECTIONS_PER_LAYER: u64 = 6;
+/// An explicitly measured rendezvous wait per layer and step (site `mlp`).
+const EXPLICIT_WAIT: Duration = Duration::from_micros(250);
+
+/// The test engine: `STEPS` decode steps of `LAYERS` layers, each layer a KDA mixer with two
+/// nested sections, an attention all-reduce probe, its host-side enqueue, routed experts and an
+/// explicitly measured MLP wait.
+fn drive(profiler: &Profiler) {
+    let rec = profiler.recorder();
+    assert_eq!(rec.rank(), RANK);
+    for _ in 0..STEPS {
+        let _step = rec.step();
+        for layer in 0..LAYERS {
+            {
+                let _mixer = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+                {
+                    let _front = rec.section(Section::KDA_FRONT, layer, Site::ATTN);
+                    std::hint::black_box(layer);
+                }
+                let _recur = rec.section(Section::KDA_RECUR, layer, Site::ATTN);
+            }
+            {
+                let _probe = rec.section(Section::REDUCE_ATTN_BAR, layer, Site::ATTN);
+            }
+            {
+                let _enq = rec.host_section(Section::REDUCE_ATTN_ENQ, layer, Site::ATTN);
+            }
+            rec.moe_route(layer, &EXPERTS);
+            {
+                let _experts = rec.section(Section::MOE_EXPERTS, layer, Site::MLP);
+            }
+            rec.collective_wait(Site::MLP, layer, EXPLICIT_WAIT);
+        }
+    }
+}
+
+fn profiler(endpoint: String, protocol: Protocol, service: &str) -> Profiler {
+    Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_trace_every(TRACE_EVERY)
+        .with_rank(RANK)
+        .with_service_name(service)
+        .with_prometheus(None)
+        .with_otlp_endpoint(Some(&endpoint))
+        .with_otlp_protocol(protocol)
+        .with_metric_export_interval(Duration::from_millis(500))
+        .build()
+        .expect("building the profiler")
+}
+
+fn spans_per_sampled_step() -> usize {
+    1 + LAYERS as usize + LAYERS as usize * SECTIONS_PER_LAYER as usize
+}
+
+/// Everything has arrived once every span is there and the last metric exports carry the
+/// final counts.
+fn complete(p: &ParsedOutput) -> bool {
+    let steps_done = p
+        .latest_point(metric::STEPS, &[])
+        .and_then(|pt| pt.value)
+        .is_some_and(|v| v == STEPS as f64);
+    let sections_done = p
+        .latest_point(
+            metric::SECTION_DURATION,
+            &[(attr::BUCKET, "moe_experts"), (attr::LAYER, "1")],
+        )
+        .and_then(|pt| pt.count)
+        == Some(STEPS);
+    steps_done && sections_done && p.spans.len() >= SAMPLED.len() * spans_per_sampled_step()
+}
+
+fn child<'a>(p: &'a ParsedOutput, parent: &ReceivedSpan, name: &str) -> Vec<&'a ReceivedSpan> {
+    p.children_of(parent)
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect()
+}
+
+fn assert_within(parent: &ReceivedSpan, child: &ReceivedSpan) {
+    assert!(
+        child.start_unix_nanos >= parent.start_unix_nanos
+            && child.end_unix_nanos <= parent.end_unix_nanos,
+        "{} [{}, {}] is not within {} [{}, {}]",
+        child.name,
+        child.start_unix_nanos,
+        child.end_unix_nanos,
+        parent.name,
+        parent.start_unix_nanos,
+        parent.end_unix_nanos
+    );
+}
+
+fn assert_section(
+    p: &ParsedOutput,
+    parent: &ReceivedSpan,
+    name: &str,
+    layer: u32,
+    site: &str,
+) -> ReceivedSpan {
+    let found = child(p, parent, name);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {name} under {} (layer {layer}); got {found:#?}",
+        parent.name
+    );
+    let s = found[0];
+    let expected: BTreeMap<String, String> = [
+        (attr::BUCKET, name.to_string()),
+        (attr::LAYER, layer.to_string()),
+        (attr::SITE, site.to_string()),
+        (attr::RANK, RANK.to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    assert_eq!(s.attributes, expected, "{s:#?}");
+    assert_within(parent, s);
+    s.clone()
+}
+
+fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
+    let p = rotel.wait_for(complete, WAIT);
+    let context = || format!("rotel output:\n{}", rotel.output());
+
+    // Exactly the sampled steps got spans, and nothing else was built.
+    let per_step = spans_per_sampled_step();
+    assert_eq!(p.spans.len(), SAMPLED.len() * per_step, "{}", context());
+    assert_eq!(
+        profiler.stats().spans,
+        (SAMPLED.len() * per_step) as u64,
+        "{:?}",
+        profiler.stats()
+    );
+    let mut steps = p.spans_named(span::STEP);
+    steps.sort_by_key(|s| s.attr(attr::STEP).map(str::to_owned));
+    assert_eq!(steps.len(), SAMPLED.len(), "{}", context());
+
+    for (step, number) in steps.iter().zip(SAMPLED) {
+        assert!(step.is_root(), "{step:#?}");
+        assert_eq!(step.kind, "SPAN_KIND_INTERNAL");
+        assert_eq!(step.scope_name, "phasetrace");
+        assert_eq!(step.attr(attr::STEP), Some(number.to_string().as_str()));
+        assert_eq!(step.attr(attr::RANK), Some(RANK.to_string().as_str()));
+        assert_eq!(step.attr(attr::TIMING), Some("host"));
+        assert_eq!(
+            step.resource.get("service.name").map(String::as_str),
+            Some(service)
+        );
+        assert_eq!(
+            step.resource.get("telemetry.sdk.name").map(String::as_str),
+            Some("phasetrace")
+        );
+        // Every span of the step is in the step's trace.
+        let in_trace = p
+            .spans
+            .iter()
+            .filter(|s| s.trace_id == step.trace_id)
+            .count();
+        assert_eq!(in_trace, per_step, "{step:#?}");
+
+        // One moe.route event per layer with all five expert ids, in layer order.
+        assert_eq!(step.events.len(), LAYERS as usize, "{step:#?}");
+        for (layer, event) in step.events.iter().enumerate() {
+            assert_eq!(event.name, span::MOE_ROUTE_EVENT);
+            assert_eq!(
+                event.attributes.get(attr::LAYER).map(String::as_str),
+                Some(layer.to_string().as_str()),
+                "{event:#?}"
+            );
+            let ids = event
+                .attributes
+                .get(attr::EXPERT_IDS)
+                .unwrap_or_else(|| panic!("no {} on {event:#?}", attr::EXPERT_IDS));
+            assert!(ids.starts_with("Slice("), "an array of ints: {ids}");
+            let printed: Vec<u32> = ids
+                .split("Int(")
+                .skip(1)
+                .map(|s| s.split(')').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(printed, EXPERTS, "{ids}");
+            assert!(
+                event.time_unix_nanos >= step.start_unix_nanos
+                    && event.time_unix_nanos <= step.end_unix_nanos,
+                "{event:#?} outside {step:#?}"
+            );
+        }
+
+        // decode.step -> layer (one per layer) -> sections.
+        let mut layers = child(&p, step, span::LAYER);
+        layers.sort_by_key(|l| l.attr(attr::LAYER).map(str::to_owned));
+        assert_eq!(layers.len(), LAYERS as usize, "{}", context());
+        assert_eq!(p.children_of(step).len(), LAYERS as usize);
+        for (layer, layer_span) in (0..LAYERS).zip(layers) {
+            assert_eq!(
+                layer_span.attr(attr::LAYER),
+                Some(layer.to_string().as_str())
+            );
+            assert_within(step, layer_span);
+            let mixer = assert_section(&p, layer_span, "kda_mixer", layer, "attn");
+            assert_section(&p, layer_span, "reduce_attn_bar", layer, "attn");
+            assert_section(&p, layer_span, "reduce_attn_enq", layer, "attn");
+            assert_section(&p, layer_span, "moe_experts", layer, "mlp");
+            assert_eq!(p.children_of(layer_span).len(), 4, "{layer_span:#?}");
+            // Nested sections are children of the section they ran in, not of the layer.
+            let front = assert_section(&p, &mixer, "kda_front", layer, "attn");
+            let recur = assert_section(&p, &mixer, "kda_recur", layer, "attn");
+            assert_eq!(p.children_of(&mixer).len(), 2);
+            assert!(front.end_unix_nanos <= recur.start_unix_nanos);
+            assert!(p.children_of(&front).is_empty());
+        }
+    }
+
+    // Metrics: every section of every step (sampled or not), per bucket and layer.
+    let sections = p
+        .last_metric(metric::SECTION_DURATION)
+        .unwrap_or_else(|| panic!("no section histogram; {}", context()));
+    assert_eq!(sections.kind, MetricKind::Histogram);
+    assert_eq!(sections.unit, metric::UNIT_SECONDS);
+    assert!(sections.is_cumulative());
+    assert_eq!(
+        sections.resource.get("service.name").map(String::as_str),
+        Some(service)
+    );
+    let bounds: Vec<f64> = metric::DURATION_BOUNDARIES.to_vec();
+    for (bucket, site) in [
+        ("kda_mixer", "attn"),
+        ("kda_front", "attn"),
+        ("kda_recur", "attn"),
+        ("reduce_attn_bar", "attn"),
+        ("reduce_attn_enq", "attn"),
+        ("moe_experts", "mlp"),
+    ] {
+        let mut total = 0;
+        for layer in 0..LAYERS {
+            let layer = layer.to_string();
+            let labels = [
+                (attr::BUCKET, bucket),
+                (attr::LAYER, layer.as_str()),
+                (attr::SITE, site),
+                (attr::RANK, "3"),
+            ];
+            let pt = sections
+                .point(&labels)
+                .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
+            assert_eq!(pt.attributes.len(), 4, "{pt:#?}");
+            assert_eq!(pt.count, Some(STEPS), "{labels:?}: {pt:#?}");
+            assert_eq!(pt.explicit_bounds, bounds);
+            assert_eq!(pt.bucket_counts.iter().sum::<u64>(), STEPS, "{pt:#?}");
+            total += pt.count.unwrap();
+        }
+        assert_eq!(total, STEPS * u64::from(LAYERS), "{bucket}");
+    }
+    let buckets: std::collections::BTreeSet<&str> = sections
+        .points
+        .iter()
+        .filter_map(|pt| pt.attr(attr::BUCKET))
+        .collect();
+    assert_eq!(buckets.len(), SECTIONS_PER_LAYER as usize, "{buckets:?}");
+    let all: u64 = sections.points.iter().filter_map(|pt| pt.count).sum();
+    assert_eq!(all, STEPS * u64::from(LAYERS) * SECTIONS_PER_LAYER);
+    assert_eq!(profiler.stats().sections, all);
+
+    // Steps: counter and duration histogram.
+    let steps_counter = p.last_metric(metric::STEPS).unwrap();
+    assert_eq!(steps_counter.monotonic, Some(true));
+    let pt = p.latest_point(metric::STEPS, &[(attr::RANK, "3")]).unwrap();
+    assert_eq!(pt.value, Some(STEPS as f64));
+    let pt = p
+        .latest_point(metric::STEP_DURATION, &[(attr::RANK, "3")])
+        .unwrap();
+    assert_eq!(pt.count, Some(STEPS));
+
+    // Collective waits: one per probe section (site attn) and one per explicit wait (site mlp).
+    let waits = p.last_metric(metric::COLLECTIVE_WAIT).unwrap();
+    for layer in 0..LAYERS {
+        let layer = layer.to_string();
+        let probe = waits
+            .point(&[(attr::SITE, "attn"), (attr::LAYER, layer.as_str())])
+            .unwrap_or_else(|| panic!("no attn wait point; {}", context()));
+        assert_eq!(probe.count, Some(STEPS), "{probe:#?}");
+        assert_eq!(probe.attr(attr::RANK), Some("3"));
+        let explicit = waits
+            .point(&[(attr::SITE, "mlp"), (attr::LAYER, layer.as_str())])
+            .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
+        assert_eq!(explicit.count, Some(STEPS), "{explicit:#?}");
+        let sum = explicit.sum.unwrap();
+        let expected = EXPLICIT_WAIT.as_secs_f64() * STEPS as f64;
+        assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
+        assert_eq!(explicit.min, Some(EXPLICIT_WAIT.as_secs_f64()));
+        assert_eq!(explicit.max, Some(EXPLICIT_WAIT.as_secs_f64()));
+    }
+    let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
+    assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));
+
+    // Nothing was dropped.
+    assert!(
+        p.last_metric(metric::RECORDS_DROPPED).is_none(),
+        "{:#?}",
+        p.last_metric(metric::RECORDS_DROPPED)
+    );
+}
+
+#[test]
+fn sections_arrive_over_grpc() {
+    let rotel = Rotel::start();
+    let profiler = profiler(rotel.grpc_endpoint(), Protocol::Grpc, "sections-grpc");
+    drive(&profiler);
+    profiler.flush();
+    assert_received(&rotel, &profiler, "sections-grpc");
+    profiler.shutdown();
+}
+
+#[test]
+fn sections_arrive_over_http_protobuf() {
+    let rotel = Rotel::start();
+    let profiler = profiler(
+        rotel.http_endpoint(),
+        Protocol::HttpProtobuf,
+        "sections-http",
+    );
+    drive(&profiler);
+    profiler.flush();
+    assert_received(&rotel, &profiler, "sections-http");
+    profiler.shutdown();
+}
