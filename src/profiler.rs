@@ -37,6 +37,7 @@ pub enum Error {
 pub struct ProfilerBuilder {
     cfg: ConfigBuilder,
     clock: Option<Arc<dyn Clock>>,
+    stream: Option<Stream>,
     drain_interval: Option<Duration>,
     spec_k_max: Option<u32>,
     use_env: Option<bool>,
@@ -132,6 +133,24 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Times the engine's simulated stream with the backend `PHASETRACE_TIMING` selects:
+    /// `host` (the host clock), `sync` (synchronize, then read the host clock) or `events`
+    /// (events resolved by the worker).
+    pub fn with_sim_stream(mut self, stream: crate::timing::sim::SimStream) -> Self {
+        self.stream = Some(Stream::Sim(stream));
+        self
+    }
+
+    /// Times the engine's CUDA stream with the backend `PHASETRACE_TIMING` selects: `host`,
+    /// `sync` ([`crate::timing::cuda::CudaSyncClock`]) or `events`
+    /// ([`crate::timing::cuda::CudaEventClock`]). Without a CUDA driver, `build()` returns
+    /// [`Error::Timing`] for `sync` and `events`.
+    #[cfg(feature = "cuda")]
+    pub fn with_cuda_stream(mut self, stream: Arc<crate::timing::cuda::CudaStream>) -> Self {
+        self.stream = Some(Stream::Cuda(stream));
+        self
+    }
+
     /// Resource `service.name`. Env: `OTEL_SERVICE_NAME`; default `phasetrace`.
     pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
         self.cfg.service_name = Some(name.into());
@@ -220,6 +239,10 @@ impl ProfilerBuilder {
             eprintln!("{w}");
         }
         let clock: Arc<dyn Clock> = match (cfg.timing, self.clock) {
+            (t, None) if self.stream.is_some() => match &self.stream {
+                Some(s) => s.clock(t)?,
+                None => Arc::new(HostClock),
+            },
             (_, Some(c)) if c.name() == cfg.timing.as_str() => c,
             (Timing::Host, None) => Arc::new(HostClock),
             (t, Some(c)) => {
@@ -235,8 +258,9 @@ impl ProfilerBuilder {
             (t, None) => {
                 return Err(Error::Timing {
                     timing: t.as_str(),
-                    detail: "this backend needs the engine's stream: pass a clock with \
-                             ProfilerBuilder::with_clock (SyncClock, CudaEventClock, ...)"
+                    detail: "this backend needs the engine's stream: pass it with \
+                             ProfilerBuilder::with_cuda_stream or with_sim_stream, or a clock \
+                             with with_clock"
                         .to_owned(),
                 });
             }
@@ -297,6 +321,40 @@ impl ProfilerBuilder {
                 cfg,
                 running: Mutex::new(Some(Running { worker, exporters })),
             }),
+        })
+    }
+}
+
+/// An engine stream whose clock the timing setting picks at `build()`.
+enum Stream {
+    Sim(crate::timing::sim::SimStream),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<crate::timing::cuda::CudaStream>),
+}
+
+impl Stream {
+    fn clock(&self, timing: Timing) -> Result<Arc<dyn Clock>, Error> {
+        use crate::timing::SyncClock;
+        use crate::timing::sim::SimEventClock;
+        Ok(match (self, timing) {
+            (_, Timing::Host) => Arc::new(HostClock),
+            (Stream::Sim(s), Timing::Sync) => Arc::new(SyncClock::new(s.clone())),
+            (Stream::Sim(s), Timing::Events) => Arc::new(SimEventClock::new(s.clone())),
+            #[cfg(feature = "cuda")]
+            (Stream::Cuda(s), t) => {
+                let err = |e: crate::timing::cuda::TimingError| Error::Timing {
+                    timing: t.as_str(),
+                    detail: e.to_string(),
+                };
+                match t {
+                    Timing::Sync => {
+                        Arc::new(crate::timing::cuda::CudaSyncClock::new(s.clone()).map_err(err)?)
+                    }
+                    _ => {
+                        Arc::new(crate::timing::cuda::CudaEventClock::new(s.clone()).map_err(err)?)
+                    }
+                }
+            }
         })
     }
 }
