@@ -39,7 +39,18 @@
 //! let _enq = rec.host_section(Section::REDUCE_ATTN_ENQ, 12u32, Site::ATTN); // never syncs
 //! rec.moe_route(12u32, &[3, 17, 42, 101]);
 //! # drop(_enq); drop(_step);
-//! # profiler.shutdown();
+//!
+//! // Speculative decoding: mark each phase as it ends, then the accepted count.
+//! let round = rec.round(4);
+//! round.phase(Phase::Draft);
+//! {
+//!     let _kda = rec.verify_part(round.as_ref(), phasetrace::VerifyPart::Kda); // level 2
+//! }
+//! round.phase(Phase::Verify);
+//! round.phase(Phase::Accept);
+//! round.end(3);
+//!
+//! profiler.shutdown(); // flushes everything, bounded by a timeout
 //! # Ok::<(), phasetrace::Error>(())
 //! ```
 //!
