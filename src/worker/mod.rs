@@ -265,12 +265,16 @@ pub(crate) fn summary_table(t: &Tally) -> String {
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.1));
     let mut out = String::new();
+    let ranks = t.ranks.len().max(1) as u64;
     let _ = writeln!(
         out,
-        "phasetrace decode profile after {} steps ({} rank{}): {:.3} ms/token in sections, {:.3} ms/token per step",
-        t.steps,
-        t.ranks.len(),
-        if t.ranks.len() == 1 { "" } else { "s" },
+        "phasetrace decode profile after {} steps{}: {:.3} ms/token in sections, {:.3} ms/token per step",
+        t.steps / ranks,
+        if ranks > 1 {
+            format!(" x {ranks} ranks (per rank)")
+        } else {
+            String::new()
+        },
         top as f64 / 1e6 / steps,
         t.step_ns as f64 / 1e6 / steps,
     );
