@@ -173,7 +173,7 @@ fn worker(c: &mut Criterion) {
     g.sample_size(10);
     let records: u64 = 200_000;
     g.throughput(Throughput::Elements(records));
-    for layer_attr in [true] {
+    for layer_attr in [true, false] {
         let p = Profiler::builder()
             .without_env()
             .with_level(Level::Full)
@@ -192,7 +192,14 @@ fn worker(c: &mut Criterion) {
             Section::NORM,
         ];
         g.bench_with_input(
-            BenchmarkId::new("drain_sections_into_histograms", records),
+            BenchmarkId::new(
+                if layer_attr {
+                    "drain_sections_into_histograms"
+                } else {
+                    "drain_sections_into_histograms_no_layer_attr"
+                },
+                records,
+            ),
             &records,
             |b, &n| {
                 b.iter_custom(|iters| {

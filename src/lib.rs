@@ -61,6 +61,7 @@
 
 pub mod config;
 mod export;
+pub mod import;
 pub mod names;
 mod profiler;
 mod record;

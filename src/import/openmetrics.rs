@@ -1,0 +1,217 @@
+//! OpenMetrics text with timestamps, for `promtool tsdb create-blocks-from openmetrics`.
+//!
+//! ```text
+//! ImportedFile[] ─► series::build (cumulative, ≤ 1 point per ms per series)
+//!   ─► per family: # HELP / # TYPE / # UNIT, then each series' points in time order ─► # EOF
+//! ```
+//!
+//! The names are the Prometheus names of the live exporter, so backfilled and live data share
+//! series. Labels: the family's own (`bucket`; `site`, `layer`; `tag`, `phase`; `tag`, `part`),
+//! `rank` when given, and `source_file` and `source_run`.
+//!
+//! A table knows each bucket's total time and call count, not how the calls were distributed,
+//! so the duration families are written as OpenMetrics summaries without quantiles: `_sum`
+//! (seconds) and `_count` series only, the same two series the live histogram exports, so that
+//! `rate(x_sum) / rate(x_count)` means the same thing in both. No `_bucket` series is invented.
+//! Values are exact decimals of the integer nanoseconds; timestamps are seconds with
+//! millisecond digits, Prometheus's resolution.
+
+use std::io::Write;
+
+use super::contract::{Family, Key};
+use super::series::{self, Series, SeriesSet};
+use super::{ImportError, ImportedFile};
+
+/// Options of the OpenMetrics writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenMetricsOptions {
+    /// Minimum spacing of two samples of one series, nanoseconds; rounded up to whole
+    /// milliseconds, since Prometheus stores milliseconds. Default 1 ms: every record.
+    pub sample_interval_ns: u64,
+    /// Value of a `rank` label on every series (`--rank`); `None` leaves it out.
+    pub rank: Option<u32>,
+}
+
+impl Default for OpenMetricsOptions {
+    fn default() -> Self {
+        Self {
+            sample_interval_ns: 1_000_000,
+            rank: None,
+        }
+    }
+}
+
+/// What the writer wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenMetricsStats {
+    /// Series written.
+    pub series: usize,
+    /// Sample lines written.
+    pub samples: usize,
+    /// Records left out because they had no time.
+    pub untimed_records: u64,
+}
+
+/// Writes `files` as one OpenMetrics exposition ending in `# EOF`.
+pub fn write_openmetrics<W: Write>(
+    out: &mut W,
+    files: &[ImportedFile],
+    options: &OpenMetricsOptions,
+) -> Result<OpenMetricsStats, ImportError> {
+    let interval = options.sample_interval_ns.max(1).div_ceil(1_000_000) * 1_000_000;
+    let set = series::build(files, interval, options.rank);
+    write_set(out, &set).map_err(|source| ImportError::Write {
+        format: "openmetrics",
+        source,
+    })
+}
+
+fn write_set<W: Write>(out: &mut W, set: &SeriesSet) -> std::io::Result<OpenMetricsStats> {
+    let mut stats = OpenMetricsStats {
+        untimed_records: set.untimed_records,
+        ..Default::default()
+    };
+    let mut labels = String::new();
+    for family in Family::ALL {
+        let mut members = set.series.iter().filter(|s| s.family == family).peekable();
+        if members.peek().is_none() {
+            continue;
+        }
+        let name = family.prom_family();
+        let name = name.as_str();
+        writeln!(out, "# HELP {name} {}", family.description())?;
+        if family.is_counter() {
+            writeln!(out, "# TYPE {name} counter")?;
+        } else {
+            writeln!(out, "# TYPE {name} summary")?;
+            writeln!(out, "# UNIT {name} seconds")?;
+        }
+        for series in members {
+            stats.series += 1;
+            render_labels(&mut labels, set, series);
+            for point in &series.points {
+                let ts = Timestamp(point.at_ns);
+                if family.is_counter() {
+                    writeln!(out, "{name}_total{labels} {} {ts}", point.count)?;
+                    stats.samples += 1;
+                } else {
+                    let sum = Seconds(point.sum_ns);
+                    writeln!(out, "{name}_sum{labels} {sum} {ts}")?;
+                    writeln!(out, "{name}_count{labels} {} {ts}", point.count)?;
+                    stats.samples += 2;
+                }
+            }
+        }
+    }
+    writeln!(out, "# EOF")?;
+    out.flush()?;
+    Ok(stats)
+}
+
+fn render_labels(buf: &mut String, set: &SeriesSet, series: &Series) {
+    buf.clear();
+    buf.push('{');
+    let resource = &set.resources[series.resource];
+    let run = resource.run.to_string();
+    let resource_labels = [
+        (Key::SourceFile, resource.source_file.as_str()),
+        (Key::SourceRun, run.as_str()),
+    ];
+    let own = series.labels.iter().map(|(k, v)| (*k, v.as_str()));
+    for (i, (key, value)) in own.chain(resource_labels).enumerate() {
+        if i > 0 {
+            buf.push(',');
+        }
+        buf.push_str(&key.prom());
+        buf.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => buf.push_str("\\\\"),
+                '"' => buf.push_str("\\\""),
+                '\n' => buf.push_str("\\n"),
+                c => buf.push(c),
+            }
+        }
+        buf.push('"');
+    }
+    buf.push('}');
+}
+
+/// Integer nanoseconds printed as exact decimal seconds (`1.5`, `0.000012`, `3`).
+struct Seconds(u64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let whole = self.0 / 1_000_000_000;
+        let frac = self.0 % 1_000_000_000;
+        if frac == 0 {
+            return write!(f, "{whole}");
+        }
+        let digits = format!("{frac:09}");
+        write!(f, "{whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+/// Unix nanoseconds printed as OpenMetrics seconds with millisecond digits (truncated).
+struct Timestamp(u64);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0 / 1_000_000;
+        write!(f, "{}.{:03}", ms / 1000, ms % 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::{ImportOptions, import_reader};
+
+    #[test]
+    fn seconds_and_timestamps_print_exactly() {
+        assert_eq!(Seconds(1_500_000_000).to_string(), "1.5");
+        assert_eq!(Seconds(12_000).to_string(), "0.000012");
+        assert_eq!(Seconds(3_000_000_000).to_string(), "3");
+        assert_eq!(Seconds(0).to_string(), "0");
+        assert_eq!(
+            Timestamp(1_790_769_601_123_456_789).to_string(),
+            "1790769601.123"
+        );
+        assert_eq!(Timestamp(5_000_000).to_string(), "0.005");
+    }
+
+    #[test]
+    fn output_groups_families_orders_samples_and_ends_with_eof() {
+        let log = "\
+2026-09-30T12:00:01.000000Z  WARN p: GLMTRACE step=0 site=attn L=0 moe=0 bar_us=10.0 ids=
+2026-09-30T12:00:01.500000Z  WARN p: GLMTRACE step=0 site=mlp L=0 moe=1 bar_us=2.5 ids=1,2
+2026-09-30T12:00:02.000000Z  WARN p: GLMTRACE step=1 site=attn L=0 moe=0 bar_us=30.0 ids=
+[t] rounds=2 k=3 total=4.00ms | draft=1.00 verify=2.00 accept=0.50 roll=0.25 maint=0.25 | per-round ms: draft=0.500 verify=1.000 accept=0.250 roll=0.125 maint=0.125 total=2.000
+";
+        let file = import_reader(
+            log.as_bytes(),
+            ImportOptions {
+                source_file: "a \"q\".log".into(),
+                ..Default::default()
+            },
+        )
+        .expect("import");
+        let mut out = Vec::new();
+        let stats =
+            write_openmetrics(&mut out, &[file], &OpenMetricsOptions::default()).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains(
+            "phasetrace_collective_wait_seconds_sum{site=\"attn\",layer=\"0\",source_file=\"a \\\"q\\\".log\",source_run=\"0\"} 0.00004 1790769602.000"
+        ), "{text}");
+        assert!(text.contains(
+            "phasetrace_spec_rounds_total{tag=\"t\",source_file=\"a \\\"q\\\".log\",source_run=\"0\"} 2 1790769602.004"
+        ), "{text}");
+        assert!(text.contains("# TYPE phasetrace_spec_rounds counter\n"));
+        assert!(text.contains("# UNIT phasetrace_spec_phase_duration_seconds seconds\n"));
+        // Each family's lines are contiguous: a family's TYPE line appears once.
+        assert_eq!(text.matches("# TYPE ").count(), 3);
+        assert_eq!(stats.series, 2 + 5 + 1);
+        assert_eq!(stats.untimed_records, 0);
+    }
+}
