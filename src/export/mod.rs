@@ -9,7 +9,7 @@
 
 mod console;
 mod counted;
-mod otlp;
+pub(crate) mod otlp;
 mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;

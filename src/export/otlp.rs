@@ -83,7 +83,7 @@ fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, ExportError> {
 }
 
 /// A blocking HTTP client; for `https://`, rustls (ring) trusting [`root_store`].
-fn http_client(
+pub(crate) fn http_client(
     signal: &'static str,
     o: &OtlpConfig,
 ) -> Result<reqwest::blocking::Client, ExportError> {

@@ -72,6 +72,7 @@ mod contract;
 pub mod openmetrics;
 pub mod otlp_json;
 mod parse;
+pub mod send;
 mod series;
 
 use std::collections::{HashMap, VecDeque};
@@ -105,6 +106,14 @@ pub enum ImportError {
         line: u64,
         /// The cause; `InvalidInput`/`InvalidData` for a corrupt gzip stream.
         source: io::Error,
+    },
+    /// Sending to the collector failed.
+    #[error("sending to {url}: {detail}")]
+    Send {
+        /// The URL posted to.
+        url: String,
+        /// What went wrong (header values never appear here).
+        detail: String,
     },
     /// Writing an output failed.
     #[error("writing {format} output: {source}")]
@@ -910,9 +919,24 @@ pub fn import_reader<R: BufRead>(
     reader: R,
     options: ImportOptions,
 ) -> Result<ImportedFile, ImportError> {
+    import_reader_with_progress(reader, options, &mut |_| {})
+}
+
+/// [`import_reader`], calling `progress` with the running summary after every record and at
+/// the end (the CLI's progress bar throttles it).
+pub fn import_reader_with_progress<R: BufRead>(
+    reader: R,
+    options: ImportOptions,
+    progress: &mut dyn FnMut(&Summary),
+) -> Result<ImportedFile, ImportError> {
     let source_file = options.source_file.clone();
     let mut importer = Importer::new(reader, options)?;
-    let records = importer.by_ref().collect::<Result<Vec<_>, _>>()?;
+    let mut records = Vec::new();
+    while let Some(record) = importer.next() {
+        records.push(record?);
+        progress(importer.summary());
+    }
+    progress(importer.summary());
     Ok(ImportedFile {
         source_file,
         records,
@@ -922,7 +946,17 @@ pub fn import_reader<R: BufRead>(
 
 /// Reads a whole file. Without a start time it reads the file twice: first to measure the
 /// untimestamped time, then to place it (see the module docs).
-pub fn import_path(path: &Path, mut options: ImportOptions) -> Result<ImportedFile, ImportError> {
+pub fn import_path(path: &Path, options: ImportOptions) -> Result<ImportedFile, ImportError> {
+    import_path_with_progress(path, options, &mut |_, _| {})
+}
+
+/// [`import_path`], calling `progress(pass, summary)` as it reads: pass 1 measures a file
+/// without a start time, pass 2 reads it.
+pub fn import_path_with_progress(
+    path: &Path,
+    mut options: ImportOptions,
+    progress: &mut dyn FnMut(u8, &Summary),
+) -> Result<ImportedFile, ImportError> {
     if options.source_file.is_empty() {
         options.source_file = path.display().to_string();
     }
@@ -934,8 +968,9 @@ pub fn import_path(path: &Path, mut options: ImportOptions) -> Result<ImportedFi
                 ..options.clone()
             },
         )?;
-        for record in probe.by_ref() {
+        while let Some(record) = probe.next() {
             record?;
+            progress(1, probe.summary());
         }
         let summary = probe.into_summary();
         let start = match summary.first_timestamp {
@@ -960,7 +995,9 @@ pub fn import_path(path: &Path, mut options: ImportOptions) -> Result<ImportedFi
         path: path.to_path_buf(),
         source,
     })?;
-    import_reader(BufReader::with_capacity(1 << 18, file), options)
+    import_reader_with_progress(BufReader::with_capacity(1 << 18, file), options, &mut |s| {
+        progress(2, s)
+    })
 }
 
 #[cfg(test)]

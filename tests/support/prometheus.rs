@@ -42,6 +42,7 @@ pub struct PrometheusBuilder {
     rule_files: Vec<PathBuf>,
     rule_texts: Vec<(String, String)>,
     extra_args: Vec<String>,
+    data_dir: Option<PathBuf>,
 }
 
 impl PrometheusBuilder {
@@ -87,6 +88,12 @@ impl PrometheusBuilder {
     }
 
     /// An extra command-line flag, e.g. `--web.enable-remote-write-receiver`.
+    /// Serves an existing TSDB directory (a backfill) instead of a fresh one.
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
+        self
+    }
+
     pub fn arg(mut self, arg: &str) -> Self {
         self.extra_args.push(arg.to_string());
         self
@@ -151,7 +158,10 @@ impl PrometheusBuilder {
         for _attempt in 0..3 {
             let port = free_port();
             let output = Arc::new(Mutex::new(String::new()));
-            let data_dir = dir.path().join(format!("data-{port}"));
+            let data_dir = self
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| dir.path().join(format!("data-{port}")));
             let mut command = Command::new(&bin);
             command
                 .arg(format!("--config.file={}", config_path.display()))
@@ -222,6 +232,7 @@ impl Prometheus {
             rule_files: Vec::new(),
             rule_texts: Vec::new(),
             extra_args: Vec::new(),
+            data_dir: None,
         }
     }
 

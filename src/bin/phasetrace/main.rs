@@ -3,6 +3,7 @@
 mod check;
 mod demo;
 mod flags;
+mod import;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -15,6 +16,9 @@ const EXIT_CODES: &str = "Exit codes:
   4  check failed: an endpoint is unreachable or a listen address is taken";
 
 /// Turns GPU inference-engine timing into OpenTelemetry.
+///
+/// demo: the main job, a synthetic multi-rank decode run; check: configuration and endpoints;
+/// import: banked profiler logs into the same telemetry.
 #[derive(Debug, Parser)]
 #[command(name = "phasetrace", version, after_help = EXIT_CODES)]
 struct Cli {
@@ -30,6 +34,10 @@ enum Command {
     /// Print the resolved configuration, validate it and probe the endpoints.
     #[command(after_help = EXIT_CODES)]
     Check(check::CheckArgs),
+    /// Replay banked logs of the reference profilers (decode-profile tables, route traces,
+    /// speculative phase lines) into OTLP, OTLP JSON or OpenMetrics, with their timestamps.
+    #[command(after_help = EXIT_CODES)]
+    Import(import::ImportArgs),
 }
 
 /// A failure with its exit code.
@@ -69,6 +77,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(a) => demo::run(a),
         Command::Check(a) => check::run(a),
+        Command::Import(a) => import::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,251 @@
+//! `phasetrace import`: replays banked logs of the reference profilers (decode-profile tables,
+//! route-trace lines, speculative phase and verify-split lines) into the telemetry contract, with
+//! the logs' own timestamps.
+
+use crate::Failure;
+use clap::{Args, ValueEnum};
+use phasetrace::Profiler;
+use phasetrace::import::openmetrics::{OpenMetricsOptions, write_openmetrics};
+use phasetrace::import::otlp_json::{self, OtlpJsonOptions};
+use phasetrace::import::{ImportOptions, ImportedFile, Summary};
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// POST OTLP/HTTP JSON to the collector at OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint).
+    Otlp,
+    /// OTLP JSON requests, one per line (JSON Lines), to --out.
+    OtlpJson,
+    /// OpenMetrics text with timestamps, for `promtool tsdb create-blocks-from openmetrics`.
+    Openmetrics,
+}
+
+/// `phasetrace import` flags.
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// Log files (plain or gzip); `-` reads standard input (then give --start or timestamped logs).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "otlp")]
+    format: Format,
+    /// Output file for otlp-json and openmetrics (`-` = standard output).
+    #[arg(long, short)]
+    out: Option<PathBuf>,
+    /// Keep only speculative lines with this tag (repeatable; `glm5-phase` also keeps
+    /// `glm5-phase-v`). Default: every tag.
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+    /// Time of a log's first line when it has no timestamps: RFC 3339 or Unix seconds.
+    /// Default: placed before the first timestamped line, or ending at the file's mtime.
+    #[arg(long)]
+    start: Option<String>,
+    /// A `rank` attribute on everything imported.
+    #[arg(long)]
+    rank: Option<u32>,
+    /// OTLP endpoint for --format otlp; must accept OTLP/HTTP (port 4318 by convention)
+    /// [env: OTEL_EXPORTER_OTLP_ENDPOINT]
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
+    /// No progress bar, even on a terminal.
+    #[arg(long)]
+    quiet: bool,
+}
+
+struct Progress {
+    on: bool,
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn tick(&mut self, name: &str, pass: u8, s: &Summary, force: bool) {
+        if !self.on || (!force && self.last.elapsed().as_millis() < 200) {
+            return;
+        }
+        self.last = Instant::now();
+        let secs = self.started.elapsed().as_secs_f64().max(1e-6);
+        eprint!(
+            "\r  {name}{}: {:.1} MB, {} lines ({:.1} MB/s, {:.0} lines/s)   ",
+            if pass == 1 { " (measuring)" } else { "" },
+            s.bytes_read as f64 / 1e6,
+            s.lines_read,
+            s.bytes_read as f64 / 1e6 / secs,
+            s.lines_read as f64 / secs
+        );
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn summary_text(file: &ImportedFile, secs: f64) -> String {
+    let s = &file.summary;
+    let f = &s.records_per_format;
+    let mut out = format!(
+        "{}: {} lines, {:.1} MB{} in {:.2}s ({:.0} MB/s); records: {} tables ({} section intervals), {} route traces, {} speculative bursts, {} verify splits; {} runs; {} lines skipped, {} unparseable{}{}{}\n",
+        file.source_file,
+        s.lines_read,
+        s.bytes_read as f64 / 1e6,
+        if s.gzip { " (gzip)" } else { "" },
+        secs,
+        s.bytes_read as f64 / 1e6 / secs.max(1e-6),
+        f.tables,
+        f.section_intervals,
+        f.route_traces,
+        f.spec_bursts,
+        f.verify_splits,
+        s.runs,
+        s.lines_skipped,
+        s.lines_bad,
+        if s.truncated_tables > 0 {
+            format!(", {} truncated tables", s.truncated_tables)
+        } else {
+            String::new()
+        },
+        if s.non_utf8_lines > 0 {
+            format!(", {} non-UTF-8 lines", s.non_utf8_lines)
+        } else {
+            String::new()
+        },
+        if s.untimed_records > 0 {
+            format!(", {} records without a time (left out)", s.untimed_records)
+        } else {
+            String::new()
+        },
+    );
+    for (line, text) in &s.first_bad {
+        out += &format!("  line {line}: {text}\n");
+    }
+    out
+}
+
+fn writer(out: &Option<PathBuf>, what: &str) -> Result<Box<dyn Write>, Failure> {
+    match out.as_deref() {
+        None => Err(Failure {
+            code: 2,
+            message: format!("--format {what} needs --out FILE (or --out - for standard output)"),
+        }),
+        Some(p) if p.as_os_str() == "-" => Ok(Box::new(BufWriter::new(std::io::stdout()))),
+        Some(p) => std::fs::File::create(p)
+            .map(|f| Box::new(BufWriter::new(f)) as Box<dyn Write>)
+            .map_err(|e| Failure::runtime(format!("--out {}: cannot create: {e}", p.display()))),
+    }
+}
+
+pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
+    let start = match &a.start {
+        None => None,
+        Some(t) => Some(phasetrace::import::parse_time(t).ok_or_else(|| {
+            Failure::config(format!(
+                "--start {t:?}: expected RFC 3339 (2026-09-30T12:00:00Z) or Unix seconds"
+            ))
+        })?),
+    };
+    // The OTLP destination is resolved like the profiler's: flag, then environment.
+    let otlp = if a.format == Format::Otlp {
+        let mut b = Profiler::builder();
+        if let Some(e) = &a.otlp_endpoint {
+            b = b.with_otlp_endpoint(Some(e));
+        }
+        let cfg = b.config().map_err(Failure::config)?;
+        Some(cfg.otlp.ok_or_else(|| Failure {
+            code: 3,
+            message: "invalid configuration: --format otlp needs OTEL_EXPORTER_OTLP_ENDPOINT or --otlp-endpoint (an OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318); or choose --format otlp-json or openmetrics".into(),
+        })?)
+    } else {
+        None
+    };
+    let mut progress = Progress {
+        on: !a.quiet && std::io::stderr().is_terminal(),
+        started: Instant::now(),
+        last: Instant::now(),
+    };
+    let mut files = Vec::new();
+    for path in &a.files {
+        let options = ImportOptions {
+            start_unix_nanos: start,
+            tags: a.tags.clone(),
+            ..ImportOptions::default()
+        };
+        let t = Instant::now();
+        let name = path.display().to_string();
+        let file = if path.as_os_str() == "-" {
+            let stdin = std::io::stdin();
+            phasetrace::import::import_reader_with_progress(
+                stdin.lock(),
+                ImportOptions {
+                    source_file: "stdin".into(),
+                    ..options
+                },
+                &mut |s| progress.tick(&name, 2, s, false),
+            )
+        } else {
+            phasetrace::import::import_path_with_progress(path, options, &mut |pass, s| {
+                progress.tick(&name, pass, s, false)
+            })
+        }
+        .map_err(Failure::runtime)?;
+        progress.tick(&name, 2, &file.summary, true);
+        if progress.on {
+            eprintln!();
+        }
+        eprint!("{}", summary_text(&file, t.elapsed().as_secs_f64()));
+        files.push(file);
+    }
+
+    match a.format {
+        Format::Otlp => {
+            let otlp = otlp.ok_or_else(|| Failure::runtime("no OTLP endpoint"))?;
+            let opts = OtlpJsonOptions {
+                rank: a.rank,
+                ..OtlpJsonOptions::default()
+            };
+            let sent =
+                phasetrace::import::send::send(&files, &otlp, &opts).map_err(Failure::runtime)?;
+            eprintln!(
+                "sent to {}: {} metric requests ({} points), {} trace requests ({} spans)",
+                otlp.endpoint,
+                sent.metrics.requests,
+                sent.metrics.items,
+                sent.traces.requests,
+                sent.traces.items
+            );
+        }
+        Format::OtlpJson => {
+            let mut w = writer(&a.out, "otlp-json")?;
+            let opts = OtlpJsonOptions {
+                rank: a.rank,
+                ..OtlpJsonOptions::default()
+            };
+            let m = otlp_json::metrics_requests(&files, &opts, |r| {
+                otlp_json::write_json_line(&mut w, &r)
+            })
+            .map_err(Failure::runtime)?;
+            let t = otlp_json::trace_requests(&files, &opts, |r| {
+                otlp_json::write_json_line(&mut w, &r)
+            })
+            .map_err(Failure::runtime)?;
+            w.flush().map_err(Failure::runtime)?;
+            eprintln!(
+                "wrote {} metric requests ({} points) and {} trace requests ({} spans)",
+                m.requests, m.items, t.requests, t.items
+            );
+        }
+        Format::Openmetrics => {
+            let mut w = writer(&a.out, "openmetrics")?;
+            let opts = OpenMetricsOptions {
+                rank: a.rank,
+                ..OpenMetricsOptions::default()
+            };
+            let st = write_openmetrics(&mut w, &files, &opts).map_err(Failure::runtime)?;
+            w.flush().map_err(Failure::runtime)?;
+            eprintln!(
+                "wrote {} series, {} samples; backfill with: promtool tsdb create-blocks-from openmetrics FILE DATA_DIR",
+                st.series, st.samples
+            );
+        }
+    }
+    Ok(())
+}
