@@ -31,7 +31,7 @@ fi
 
 # shellcheck disable=SC2206 # word splitting of the extra flags is intended
 CARGO_FLAGS=(--release --features cuda ${PHASETRACE_CARGO_FLAGS:-})
-TEST_ARGS=(--nocapture --test-threads 1)
+TEST_ARGS=(--nocapture --test-threads 1 --include-ignored)
 
 start=$SECONDS
 log "building: cargo test ${CARGO_FLAGS[*]} --no-run --lib --test gpu_backends_agree"

@@ -288,6 +288,7 @@ pub(crate) struct ConfigBuilder {
     pub(crate) otlp_protocol: Option<Protocol>,
     pub(crate) otlp_headers: Option<Vec<(String, String)>>,
     pub(crate) otlp_certificate: Option<PathBuf>,
+    pub(crate) otlp_gzip: Option<bool>,
     pub(crate) metric_export_interval: Option<Duration>,
     pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
@@ -753,7 +754,7 @@ impl ConfigBuilder {
             endpoint,
             headers: self.otlp_headers.clone().unwrap_or(headers),
             timeout: Duration::from_millis(timeout.unwrap_or(default::OTLP_TIMEOUT_MS)),
-            gzip: gzip.unwrap_or(false),
+            gzip: self.otlp_gzip.or(gzip).unwrap_or(false),
             certificate: self
                 .otlp_certificate
                 .clone()

@@ -176,6 +176,13 @@ impl ProfilerBuilder {
         self
     }
 
+    /// gzip-compress OTLP request bodies. Env: `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`, `none`);
+    /// default none.
+    pub fn with_otlp_gzip(mut self, on: bool) -> Self {
+        self.cfg.otlp_gzip = Some(on);
+        self
+    }
+
     /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
     /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
     pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
