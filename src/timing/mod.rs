@@ -12,6 +12,7 @@
 //! asks the clock to resolve, and only deferred clocks have work to do there.
 
 mod host;
+mod pool;
 pub mod sim;
 mod sync;
 

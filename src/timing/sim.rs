@@ -34,10 +34,10 @@
 //! default spin scheduling does: it sleeps while the remaining time is long and spins for the
 //! last few hundred microseconds, so it returns within a few microseconds of the device time.
 
+use super::pool::TokenPool;
 use super::{Clock, Resolved, StreamSync, Token, now_ns};
-use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -352,12 +352,6 @@ impl SimEvent {
     }
 }
 
-struct Slot {
-    event: SimEvent,
-    /// Bumped at every release; tokens carry it so stale tokens resolve as `Failed`.
-    generation: AtomicU32,
-}
-
 /// The event backend on a [`SimStream`]: a deferred [`Clock`].
 ///
 /// `mark` records an event from a bounded pool onto the stream and returns at once; when the pool
@@ -370,8 +364,7 @@ struct Slot {
 /// released gives `Failed` / does nothing.
 pub struct SimEventClock {
     stream: SimStream,
-    slots: Box<[Slot]>,
-    free: ArrayQueue<u32>,
+    pool: TokenPool<SimEvent>,
     dropped: AtomicU64,
     pool_exhausted: AtomicU64,
     queue_full: AtomicU64,
@@ -396,21 +389,9 @@ impl SimEventClock {
     /// An event clock on `stream` pooling `pool_size` events (clamped to 1..=2^31).
     pub fn with_pool_size(stream: SimStream, pool_size: usize) -> Self {
         let n = pool_size.clamp(1, 1 << 31);
-        let free = ArrayQueue::new(n);
-        let slots = (0..n)
-            .map(|i| {
-                // Cannot fail: the queue has exactly `n` places.
-                let _ = free.push(i as u32);
-                Slot {
-                    event: SimEvent::new(),
-                    generation: AtomicU32::new(0),
-                }
-            })
-            .collect();
         Self {
             stream,
-            slots,
-            free,
+            pool: TokenPool::new((0..n).map(|_| SimEvent::new()).collect()),
             dropped: AtomicU64::new(0),
             pool_exhausted: AtomicU64::new(0),
             queue_full: AtomicU64::new(0),
@@ -424,12 +405,12 @@ impl SimEventClock {
 
     /// Events in the pool.
     pub fn pool_size(&self) -> usize {
-        self.slots.len()
+        self.pool.capacity()
     }
 
     /// Events handed out and not released yet.
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.pool.in_flight()
     }
 
     /// Marks dropped because every pooled event was in flight.
@@ -441,60 +422,36 @@ impl SimEventClock {
     pub fn queue_full(&self) -> u64 {
         self.queue_full.load(Ordering::Relaxed)
     }
-
-    fn slot(&self, token: Token) -> Option<&Slot> {
-        let slot = self.slots.get((token.0 & 0xffff_ffff) as usize)?;
-        (slot.generation.load(Ordering::Acquire) == (token.0 >> 32) as u32).then_some(slot)
-    }
 }
 
 impl Clock for SimEventClock {
     fn mark(&self) -> Option<Token> {
-        let Some(index) = self.free.pop() else {
+        let Some((index, event)) = self.pool.acquire() else {
             self.pool_exhausted.fetch_add(1, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let slot = &self.slots[index as usize];
-        if !self.stream.try_record(&slot.event) {
-            let _ = self.free.push(index);
+        if !self.stream.try_record(event) {
+            self.pool.cancel(index);
             self.queue_full.fetch_add(1, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return None;
         }
-        let generation = slot.generation.load(Ordering::Acquire);
-        Some(Token(u64::from(generation) << 32 | u64::from(index)))
+        Some(self.pool.token(index))
     }
 
     fn resolve(&self, token: Token) -> Resolved {
-        let Some(slot) = self.slot(token) else {
+        let Some(event) = self.pool.get(token) else {
             return Resolved::Failed;
         };
-        match slot.event.completed_ns() {
+        match event.completed_ns() {
             Some(ns) => Resolved::At(ns),
             None => Resolved::Pending,
         }
     }
 
     fn release(&self, token: Token) {
-        let index = (token.0 & 0xffff_ffff) as u32;
-        let Some(slot) = self.slots.get(index as usize) else {
-            return;
-        };
-        let generation = (token.0 >> 32) as u32;
-        // Only the first release of a token returns its slot.
-        if slot
-            .generation
-            .compare_exchange(
-                generation,
-                generation.wrapping_add(1),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            let _ = self.free.push(index);
-        }
+        self.pool.release(token);
     }
 
     fn is_deferred(&self) -> bool {

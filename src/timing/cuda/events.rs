@@ -1,11 +1,11 @@
 //! The event backend (documented in the parent module).
 
 use super::{CurrentCtx, Handles, TimingError, is_capture_error, probe};
+use crate::timing::pool::TokenPool;
 use crate::timing::{Clock, Resolved, Token, now_ns};
-use crossbeam_queue::ArrayQueue;
 use cudarc::driver::{CudaStream, DriverError, sys};
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -97,12 +97,6 @@ struct Ev(sys::CUevent);
 unsafe impl Send for Ev {}
 // SAFETY: as above; the handle itself is never mutated through a shared reference.
 unsafe impl Sync for Ev {}
-
-struct Slot {
-    ev: Ev,
-    /// Bumped at every release; tokens carry it so stale tokens resolve as `Failed`.
-    generation: AtomicU32,
-}
 
 struct Anchor {
     ev: Ev,
@@ -252,8 +246,7 @@ unsafe fn elapsed_ms(a: Ev, b: Ev) -> Result<f32, DriverError> {
 pub struct CudaEventClock {
     handles: Handles,
     private: sys::CUstream,
-    slots: Box<[Slot]>,
-    free: ArrayQueue<u32>,
+    pool: TokenPool<Ev>,
     anchor: Mutex<AnchorState>,
     reanchor_every: Duration,
     detect_capture: bool,
@@ -367,16 +360,9 @@ impl CudaEventClock {
         .result()
         .map_err(|e| TimingError::driver("cuStreamCreate", e))?;
 
-        let free = ArrayQueue::new(n);
-        let mut slots = Vec::with_capacity(n);
-        for i in 0..n {
-            let ev = res.new_event()?;
-            slots.push(Slot {
-                ev,
-                generation: AtomicU32::new(0),
-            });
-            // Cannot fail: the queue has exactly `n` places.
-            let _ = free.push(i as u32);
+        let mut events = Vec::with_capacity(n);
+        for _ in 0..n {
+            events.push(res.new_event()?);
         }
         let mut current = res.new_event()?;
         let mut spare = res.new_event()?;
@@ -389,8 +375,7 @@ impl CudaEventClock {
         Ok(Self {
             handles,
             private: res.private,
-            slots: slots.into_boxed_slice(),
-            free,
+            pool: TokenPool::new(events),
             anchor: Mutex::new(AnchorState {
                 current: Anchor {
                     ev: current,
@@ -418,12 +403,12 @@ impl CudaEventClock {
 
     /// Events in the pool.
     pub fn pool_size(&self) -> usize {
-        self.slots.len()
+        self.pool.capacity()
     }
 
     /// Events handed out and not released yet.
     pub fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.pool.in_flight()
     }
 
     /// Marks dropped because every pooled event was in flight.
@@ -458,13 +443,8 @@ impl CudaEventClock {
         }
     }
 
-    fn slot(&self, token: Token) -> Option<&Slot> {
-        let slot = self.slots.get((token.0 & 0xffff_ffff) as usize)?;
-        (slot.generation.load(Ordering::Acquire) == (token.0 >> 32) as u32).then_some(slot)
-    }
-
     fn drop_mark(&self, index: u32, counter: &AtomicU64) -> Option<Token> {
-        let _ = self.free.push(index);
+        self.pool.cancel(index);
         counter.fetch_add(1, Ordering::Relaxed);
         self.dropped.fetch_add(1, Ordering::Relaxed);
         None
@@ -525,12 +505,11 @@ impl CudaEventClock {
 
 impl Clock for CudaEventClock {
     fn mark(&self) -> Option<Token> {
-        let Some(index) = self.free.pop() else {
+        let Some((index, ev)) = self.pool.acquire() else {
             self.pool_exhausted.fetch_add(1, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let slot = &self.slots[index as usize];
         // SAFETY: the stream and its context are live (owned, or vouched for by the caller of
         // `from_raw_stream`); the event is ours. The guard only pushes when the engine thread has
         // another context current, and pops it again.
@@ -545,19 +524,18 @@ impl Clock for CudaEventClock {
                     Err(_) => return self.drop_mark(index, &self.record_errors),
                 }
             }
-            if sys::cuEventRecord(slot.ev.0, self.handles.stream)
+            if sys::cuEventRecord(ev.0, self.handles.stream)
                 .result()
                 .is_err()
             {
                 return self.drop_mark(index, &self.record_errors);
             }
         }
-        let generation = slot.generation.load(Ordering::Acquire);
-        Some(Token(u64::from(generation) << 32 | u64::from(index)))
+        Some(self.pool.token(index))
     }
 
     fn resolve(&self, token: Token) -> Resolved {
-        let Some(slot) = self.slot(token) else {
+        let Some(ev) = self.pool.get(token) else {
             return Resolved::Failed;
         };
         // SAFETY: the context is live; `set` makes it current on the worker (phasetrace's own
@@ -568,7 +546,7 @@ impl Clock for CudaEventClock {
                 self.query_errors.fetch_add(1, Ordering::Relaxed);
                 return Resolved::Failed;
             }
-            match sys::cuEventQuery(slot.ev.0).result() {
+            match sys::cuEventQuery(ev.0).result() {
                 Ok(()) => {}
                 Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => return Resolved::Pending,
                 Err(e) if is_capture_error(e) => return Resolved::Pending,
@@ -579,7 +557,7 @@ impl Clock for CudaEventClock {
             }
             let mut st = self.anchor.lock().unwrap_or_else(PoisonError::into_inner);
             self.maybe_reanchor(&mut st);
-            let Ok(ms) = elapsed_ms(st.current.ev, slot.ev) else {
+            let Ok(ms) = elapsed_ms(st.current.ev, *ev) else {
                 self.query_errors.fetch_add(1, Ordering::Relaxed);
                 return Resolved::Failed;
             };
@@ -589,24 +567,7 @@ impl Clock for CudaEventClock {
     }
 
     fn release(&self, token: Token) {
-        let index = (token.0 & 0xffff_ffff) as u32;
-        let Some(slot) = self.slots.get(index as usize) else {
-            return;
-        };
-        let generation = (token.0 >> 32) as u32;
-        // Only the first release of a token returns its event.
-        if slot
-            .generation
-            .compare_exchange(
-                generation,
-                generation.wrapping_add(1),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            let _ = self.free.push(index);
-        }
+        self.pool.release(token);
     }
 
     fn is_deferred(&self) -> bool {
