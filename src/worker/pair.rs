@@ -175,7 +175,7 @@ impl LaneState {
             self.lane.dropped_clock.load(Relaxed),
             self.lane.dropped_range.load(Relaxed),
         ];
-        let d: Vec<u64> = now.iter().zip(self.seen).map(|(a, b)| a - b).collect();
+        let d: [u64; 3] = std::array::from_fn(|i| now[i].saturating_sub(self.seen[i]));
         self.seen = now;
         s.stats.dropped_queue_full += d[0];
         s.stats.dropped_clock += d[1];

@@ -336,3 +336,59 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
         .collect();
     assert_eq!(kda, vec![50.0, 20.0]);
 }
+
+#[test]
+fn the_console_spec_lines_replay_through_the_importer() {
+    use crate::import::{ImportOptions, ImportRecord, import_reader};
+    let sp = super::aggregate::SpecTally {
+        rounds: 16,
+        k: 4,
+        phases: [
+            16 * 90 * US,
+            16 * 420 * US,
+            16 * 15 * US,
+            16 * 25 * US,
+            16 * 20 * US,
+        ],
+        parts: [
+            16 * 130 * US,
+            16 * 60 * US,
+            16 * 70 * US,
+            16 * 150 * US,
+            16 * 220 * US,
+        ],
+    };
+    let text = super::spec_lines(&sp, true);
+    let file = import_reader(
+        text.as_bytes(),
+        ImportOptions {
+            start_unix_nanos: Some(0),
+            ..ImportOptions::default()
+        },
+    )
+    .expect("import");
+    let burst = file
+        .records
+        .iter()
+        .find_map(|r| match r {
+            ImportRecord::SpecBurst {
+                tag,
+                rounds,
+                k,
+                phases,
+                ..
+            } => Some((tag.clone(), *rounds, *k, *phases)),
+            _ => None,
+        })
+        .expect("the phase line parses as a burst");
+    assert_eq!(burst.0, "phasetrace-spec");
+    assert_eq!((burst.1, burst.2), (16, 4));
+    assert_eq!(burst.3.verify_ns, 16 * 420 * US);
+    assert_eq!(burst.3.draft_ns, 16 * 90 * US);
+    assert!(
+        file.records.iter().any(
+            |r| matches!(r, ImportRecord::VerifySplit { tag, .. } if tag == "phasetrace-spec-v")
+        ),
+        "the verify line parses too: {text}"
+    );
+}
