@@ -341,12 +341,9 @@ enum Stream {
 
 impl Stream {
     fn clock(&self, timing: Timing) -> Result<Arc<dyn Clock>, Error> {
-        use crate::timing::SyncClock;
-        use crate::timing::sim::SimEventClock;
         Ok(match (self, timing) {
             (_, Timing::Host) => Arc::new(HostClock),
-            (Stream::Sim(s), Timing::Sync) => Arc::new(SyncClock::new(s.clone())),
-            (Stream::Sim(s), Timing::Events) => Arc::new(SimEventClock::new(s.clone())),
+            (Stream::Sim(s), t) => crate::timing::sim::clock(s, t),
             #[cfg(feature = "cuda")]
             (Stream::Cuda(s), t) => {
                 let err = |e: crate::timing::cuda::TimingError| Error::Timing {

@@ -467,6 +467,17 @@ impl Clock for SimEventClock {
     }
 }
 
+/// The clock `timing` selects for `stream`: the host clock, a [`SyncClock`](super::SyncClock)
+/// on the stream, or a [`SimEventClock`] (what `PHASETRACE_TIMING` means for a simulated stream).
+pub fn clock(stream: &SimStream, timing: crate::config::Timing) -> Arc<dyn Clock> {
+    use crate::config::Timing;
+    match timing {
+        Timing::Host => Arc::new(super::HostClock),
+        Timing::Sync => Arc::new(super::SyncClock::new(stream.clone())),
+        Timing::Events => Arc::new(SimEventClock::new(stream.clone())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,8 +16,9 @@
 use crate::Failure;
 use crate::flags::ProfilerFlags;
 use clap::Args;
+use phasetrace::timing::sim::{self, SimStream};
 use phasetrace::{
-    Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, VerifyPart,
+    Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -85,6 +86,11 @@ pub(crate) struct DemoArgs {
     /// Random seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Stand in for kernels with a simulated CUDA stream per rank (enqueue returns at once, the
+    /// stream runs the work), so that PHASETRACE_TIMING=sync|events time it like a GPU. On by
+    /// itself when PHASETRACE_TIMING is sync or events.
+    #[arg(long)]
+    gpu_sim: bool,
     /// Keep the process (and the Prometheus endpoint) up this many seconds after the run.
     #[arg(long, default_value_t = 0.0)]
     linger: f64,
@@ -179,10 +185,17 @@ struct Work {
     dists: HashMap<&'static str, (LogNormal<f64>, f64)>,
     rng: SmallRng,
     scale: f64,
+    /// With `--gpu-sim`: kernels are enqueued on this rank's simulated stream instead of slept.
+    stream: Option<SimStream>,
 }
 
 impl Work {
-    fn new(dists: &HashMap<&'static str, Dist>, seed: u64, scale: f64) -> Work {
+    fn new(
+        dists: &HashMap<&'static str, Dist>,
+        seed: u64,
+        scale: f64,
+        stream: Option<SimStream>,
+    ) -> Work {
         let dists = dists
             .iter()
             .filter_map(|(k, d)| {
@@ -195,10 +208,11 @@ impl Work {
             dists,
             rng: SmallRng::seed_from_u64(seed),
             scale,
+            stream,
         }
     }
 
-    /// Sleeps for one draw of `bucket`'s time, times `factor`.
+    /// One draw of `bucket`'s time, times `factor`: slept on the host, or enqueued as a kernel.
     fn run(&mut self, bucket: &str, factor: f64) {
         let Some((dist, mean)) = self.dists.get(bucket) else {
             return;
@@ -208,7 +222,25 @@ impl Work {
         } else {
             dist.sample(&mut self.rng)
         };
-        spin_sleep(Duration::from_secs_f64(us * 1e-6 * self.scale * factor));
+        let d = Duration::from_secs_f64(us * 1e-6 * self.scale * factor);
+        match &self.stream {
+            Some(s) => s.enqueue(d),
+            None => spin_sleep(d),
+        }
+    }
+
+    /// Host-side work (enqueue, routing bookkeeping): always slept.
+    fn host(&mut self, bucket: &str) {
+        let stream = self.stream.take();
+        self.run(bucket, 1.0);
+        self.stream = stream;
+    }
+
+    /// Waits for the rank's stream (reading results back), when there is one.
+    fn synchronize(&self) {
+        if let Some(s) = &self.stream {
+            s.synchronize();
+        }
     }
 }
 
@@ -333,7 +365,9 @@ fn layer_forward(
             work.run("moe_router", f);
         }
         {
+            // Reading the routed expert ids back to the host waits for the router.
             let _s = rec.section(Section::MOE_HOSTSYNC, layer, Site::MLP);
+            work.synchronize();
             work.run("moe_hostsync", f);
         }
         // Skewed routing: low expert ids are hot, as in real MoE traffic.
@@ -379,9 +413,20 @@ fn all_reduce(rec: &Recorder, work: &mut Work, group: &Group, layer: u32, site: 
     };
     {
         let _s = rec.host_section(enq, layer, site);
-        work.run(enq_b, 1.0);
+        work.host(enq_b);
     }
-    {
+    if work.stream.is_some() {
+        // On a device the probe is a tiny all-reduce that spins until every rank arrives: the
+        // host waits for its own stream, meets the others, and the spin lands on the stream.
+        work.synchronize();
+        let t = Instant::now();
+        group.barrier.wait();
+        let waited = t.elapsed();
+        let _s = rec.section(bar, layer, site);
+        if let Some(s) = &work.stream {
+            s.enqueue(waited);
+        }
+    } else {
         let _s = rec.section(bar, layer, site);
         group.barrier.wait();
     }
@@ -417,6 +462,7 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
         let tokens = if let Some(k) = plan.spec {
             let round = rec.round(k);
             work.run("draft", f * f64::from(k));
+            work.synchronize();
             round.phase(Phase::Draft);
             {
                 let _step = rec.step();
@@ -449,6 +495,7 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
             for layer in 0..plan.layers {
                 layer_forward(&rec, &mut work, &plan, &group, layer, f, None);
             }
+            work.synchronize(); // the sampled token is read back
             1
         };
         if rank == 0 {
@@ -503,7 +550,26 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         builder = builder.with_spec_level(SpecLevel::VerifySplit);
         builder = builder.with_spec_k_max(a.spec.unwrap_or(16));
     }
+    // The timing backend decides whether the ranks need (simulated) streams.
+    let timing = a
+        .flags
+        .apply(Profiler::builder())
+        .config()
+        .map_err(Failure::config)?
+        .timing;
+    let gpu_sim = a.gpu_sim || timing != Timing::Host;
+    let streams: Vec<Option<SimStream>> =
+        (0..a.ranks).map(|_| gpu_sim.then(SimStream::new)).collect();
+    if let Some(Some(s)) = streams.first() {
+        builder = builder.with_sim_stream(s.clone());
+    }
     let profiler = a.flags.apply(builder).build()?;
+    if gpu_sim {
+        eprintln!(
+            "phasetrace: simulated GPU streams, timing backend {}",
+            timing.as_str()
+        );
+    }
     if let Some(addr) = profiler.prometheus_addr() {
         eprintln!("phasetrace: Prometheus metrics at http://{addr}/metrics");
     }
@@ -556,8 +622,18 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     // 2. One recorder per rank thread.
     let mut handles = Vec::new();
     for rank in 0..a.ranks {
-        let rec = profiler.recorder_with(RecorderOptions::new().rank(rank));
-        let work = Work::new(&dists, a.seed.wrapping_add(u64::from(rank)), a.time_scale);
+        let stream = streams[rank as usize].clone();
+        let mut opts = RecorderOptions::new().rank(rank);
+        if let Some(s) = &stream {
+            opts = opts.clock(sim::clock(s, timing));
+        }
+        let rec = profiler.recorder_with(opts);
+        let work = Work::new(
+            &dists,
+            a.seed.wrapping_add(u64::from(rank)),
+            a.time_scale,
+            stream,
+        );
         let (plan, group) = (plan.clone(), group.clone());
         handles.push(
             std::thread::Builder::new()
