@@ -285,21 +285,42 @@ impl ProfilerBuilder {
             next_lane: AtomicU16::new(1),
             tracing_parent: AtomicBool::new(false),
         });
-        if !enabled {
-            return Ok(Profiler {
-                inner: Arc::new(Inner {
-                    shared,
-                    cfg,
-                    running: Mutex::new(None),
-                }),
-            });
-        }
-        let exporters = crate::export::build(&cfg)?;
-        let k_max = self.spec_k_max.unwrap_or(16);
+        let start = Start {
+            k_max: self.spec_k_max.unwrap_or(16),
+            drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
+        };
+        // A profiler built off starts no thread and no exporter until `set_level` turns it on.
+        let running = if enabled {
+            Some(start.run(&shared, &cfg)?)
+        } else {
+            None
+        };
+        Ok(Profiler {
+            inner: Arc::new(Inner {
+                shared,
+                cfg,
+                start,
+                running: Mutex::new(running),
+                shut_down: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+/// What starting the worker and exporters needs beyond the configuration.
+#[derive(Clone, Copy)]
+struct Start {
+    k_max: u32,
+    drain_interval: Duration,
+}
+
+impl Start {
+    fn run(self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
+        let exporters = crate::export::build(cfg)?;
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, k_max))
+            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
             .collect();
         let tracer = (cfg.trace_every > 0)
             .then(|| {
@@ -317,18 +338,9 @@ impl ProfilerBuilder {
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
         );
-        let worker = Worker::start(
-            pipeline,
-            self.drain_interval.unwrap_or(Duration::from_millis(1)),
-        )
-        .map_err(|e| Error::Export(ExportError::Thread(e)))?;
-        Ok(Profiler {
-            inner: Arc::new(Inner {
-                shared,
-                cfg,
-                running: Mutex::new(Some(Running { worker, exporters })),
-            }),
-        })
+        let worker = Worker::start(pipeline, self.drain_interval)
+            .map_err(|e| Error::Export(ExportError::Thread(e)))?;
+        Ok(Running { worker, exporters })
     }
 }
 
@@ -371,7 +383,9 @@ struct Running {
 struct Inner {
     shared: Arc<Shared>,
     cfg: Config,
+    start: Start,
     running: Mutex<Option<Running>>,
+    shut_down: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -480,6 +494,40 @@ impl Profiler {
             || self.inner.shared.spec_level.load(Ordering::Relaxed) != 0
     }
 
+    /// Changes which sections are recorded, at run time (an operator turning profiling on in
+    /// production, or down to collectives only). A profiler built off starts its worker and
+    /// exporters on the first change to a level other than off. Fails after
+    /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
+    pub fn set_level(&self, level: Level) -> Result<(), Error> {
+        self.set(level.as_u8(), &self.inner.shared.level)
+    }
+
+    /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
+    pub fn set_spec_level(&self, level: SpecLevel) -> Result<(), Error> {
+        self.set(level.as_u8(), &self.inner.shared.spec_level)
+    }
+
+    fn set(&self, value: u8, gate: &AtomicU8) -> Result<(), Error> {
+        let refuse = |why: &str| {
+            Err(Error::Config(ConfigError::Conflict(format!(
+                "cannot change the level: {why}"
+            ))))
+        };
+        if self.inner.cfg.sdk_disabled {
+            return refuse("OTEL_SDK_DISABLED=true");
+        }
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the lock `shutdown` takes: a shut-down profiler never restarts.
+        if self.inner.shut_down.load(Ordering::Relaxed) {
+            return refuse("the profiler is shut down");
+        }
+        if value != 0 && running.is_none() {
+            *running = Some(self.inner.start.run(&self.inner.shared, &self.inner.cfg)?);
+        }
+        gate.store(value, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The embedded Prometheus endpoint's bound address, when it runs.
     pub fn prometheus_addr(&self) -> Option<SocketAddr> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
@@ -539,14 +587,13 @@ impl Profiler {
     /// the configured shutdown timeout (default 5 s) even when a collector is down.
     /// Later hot-path calls cost one relaxed load and record nothing.
     pub fn shutdown(&self) {
-        self.inner.shared.level.store(0, Ordering::Relaxed);
-        self.inner.shared.spec_level.store(0, Ordering::Relaxed);
-        let running = self
-            .inner
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let running = {
+            let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.shut_down.store(true, Ordering::Relaxed);
+            self.inner.shared.level.store(0, Ordering::Relaxed);
+            self.inner.shared.spec_level.store(0, Ordering::Relaxed);
+            r.take()
+        };
         if let Some(r) = running {
             finish(
                 r,
