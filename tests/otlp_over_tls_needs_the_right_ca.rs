@@ -199,3 +199,37 @@ fn a_missing_ca_file_is_a_clear_error() {
         "{msg}"
     );
 }
+
+#[test]
+fn the_probe_completes_a_tls_handshake_only_with_the_right_ca() {
+    let rotel = Rotel::start();
+    let (ca, cert, key) = certificates();
+    let dir = TempDir::new("phasetrace-tls-probe");
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca).expect("write ca");
+    for (upstream, protocol) in [
+        (rotel.grpc_port(), Protocol::Grpc),
+        (rotel.http_port(), Protocol::HttpProtobuf),
+    ] {
+        let proxy = start_proxy(upstream, &cert, &key);
+        let endpoint = format!("https://localhost:{}", proxy.port);
+        let config = |ca: Option<&std::path::Path>| {
+            let mut b = Profiler::builder()
+                .without_env()
+                .with_otlp_endpoint(Some(&endpoint))
+                .with_otlp_protocol(protocol);
+            if let Some(ca) = ca {
+                b = b.with_otlp_certificate(ca);
+            }
+            b.config().expect("config").otlp.expect("otlp")
+        };
+        let ok = config(Some(&ca_path))
+            .probe(Duration::from_secs(5))
+            .expect("probe with the CA");
+        assert!(ok.contains("over TLS"), "{ok}");
+        let err = config(None)
+            .probe(Duration::from_secs(5))
+            .expect_err("no CA: the handshake fails");
+        assert!(err.contains("TLS handshake"), "{err}");
+    }
+}

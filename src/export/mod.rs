@@ -10,6 +10,7 @@
 mod console;
 mod counted;
 pub(crate) mod otlp;
+mod probe;
 mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;

@@ -50,7 +50,7 @@ fn tls(o: &OtlpConfig) -> Result<Option<tonic::transport::ClientTlsConfig>, Expo
 }
 
 /// The system's roots plus the custom CA, if any.
-fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, ExportError> {
+pub(crate) fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, ExportError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();

@@ -6,9 +6,8 @@ use crate::flags::ProfilerFlags;
 use clap::Args;
 use phasetrace::config::masked_headers;
 use phasetrace::names::env;
-use phasetrace::{Config, Origin, Profiler, Protocol};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use phasetrace::{Config, Origin, Profiler};
+use std::net::TcpListener;
 use std::time::Duration;
 
 /// `phasetrace check` flags.
@@ -119,104 +118,6 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Host and port of an `http(s)://host:port/...` endpoint, with the scheme's default port.
-fn host_port(endpoint: &str) -> Option<(String, u16)> {
-    let (rest, default) = if let Some(r) = endpoint.strip_prefix("https://") {
-        (r, 443)
-    } else {
-        (endpoint.strip_prefix("http://")?, 80)
-    };
-    let authority = rest.split('/').next()?;
-    match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-            Some((h.trim_matches(['[', ']']).to_owned(), p.parse().ok()?))
-        }
-        _ => Some((authority.to_owned(), default)),
-    }
-}
-
-fn connect(endpoint: &str, timeout: Duration) -> Result<(TcpStream, SocketAddr), String> {
-    let (host, port) =
-        host_port(endpoint).ok_or_else(|| format!("{endpoint}: cannot parse host and port"))?;
-    let addrs: Vec<SocketAddr> = (host.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{endpoint}: cannot resolve {host}: {e}"))?
-        .collect();
-    let mut last = String::from("no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => return Ok((s, a)),
-            Err(e) => last = format!("{a}: {e}"),
-        }
-    }
-    Err(format!("{endpoint} is unreachable ({last})"))
-}
-
-/// An OTLP/HTTP probe: an empty protobuf export request must be answered 2xx.
-fn probe_http(endpoint: &str, timeout: Duration) -> Result<String, String> {
-    if endpoint.starts_with("https://") {
-        let (_, a) = connect(endpoint, timeout)?;
-        return Ok(format!(
-            "TCP connect to {a} succeeded (TLS handshake not probed)"
-        ));
-    }
-    let (mut s, a) = connect(endpoint, timeout)?;
-    let (host, port) = host_port(endpoint).unwrap_or_default();
-    let base = endpoint
-        .strip_prefix("http://")
-        .and_then(|r| r.split_once('/').map(|(_, p)| p))
-        .unwrap_or("")
-        .trim_end_matches('/');
-    let path = if base.is_empty() {
-        "/v1/metrics".to_owned()
-    } else {
-        format!("/{base}/v1/metrics")
-    };
-    let _ = s.set_read_timeout(Some(timeout));
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes())
-        .map_err(|e| format!("{endpoint}: write failed: {e}"))?;
-    let mut buf = Vec::new();
-    let _ = s.take(4096).read_to_end(&mut buf);
-    let head = String::from_utf8_lossy(&buf);
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status.starts_with('2') {
-        Ok(format!("OTLP/HTTP POST {path} to {a} answered {status}"))
-    } else if status.is_empty() {
-        Err(format!("{endpoint}: no HTTP answer from {a}"))
-    } else {
-        Err(format!(
-            "{endpoint}: POST {path} answered {status}: is this an OTLP/HTTP endpoint?"
-        ))
-    }
-}
-
-/// An OTLP/gRPC probe: the server must speak HTTP/2 (it answers our connection preface with a
-/// SETTINGS frame).
-fn probe_grpc(endpoint: &str, timeout: Duration) -> Result<String, String> {
-    let (mut s, a) = connect(endpoint, timeout)?;
-    if endpoint.starts_with("https://") {
-        return Ok(format!(
-            "TCP connect to {a} succeeded (TLS handshake not probed)"
-        ));
-    }
-    let _ = s.set_read_timeout(Some(timeout));
-    let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS frame
-    s.write_all(&preface)
-        .map_err(|e| format!("{endpoint}: write failed: {e}"))?;
-    let mut head = [0u8; 9];
-    match s.read_exact(&mut head) {
-        Ok(()) if head[3] == 4 => Ok(format!("gRPC (HTTP/2) endpoint at {a} answered")),
-        Ok(()) => Err(format!(
-            "{endpoint}: {a} answered, but not with HTTP/2 SETTINGS: is this an OTLP/gRPC endpoint?"
-        )),
-        Err(e) => Err(format!("{endpoint}: no HTTP/2 answer from {a} ({e})")),
-    }
-}
-
 pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     let builder = a.flags.apply(Profiler::builder());
     let cfg = builder.config().map_err(Failure::config)?;
@@ -231,11 +132,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     let mut problems = Vec::new();
     out += "\nprobes\n";
     if let Some(o) = &cfg.otlp {
-        let r = match o.protocol {
-            Protocol::Grpc => probe_grpc(&o.endpoint, timeout),
-            Protocol::HttpProtobuf => probe_http(&o.endpoint, timeout),
-        };
-        match r {
+        match o.probe(timeout) {
             Ok(m) => out += &format!("  ok    OTLP {}: {m}\n", o.protocol.as_str()),
             Err(m) => {
                 out += &format!("  FAIL  OTLP {}: {m}\n", o.protocol.as_str());
@@ -274,23 +171,5 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
             code: 4,
             message: format!("check failed: {}", problems.join("; ")),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_port;
-
-    #[test]
-    fn endpoints_split_into_host_and_port() {
-        assert_eq!(
-            host_port("http://127.0.0.1:4317"),
-            Some(("127.0.0.1".into(), 4317))
-        );
-        assert_eq!(
-            host_port("https://collector/otlp"),
-            Some(("collector".into(), 443))
-        );
-        assert_eq!(host_port("http://[::1]:4318/"), Some(("::1".into(), 4318)));
     }
 }
