@@ -78,6 +78,12 @@ pub mod attr {
     pub const ACCEPTED: &str = "accepted";
     /// Timing backend (span attribute).
     pub const TIMING: &str = "phasetrace.timing";
+    /// The caller's tag of an imported speculative line (`glm5-phase`).
+    pub const TAG: &str = "tag";
+    /// The log file an imported record came from.
+    pub const SOURCE_FILE: &str = "source.file";
+    /// The run (process start) within an imported log.
+    pub const SOURCE_RUN: &str = "source.run";
 }
 
 /// Span names (sections are named by their bucket).

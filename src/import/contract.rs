@@ -145,12 +145,12 @@ impl Key {
             Self::Rank => attr::RANK,
             Self::Phase => attr::PHASE,
             Self::Part => attr::PART,
-            Self::Tag => "tag",
+            Self::Tag => attr::TAG,
             Self::Step => attr::STEP,
             Self::ExpertIds => attr::EXPERT_IDS,
             Self::Timing => attr::TIMING,
-            Self::SourceFile => "source.file",
-            Self::SourceRun => "source.run",
+            Self::SourceFile => attr::SOURCE_FILE,
+            Self::SourceRun => attr::SOURCE_RUN,
         }
     }
 

@@ -174,15 +174,13 @@ impl Pipeline {
             let ns = parts.as_ref().map_or([0; 4], |p| p.ns);
             let rest = verify.saturating_sub(ns[0] + ns[2]);
             split = [ns[0], ns[1], ns[2], ns[3], rest];
-            let names = [
-                "kda",
-                "kda_scan",
-                "mla",
-                "ffn",
-                crate::vocab::VerifyPart::REST,
-            ];
+            use crate::vocab::VerifyPart;
+            let names = VerifyPart::ALL
+                .map(VerifyPart::as_str)
+                .into_iter()
+                .chain([VerifyPart::REST]);
             for inst in &self.inst {
-                for (name, v) in names.iter().zip(split) {
+                for (name, v) in names.clone().zip(split) {
                     inst.part(name, rank, v as f64 * 1e-9);
                 }
             }
