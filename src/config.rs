@@ -368,6 +368,23 @@ fn parse_u64(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+const PROMETHEUS_EXPECTED: &str =
+    "a listen address host:port (127.0.0.1:9464), host:port+rank (one port per rank), or off";
+
+/// Parses the Prometheus listen address; `host:port+rank` offsets the port by the rank, so that
+/// several ranks on one host each get their own endpoint.
+fn parse_prometheus(s: &str, rank: u32) -> Option<SocketAddr> {
+    match s.strip_suffix("+rank") {
+        Some(base) => {
+            let mut a = parse_listen(base)?;
+            let port = u16::try_from(u32::from(a.port()).checked_add(rank)?).ok()?;
+            a.set_port(port);
+            Some(a)
+        }
+        None => parse_listen(s),
+    }
+}
+
 /// Parses `host:port` into one socket address (the first it resolves to).
 pub(crate) fn parse_listen(s: &str) -> Option<SocketAddr> {
     if let Ok(a) = s.parse::<SocketAddr>() {
@@ -532,13 +549,9 @@ impl ConfigBuilder {
         // Checked even when code overrides it: a bad value is never silently ignored.
         if let Some(s) = &prometheus_env
             && !s.eq_ignore_ascii_case("off")
-            && parse_listen(s).is_none()
+            && parse_prometheus(s, 0).is_none()
         {
-            return Err(invalid(
-                env::PROMETHEUS,
-                s,
-                "a listen address host:port (127.0.0.1:9464) or off",
-            ));
+            return Err(invalid(env::PROMETHEUS, s, PROMETHEUS_EXPECTED));
         }
         let queue = e.parsed(
             env::QUEUE,
@@ -737,15 +750,13 @@ impl ConfigBuilder {
                 None => None,
             },
         };
+        let rank = self.rank.or(rank).unwrap_or(0);
         let prometheus = match prom_raw {
             None => None,
-            Some(s) => Some(parse_listen(&s).ok_or_else(|| {
-                invalid(
-                    env::PROMETHEUS,
-                    &s,
-                    "a listen address host:port (127.0.0.1:9464) or off",
-                )
-            })?),
+            Some(s) => Some(
+                parse_prometheus(&s, rank)
+                    .ok_or_else(|| invalid(env::PROMETHEUS, &s, PROMETHEUS_EXPECTED))?,
+            ),
         };
         let summary_default = if wants("console") { 100 } else { 0 };
 
@@ -797,7 +808,7 @@ impl ConfigBuilder {
             spec_summary_every: self.spec_summary_every.or(spec_summary_every).unwrap_or(0),
             prometheus,
             queue,
-            rank: self.rank.or(rank).unwrap_or(0),
+            rank,
             expert_counter: self.expert_counter.or(expert_counter).unwrap_or(false),
             timing: self.timing.or(timing).unwrap_or_default(),
             sdk_disabled,
@@ -1056,6 +1067,22 @@ mod tests {
         );
         let alone = resolve(&b, &[("MEMRA_SPEC_TRACE", "2")]).unwrap();
         assert_eq!(alone.spec_level, SpecLevel::VerifySplit);
+    }
+
+    #[test]
+    fn a_prometheus_port_can_be_offset_by_the_rank() {
+        let c = env(&[
+            ("PHASETRACE_PROMETHEUS", "127.0.0.1:9464+rank"),
+            ("LOCAL_RANK", "3"),
+        ])
+        .unwrap();
+        assert_eq!(c.prometheus, Some("127.0.0.1:9467".parse().unwrap()));
+        let err = env(&[
+            ("PHASETRACE_PROMETHEUS", "127.0.0.1:65535+rank"),
+            ("RANK", "1"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("host:port+rank"), "{err}");
     }
 
     #[test]
