@@ -289,6 +289,7 @@ pub(crate) struct ConfigBuilder {
     pub(crate) otlp_headers: Option<Vec<(String, String)>>,
     pub(crate) otlp_certificate: Option<PathBuf>,
     pub(crate) otlp_gzip: Option<bool>,
+    pub(crate) otlp_histogram: Option<HistogramAggregation>,
     pub(crate) metric_export_interval: Option<Duration>,
     pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
@@ -770,7 +771,7 @@ impl ConfigBuilder {
                 .otlp_certificate
                 .clone()
                 .or(certificate.map(PathBuf::from)),
-            histogram: histogram.unwrap_or_default(),
+            histogram: self.otlp_histogram.or(histogram).unwrap_or_default(),
         });
         if let Some(o) = &otlp
             && o.certificate.is_some()

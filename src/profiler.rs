@@ -183,6 +183,14 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Histogram aggregation of OTLP metrics: explicit buckets (1 µs to 10 s) or base-2
+    /// exponential. Env: `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`; default
+    /// explicit. The Prometheus endpoint always keeps explicit buckets.
+    pub fn with_otlp_histogram(mut self, aggregation: crate::config::HistogramAggregation) -> Self {
+        self.cfg.otlp_histogram = Some(aggregation);
+        self
+    }
+
     /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
     /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
     pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
