@@ -28,7 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Rounds whose parts map entries are older than this many passes are given up (bounded memory).
+/// How far idle passes stretch the drain interval (1 ms -> 16 ms by default).
+const IDLE_BACKOFF: u32 = 16;
+
+/// Most rounds with verify parts awaiting their round's end; beyond, they are given up and
+/// counted (bounded memory).
 const PARTS_MAX: usize = 65_536;
 
 pub(crate) struct Pipeline {
@@ -354,9 +358,22 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("phasetrace-worker".into())
             .spawn(move || {
+                // Idle passes back off (up to IDLE_BACKOFF x the interval) so that an idle
+                // engine costs few wake-ups; the first mark found snaps back to the interval.
+                let mut wait = interval;
                 while !st.load(Ordering::Acquire) {
-                    p.lock().unwrap_or_else(|e| e.into_inner()).pass();
-                    std::thread::park_timeout(interval);
+                    let busy = {
+                        let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+                        let before = p.stats.marks;
+                        p.pass();
+                        p.stats.marks != before
+                    };
+                    wait = if busy {
+                        interval
+                    } else {
+                        (wait * 2).min(interval * IDLE_BACKOFF)
+                    };
+                    std::thread::park_timeout(wait);
                 }
             })?;
         Ok(Worker {
