@@ -58,11 +58,15 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
         (env::OTEL_SERVICE_NAME, cfg.service_name.clone()),
         (
             env::OTEL_RESOURCE_ATTRIBUTES,
-            cfg.resource_attributes
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(","),
+            if cfg.resource_attributes.is_empty() {
+                "(none)".into()
+            } else {
+                cfg.resource_attributes
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
         ),
         (
             env::OTEL_EXPORTER_OTLP_ENDPOINT,
@@ -83,6 +87,25 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
         (
             env::OTEL_EXPORTER_OTLP_COMPRESSION,
             otlp.map_or("-".into(), |o| if o.gzip { "gzip" } else { "none" }.into()),
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+            otlp.and_then(|o| o.certificate.as_ref())
+                .map_or("(system roots)".into(), |p| p.display().to_string()),
+        ),
+        (
+            env::OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+            otlp.map_or("-".into(), |o| {
+                match o.histogram {
+                    phasetrace::config::HistogramAggregation::Explicit => {
+                        "explicit_bucket_histogram"
+                    }
+                    phasetrace::config::HistogramAggregation::Exponential => {
+                        "base2_exponential_bucket_histogram"
+                    }
+                }
+                .into()
+            }),
         ),
         (
             env::OTEL_METRIC_EXPORT_INTERVAL,
@@ -126,7 +149,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     }
     let mut out = String::from("phasetrace configuration\n");
     for (var, value) in rows(&cfg) {
-        out += &format!("  {var:<42} {value:<32} ({})\n", origin(&cfg, var));
+        out += &format!("  {var:<57} {value:<34} ({})\n", origin(&cfg, var));
     }
     let timeout = Duration::from_millis(a.timeout_ms);
     let mut problems = Vec::new();
