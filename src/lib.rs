@@ -13,8 +13,10 @@
 //! ```
 //!
 //! The hot path stores marks, not durations: a 24-byte record per boundary into a per-thread
-//! bounded buffer. Off, each call is one relaxed atomic load. On, it is a clock mark and a push;
-//! a full buffer drops and counts. Measured figures are in `BENCHMARKS.md`.
+//! bounded single-producer ring. Off, each call is one relaxed atomic load (a section: 0.4 ns).
+//! On, it is a clock mark and a push (a section begin+end with the host clock: 54 ns, where the
+//! reference profiler's atomics cost 58 ns); a full ring drops and counts. Figures and commands
+//! are in `BENCHMARKS.md`.
 //!
 //! ## Integrating
 //!

@@ -176,7 +176,8 @@ pub mod default {
     pub const SERVICE_NAME: &str = "phasetrace";
     /// The embedded Prometheus endpoint when no OTLP endpoint is configured.
     pub const PROMETHEUS_ADDR: &str = "127.0.0.1:9464";
-    /// Per-thread buffer capacity in records (24 bytes each: 1.5 MiB a thread).
+    /// Per-thread buffer capacity in records (24 bytes each: 1.5 MiB a thread; rounded up to a
+    /// power of two).
     pub const QUEUE: usize = 65_536;
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;

@@ -4,8 +4,8 @@
 //! the worker its only consumer, so a push is uncontended. A full lane drops the mark and counts.
 
 use super::mark::Mark;
+use super::ring::Ring;
 use crate::timing::Clock;
-use crossbeam_queue::ArrayQueue;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -13,7 +13,7 @@ pub(crate) struct Lane {
     pub(crate) id: u16,
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) queue: ArrayQueue<Mark>,
+    pub(crate) queue: Ring,
     /// Marks refused because the queue was full.
     pub(crate) dropped_full: AtomicU64,
     /// Marks not taken because the clock gave no token.
@@ -30,7 +30,7 @@ impl Lane {
             id,
             rank,
             clock,
-            queue: ArrayQueue::new(capacity.max(1)),
+            queue: Ring::new(capacity),
             dropped_full: AtomicU64::new(0),
             dropped_clock: AtomicU64::new(0),
             dropped_range: AtomicU64::new(0),
@@ -39,15 +39,26 @@ impl Lane {
     }
 
     /// Stores a mark; a full queue drops and counts it. Never blocks.
+    ///
+    /// Called only by the lane's recorder: one producer, as [`Ring::push`] requires.
     #[inline]
     pub(crate) fn push(&self, m: Mark) -> bool {
-        match self.queue.push(m) {
-            Ok(()) => true,
-            Err(_) => {
-                self.dropped_full.fetch_add(1, Relaxed);
-                false
-            }
+        // SAFETY: a lane is pushed to by its one recorder only (`Recorder` owns the lane's
+        // producer side and is not `Sync`).
+        if unsafe { self.queue.push(m) } {
+            true
+        } else {
+            self.dropped_full.fetch_add(1, Relaxed);
+            false
         }
+    }
+
+    /// Takes the oldest mark. Called only by the worker's pipeline, under its mutex.
+    #[inline]
+    pub(crate) fn pop(&self) -> Option<Mark> {
+        // SAFETY: every drain runs under the pipeline's mutex, and a lane has one `LaneState`:
+        // one consumer at a time, as [`Ring::pop`] requires.
+        unsafe { self.queue.pop() }
     }
 }
 

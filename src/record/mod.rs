@@ -10,6 +10,7 @@
 mod lane;
 pub(crate) mod mark;
 mod recorder;
+mod ring;
 
 pub(crate) use lane::Lane;
 pub use recorder::{

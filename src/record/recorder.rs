@@ -54,8 +54,8 @@ impl RecorderOptions {
 /// this recorder's bounded buffer: no lock, no allocation, no waiting. A full buffer drops the
 /// mark and counts it under `phasetrace.records.dropped{reason="queue_full"}`.
 ///
-/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM): a section begin+end costs 0.5 ns
-/// off and 70 ns on with the host clock; a phase mark 34 ns; the worker drains 6.5 M sections/s.
+/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM): a section begin+end costs 0.4 ns
+/// off and 54 ns on with the host clock; a phase mark 27 ns; the worker drains 6.9 M sections/s.
 /// Details in `BENCHMARKS.md`.
 pub struct Recorder {
     shared: Arc<Shared>,
@@ -230,8 +230,8 @@ impl Recorder {
     /// (`reduce_attn_bar`) also feeds `phasetrace.collective.wait`.
     ///
     /// Cost of a begin/end pair, measured (`cargo bench --bench hot_path`, `BENCHMARKS.md`, on a
-    /// 2-vCPU EPYC VM): off, one relaxed load, **0.5 ns**; on with the host clock, two clock
-    /// reads and two pushes, **70 ns** (the reference profiler's enabled path: 61 ns; one
+    /// 2-vCPU EPYC VM): off, one relaxed load, **0.4 ns**; on with the host clock, two clock
+    /// reads and two ring pushes, **54 ns** (the reference profiler's enabled path: 58 ns; one
     /// `tracing-opentelemetry` span: 1.2 µs).
     #[inline]
     #[must_use = "the section ends when the guard is dropped"]
@@ -355,7 +355,7 @@ impl Recorder {
     /// [`RoundGuard::phase`], then [`RoundGuard::end`] with the accepted count.
     ///
     /// Off (`PHASETRACE_SPEC_LEVEL` unset): one relaxed load; a whole disabled round (begin, a
-    /// phase mark, end) measured **1.4 ns**.
+    /// phase mark, end) measured **1.3 ns**.
     #[inline]
     #[must_use = "end the round with RoundGuard::end(accepted)"]
     pub fn round(&self, k: u32) -> RoundGuard<'_> {
@@ -463,7 +463,7 @@ pub struct RoundGuard<'a> {
 
 impl RoundGuard<'_> {
     /// Marks the end of `phase`: the time since the round began or since the previous phase mark
-    /// belongs to it. Skip phases that did not run. Measured: **34 ns** with the host clock.
+    /// belongs to it. Skip phases that did not run. Measured: **27 ns** with the host clock.
     #[inline]
     pub fn phase(&self, phase: Phase) {
         if let Some(rec) = self.rec {

@@ -193,7 +193,7 @@ impl LaneState {
         // lane, so a lane costs at most twice its capacity in memory.
         let max = self.lane.queue.capacity();
         while self.backlog.len() < max {
-            match self.lane.queue.pop() {
+            match self.lane.pop() {
                 Some(m) => self.backlog.push_back(m),
                 None => break,
             }
