@@ -99,8 +99,8 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Per-recorder buffer capacity in records (24 bytes each). Env: `PHASETRACE_QUEUE`;
-    /// default 65536 (1.5 MiB per recorder).
+    /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
+    /// Env: `PHASETRACE_QUEUE`; default 65536 (1.5 MiB per recorder).
     pub fn with_queue(mut self, records: usize) -> Self {
         self.cfg.queue = Some(records);
         self
