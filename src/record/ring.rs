@@ -137,6 +137,30 @@ mod tests {
         assert!(unsafe { r.push(mark(100)) }, "room again after draining");
     }
 
+    proptest::proptest! {
+        /// Any sequence of pushes and pops behaves like a bounded FIFO.
+        #[test]
+        fn behaves_like_a_bounded_fifo(ops in proptest::collection::vec(proptest::bool::ANY, 0..500),
+                                       cap in 1usize..40) {
+            let r = Ring::new(cap);
+            let mut model = std::collections::VecDeque::new();
+            let mut next = 0u64;
+            for push in ops {
+                if push {
+                    let ok = unsafe { r.push(mark(next)) };
+                    proptest::prop_assert_eq!(ok, model.len() < r.capacity());
+                    if ok {
+                        model.push_back(next);
+                    }
+                    next += 1;
+                } else {
+                    proptest::prop_assert_eq!(unsafe { r.pop() }.map(|m| m.token), model.pop_front());
+                }
+                proptest::prop_assert_eq!(r.len(), model.len());
+            }
+        }
+    }
+
     #[test]
     fn a_producer_and_a_consumer_on_two_threads_lose_nothing_in_order() {
         let r = Arc::new(Ring::new(64));
