@@ -38,6 +38,8 @@ pub(crate) enum MarkKind {
 pub(crate) const FLAG_HOST: u8 = 1;
 /// `flag` bit: the step or round is sampled for spans.
 pub(crate) const FLAG_SAMPLED: u8 = 2;
+/// `flag` bit of a `Route` mark: more ids of the same `moe_route` call as the previous mark.
+pub(crate) const FLAG_CONTINUED: u8 = 4;
 
 /// One boundary: 8-byte token, 4-byte layer, two 2-byte ids, kind and flags.
 #[derive(Clone, Copy, Debug)]

@@ -1,6 +1,6 @@
 //! [`Recorder`]: the API an engine calls at every boundary.
 
-use super::mark::{FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use super::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
 use super::{Lane, Shared};
 use crate::timing::{Clock, Token, now_ns};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
@@ -324,6 +324,7 @@ impl Recorder {
             return;
         }
         let layer = layer.into().0;
+        let mut flag = 0;
         for chunk in expert_ids.chunks(4) {
             let mut packed = 0u64;
             let mut n = 0u16;
@@ -345,8 +346,9 @@ impl Recorder {
                     id: 0,
                     site: n,
                     kind: MarkKind::Route,
-                    flag: 0,
+                    flag,
                 });
+                flag = FLAG_CONTINUED;
             }
         }
     }

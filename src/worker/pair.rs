@@ -4,7 +4,7 @@
 use super::aggregate::{Instruments, Tally};
 use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
 use crate::record::Lane;
-use crate::record::mark::{FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use crate::record::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
 use crate::timing::{Resolved, Token};
 use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
@@ -382,6 +382,7 @@ impl LaneState {
             MarkKind::Route => {
                 let n = (m.site as usize).min(4);
                 let ids: [u16; 4] = std::array::from_fn(|i| (m.token >> (16 * i)) as u16);
+                let continued = m.flag & FLAG_CONTINUED != 0;
                 if s.expert_counter {
                     for inst in s.inst {
                         for &id in &ids[..n] {
@@ -392,7 +393,7 @@ impl LaneState {
                 let at = self.last_ns;
                 if let Some(tr) = self.step.as_mut().and_then(|st| st.trace.as_mut()) {
                     match tr.routes.last_mut() {
-                        Some((l, v, _)) if *l == Layer(m.layer) && v.len() % 4 == 0 => {
+                        Some((l, v, _)) if continued && *l == Layer(m.layer) => {
                             v.extend_from_slice(&ids[..n]);
                         }
                         _ => tr.routes.push((Layer(m.layer), ids[..n].to_vec(), at)),
@@ -400,9 +401,8 @@ impl LaneState {
                 }
             }
             MarkKind::RoundBegin => {
-                if let Some(r) = self.round.take() {
+                if self.round.take().is_some() {
                     // A round never ended: its phases are lost, counted.
-                    let _ = r;
                     Self::unbalanced(s, 1);
                 }
                 let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
@@ -448,8 +448,9 @@ impl LaneState {
             }
             MarkKind::PartBegin => {
                 if self.parts_open.len() >= STACK_MAX {
+                    // The oldest open part never ended (its round is long gone): give it up.
+                    self.parts_open.remove(0);
                     Self::unbalanced(s, 1);
-                    return;
                 }
                 self.parts_open.push((m, t));
             }
