@@ -392,3 +392,56 @@ fn the_console_spec_lines_replay_through_the_importer() {
         "the verify line parses too: {text}"
     );
 }
+
+#[test]
+fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
+    let (shared, mut p) = setup(1, 0, Script::new(&[0, 1]));
+    let r = rec(&shared);
+    r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
+    p.flush();
+    let tokens = values(&p, crate::names::metric::MOE_EXPERT_TOKENS);
+    let expert3 = tokens
+        .iter()
+        .filter(|(_, a)| attr(a, "expert") == Some("3") && attr(a, "layer") == Some("5"))
+        .count();
+    assert_eq!(expert3, 3);
+    assert_eq!(tokens.len(), 6, "six ids fit a record");
+    assert_eq!(
+        p.stats().dropped_out_of_range,
+        1,
+        "70000 does not fit 16 bits"
+    );
+}
+
+#[test]
+fn layer_attribution_off_drops_only_the_layer_attribute() {
+    let shared = Arc::new(Shared {
+        level: AtomicU8::new(1),
+        spec_level: AtomicU8::new(0),
+        trace_every: 0,
+        expert_counter: false,
+        queue: 64,
+        rank: 0,
+        clock: Script::new(&[0, 10, 20, 30]),
+        lanes: Mutex::new(Vec::new()),
+        next_lane: AtomicU16::new(1),
+        tracing_parent: AtomicBool::new(false),
+    });
+    let provider = SdkMeterProvider::builder().build();
+    let inst = Instruments::new(&provider.meter("test"), false, 8);
+    let mut p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let r = rec(&shared);
+    {
+        let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
+    }
+    p.flush();
+    let section = values(&p, crate::names::metric::SECTION_DURATION);
+    assert_eq!(attr(&section[0].1, "layer"), None);
+    assert_eq!(attr(&section[0].1, "bucket"), Some("reduce_attn_bar"));
+    let wait = values(&p, crate::names::metric::COLLECTIVE_WAIT);
+    assert_eq!(
+        attr(&wait[0].1, "layer"),
+        Some("7"),
+        "the skew histogram keeps its layer"
+    );
+}
