@@ -23,7 +23,9 @@ use crate::names::{default, metric};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{Aggregation, Instrument, SdkMeterProvider, Stream};
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter,
+};
 use std::net::SocketAddr;
 use std::time::Duration;
 use thiserror::Error;
@@ -214,45 +216,21 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
     }
 
-    let batch = || {
-        BatchConfigBuilder::default()
-            .with_max_queue_size(SPAN_QUEUE)
-            .with_max_export_batch_size(SPAN_BATCH)
-            .with_scheduled_delay(Duration::from_millis(500))
-            .build()
-    };
     let span_counts = std::sync::Arc::new(SpanCounts::default());
-    let tracer_provider = if let (true, Some(o)) = (cfg.traces_otlp, otlp) {
-        let exporter = counted::Counted::new(
-            otlp::span_exporter(o, runtime.as_ref())?,
-            span_counts.clone(),
-        );
-        Some(
-            SdkTracerProvider::builder()
-                .with_resource(res)
-                .with_span_processor(
-                    BatchSpanProcessor::builder(exporter)
-                        .with_batch_config(batch())
-                        .build(),
-                )
-                .build(),
-        )
-    } else if cfg.traces_console {
-        Some(
-            SdkTracerProvider::builder()
-                .with_resource(res)
-                .with_span_processor(
-                    BatchSpanProcessor::builder(counted::Counted::new(
-                        console::ConsoleSpanExporter,
-                        span_counts.clone(),
-                    ))
-                    .with_batch_config(batch())
-                    .build(),
-                )
-                .build(),
-        )
-    } else {
-        None
+    // Every span exporter is wrapped to count what it delivered and lost.
+    let tracer_provider = match (cfg.traces_otlp, otlp, cfg.traces_console) {
+        (true, Some(o), _) => {
+            let exporter = otlp::span_exporter(o, runtime.as_ref())?;
+            Some(tracer_provider(
+                res,
+                counted::Counted::new(exporter, span_counts.clone()),
+            ))
+        }
+        (_, _, true) => Some(tracer_provider(
+            res,
+            counted::Counted::new(console::ConsoleSpanExporter, span_counts.clone()),
+        )),
+        _ => None,
     };
     Ok(Exporters {
         meter_providers,
@@ -261,6 +239,23 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         prometheus,
         runtime,
     })
+}
+
+/// A tracer provider exporting through a batch processor sized to [`SPAN_QUEUE`].
+fn tracer_provider<E: SpanExporter + 'static>(res: Resource, exporter: E) -> SdkTracerProvider {
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(SPAN_QUEUE)
+        .with_max_export_batch_size(SPAN_BATCH)
+        .with_scheduled_delay(Duration::from_millis(500))
+        .build();
+    SdkTracerProvider::builder()
+        .with_resource(res)
+        .with_span_processor(
+            BatchSpanProcessor::builder(exporter)
+                .with_batch_config(batch)
+                .build(),
+        )
+        .build()
 }
 
 impl Exporters {
