@@ -183,7 +183,9 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         );
     }
 
-    let exponential = otlp.is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
+    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
+    let exponential = otlp_reader.is_some()
+        && otlp.is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
     let mut meter_providers = Vec::new();
     match (otlp_reader, prometheus_reader, exponential) {
         (Some(o), Some(p), true) => {
