@@ -672,7 +672,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
 
     profiler.flush();
     let stats = profiler.stats();
-    if profiler.is_enabled() {
+    // With a periodic console summary the profiler prints the final table itself at shutdown.
+    if profiler.is_enabled() && profiler.config().summary_every == 0 {
         eprint!("{}", profiler.summary());
     }
     eprintln!(
