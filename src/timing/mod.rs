@@ -104,8 +104,3 @@ pub fn now_ns() -> u64 {
 pub fn to_system_time(ns: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(epoch().unix_ns.saturating_add(ns))
 }
-
-/// Converts an `Instant` into the [`now_ns`] timeline (saturating at the epoch).
-pub fn instant_ns(t: Instant) -> u64 {
-    t.saturating_duration_since(epoch().instant).as_nanos() as u64
-}
