@@ -9,6 +9,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
+COPY cli ./cli
+COPY testkit ./testkit
 RUN cargo build --release --locked --bin phasetrace \
     && install -m 0755 target/release/phasetrace /usr/local/bin/phasetrace
 

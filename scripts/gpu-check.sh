@@ -5,7 +5,7 @@
 #
 # Runs, with PHASETRACE_GPU=1 and --nocapture (they print their tables):
 #   - the `timing::cuda` unit tests (the probe and both constructors with a driver present);
-#   - tests/gpu_backends_agree.rs: sync vs event backend on memsets of 1x/4x/16x the bytes
+#   - tests/it/gpu_backends_agree.rs: sync vs event backend on memsets of 1x/4x/16x the bytes
 #     (agree within 5 %), event times on the host timeline (also after re-anchoring), the event
 #     backend's throughput overhead on a loop of small kernels, graph-capture skipping.
 # Tests run one at a time (they share the GPU and measure time). The test run itself takes well
@@ -34,14 +34,14 @@ CARGO_FLAGS=(--release --features cuda ${PHASETRACE_CARGO_FLAGS:-})
 TEST_ARGS=(--nocapture --test-threads 1 --include-ignored)
 
 start=$SECONDS
-log "building: cargo test ${CARGO_FLAGS[*]} --no-run --lib --test gpu_backends_agree"
-timeout "${BUILD_TIMEOUT:-600}" cargo test "${CARGO_FLAGS[@]}" --no-run --lib --test gpu_backends_agree
+log "building: cargo test ${CARGO_FLAGS[*]} --no-run -p phasetrace --lib --test it"
+timeout "${BUILD_TIMEOUT:-600}" cargo test "${CARGO_FLAGS[@]}" --no-run -p phasetrace --lib --test it
 log "built in $((SECONDS - start)) s"
 
 export PHASETRACE_GPU=1
 start=$SECONDS
 log "running the timing::cuda unit tests"
-timeout "${RUN_TIMEOUT:-240}" cargo test "${CARGO_FLAGS[@]}" --lib timing::cuda -- "${TEST_ARGS[@]}"
-log "running tests/gpu_backends_agree.rs"
-timeout "${RUN_TIMEOUT:-240}" cargo test "${CARGO_FLAGS[@]}" --test gpu_backends_agree -- "${TEST_ARGS[@]}"
+timeout "${RUN_TIMEOUT:-240}" cargo test "${CARGO_FLAGS[@]}" -p phasetrace --lib timing::cuda -- "${TEST_ARGS[@]}"
+log "running tests/it/gpu_backends_agree.rs"
+timeout "${RUN_TIMEOUT:-240}" cargo test "${CARGO_FLAGS[@]}" -p phasetrace --test it gpu_backends_agree -- "${TEST_ARGS[@]}"
 log "all GPU checks passed in $((SECONDS - start)) s"

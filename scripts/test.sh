@@ -4,7 +4,7 @@
 #   2. runs every Rust test with all features against them,
 #   3. validates the deployable stack (scripts/validate-stack.sh), when present,
 #   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh).
-# Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh --test rotel_harness_parses_what_the_sdk_sends`.
+# Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh -p phasetrace --test it rotel_harness`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,8 +20,8 @@ source "$ROOT/.tools/env"
 printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\n' \
     "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
 
-section "cargo test --all-features --locked $*"
-cargo test --all-features --locked "$@"
+section "cargo test --workspace --all-features --locked $*"
+cargo test --workspace --all-features --locked "$@"
 
 if [ -f "$ROOT/scripts/validate-stack.sh" ]; then
     section "validating the stack (scripts/validate-stack.sh)"

@@ -56,13 +56,14 @@
 //! # Ok::<(), phasetrace::Error>(())
 //! ```
 //!
-//! The `phasetrace demo` command (`src/bin/phasetrace/demo.rs`) is a complete multi-rank
+//! The `phasetrace demo` command (`cli/src/demo.rs`, in the `phasetrace-cli` package) is a complete multi-rank
 //! integration example.
 
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 pub mod config;
 mod export;
+#[cfg(feature = "import")]
 pub mod import;
 pub mod names;
 mod profiler;

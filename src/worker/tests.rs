@@ -338,6 +338,7 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 }
 
 #[test]
+#[cfg(feature = "import")]
 fn the_console_spec_lines_replay_through_the_importer() {
     use crate::import::{ImportOptions, ImportRecord, import_reader};
     let sp = super::aggregate::SpecTally {

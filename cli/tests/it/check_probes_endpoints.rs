@@ -2,8 +2,8 @@
 //! default, flag), then probes the endpoints: a dead endpoint or a peer that does not speak the
 //! configured protocol fails with exit 4; a real collector (rotel) passes over gRPC and HTTP.
 
-mod cli;
-mod support;
+use crate::cli;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;

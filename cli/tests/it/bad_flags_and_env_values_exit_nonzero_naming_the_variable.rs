@@ -3,7 +3,7 @@
 //! the value and what is accepted, header values are never printed, and a Prometheus port that
 //! is taken is a clear error naming `PHASETRACE_PROMETHEUS`.
 
-mod cli;
+use crate::cli;
 
 use std::net::TcpListener;
 use std::time::Duration;

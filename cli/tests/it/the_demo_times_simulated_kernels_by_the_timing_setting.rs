@@ -2,7 +2,7 @@
 //! section times are the kernels' device time (moe_experts draws ~150 µs), while the host clock
 //! on the same streams sees only the enqueue.
 
-mod cli;
+use crate::cli;
 
 use std::time::Duration;
 

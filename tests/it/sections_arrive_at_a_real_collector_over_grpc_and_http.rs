@@ -3,7 +3,7 @@
 //! names, the `decode.step -> layer -> section` tree (nested sections under their parent
 //! section), attributes, the `moe.route` span event, and the metric counts.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,8 +1,8 @@
-//! Self-test of the Prometheus harness in `tests/support`: a real Prometheus scrapes a static
+//! Self-test of the Prometheus harness in `phasetrace-testkit`: a real Prometheus scrapes a static
 //! exposition served from this process, evaluates a recording rule, and the query helpers
 //! return the exact values.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

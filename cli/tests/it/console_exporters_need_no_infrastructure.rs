@@ -2,7 +2,7 @@
 //! all, sampled spans are printed one per line with their parent links and the summary table is
 //! printed every `PHASETRACE_SUMMARY_EVERY` steps (100 by default with the console exporter).
 
-mod cli;
+use crate::cli;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! outside any `tracing` span stays a root.
 #![cfg(feature = "tracing")]
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! collector receives exactly what was recorded; under overload from 16 threads, what is recorded
 //! equals what is exported plus what is counted as dropped.
 
-mod support;
+use crate::support;
 
 use phasetrace::{Level, Profiler, Section, Site};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! histograms and counters arrive at a real collector (rotel), and the verify share and the
 //! acceptance rate computed by Prometheus over a workload of known phase times match.
 
-mod support;
+use crate::support;
 
 use phasetrace::timing::{Clock, Resolved, Token};
 use phasetrace::{Level, Phase, Profiler, RecorderOptions, SpecLevel, VerifyPart};

@@ -3,10 +3,9 @@
 //! original timestamps, and backfill the real Prometheus through
 //! `promtool tsdb create-blocks-from openmetrics`, queried at the logs' timestamps.
 
-mod cli;
-mod support;
+use crate::cli;
+use crate::support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 use support::{Prometheus, Rotel, TempDir};
 
@@ -17,7 +16,7 @@ const START: &str = "2026-09-30T13:00:00Z";
 const S: u64 = T0 + 3_600_000_000_000;
 
 fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    support::repo_root()
         .join("tests/fixtures/import")
         .join(name)
         .display()

@@ -1,4 +1,4 @@
-//! Test support shared by the integration tests (`mod support;`): the real peer processes
+//! Test support shared by the integration tests (`phasetrace_testkit as support`): the real peer processes
 //! that `scripts/install-tools.sh` installs, driven from Rust.
 //!
 //! - [`Rotel`]: an OTLP collector (gRPC + HTTP) whose debug output [`otlp_debug`] parses
@@ -6,7 +6,7 @@
 //! - [`Prometheus`]: a Prometheus server scraping given targets, with PromQL queries.
 //! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
 //!
-//! Each test binary uses a subset of this module.
+//! Both integration test binaries (the library's and the CLI's) use it.
 #![allow(dead_code, unused_imports)]
 
 pub mod otlp_debug;

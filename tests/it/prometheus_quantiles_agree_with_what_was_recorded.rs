@@ -4,7 +4,7 @@
 //! (to within the bucket it falls in, and exactly with Prometheus' linear interpolation), and
 //! `_count` / `_sum` must be exact.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! with a freshly generated certificate; without it, the handshake is refused and the lost spans
 //! are counted.
 
-mod support;
+use crate::support;
 
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};

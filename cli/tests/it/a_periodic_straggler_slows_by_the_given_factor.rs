@@ -6,8 +6,8 @@
 //! Prometheus endpoint. Long sections keep host sleep overshoot on a busy machine (up to a
 //! millisecond or so) well below the 2 ms margin.
 
-mod cli;
-mod support;
+use crate::cli;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` points at it, and serves its embedded Prometheus endpoint to a
 //! real Prometheus with `--prometheus`.
 
-mod cli;
-mod support;
+use crate::cli;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -17,9 +17,10 @@ pub fn free_port() -> u16 {
         .expect("binding 127.0.0.1:0 to find a free port")
 }
 
-/// The repository root (where Cargo.toml lives).
+/// The repository root (the workspace's Cargo.toml; this crate sits in `testkit/` below it).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let testkit = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    testkit.parent().map(Path::to_path_buf).unwrap_or(testkit)
 }
 
 /// The folder `scripts/install-tools.sh` installs into.

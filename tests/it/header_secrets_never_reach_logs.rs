@@ -3,7 +3,7 @@
 //! is built, exports to a real collector, fails to export to a dead one and shuts down, is
 //! captured and searched for the secret.
 
-mod support;
+use crate::support;
 
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,8 @@
-//! Self-test of the rotel harness in `tests/support`: the OpenTelemetry SDK sends a span tree,
+//! Self-test of the rotel harness in `phasetrace-testkit`: the OpenTelemetry SDK sends a span tree,
 //! a histogram and a counter to a real `rotel-agent` over OTLP/gRPC and OTLP/HTTP (protobuf),
 //! and the debug-output parser must recover exactly what was sent.
 
-mod support;
+use crate::support;
 
 /// reqwest is built without a default rustls provider (phasetrace configures its own); the
 /// SDK's default HTTP client here needs one installed.

@@ -2,7 +2,7 @@
 //! the real collector (rotel) is back on the same port, spans lost meanwhile are counted and the
 //! count is exported, and `shutdown()` with the collector down returns within its timeout.
 
-mod support;
+use crate::support;
 
 use phasetrace::{Level, Profiler, Section, Site};
 use std::time::{Duration, Instant};

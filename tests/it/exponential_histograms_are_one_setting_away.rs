@@ -2,7 +2,7 @@
 //! (or `with_otlp_histogram`) turns OTLP duration histograms exponential, while the embedded
 //! Prometheus endpoint of the same profiler keeps the explicit 1 µs to 10 s buckets.
 
-mod support;
+use crate::support;
 
 use phasetrace::config::HistogramAggregation;
 use phasetrace::{Level, Profiler, Section, Site};

@@ -4,8 +4,8 @@
 //! Prometheus endpoint) must show it: rank 0's mean wait is far higher than without a
 //! straggler, and higher than the straggler's own.
 
-mod cli;
-mod support;
+use crate::cli;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` (or `with_otlp_gzip`): compressed OTLP bodies over gRPC
 //! and HTTP/protobuf arrive intact at the real collector.
 
-mod support;
+use crate::support;
 
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use std::time::Duration;

@@ -1,0 +1,23 @@
+//! The integration tests, one binary (one link, and `phasetrace-testkit` compiled once): each
+//! module is named for the behaviour it shows.
+
+use phasetrace_testkit as support;
+
+mod a_collector_outage_loses_nothing_silently;
+mod arbitrary_api_call_sequences_never_panic;
+mod exponential_histograms_are_one_setting_away;
+mod gpu_backends_agree;
+mod gzip_compressed_export_arrives;
+mod header_secrets_never_reach_logs;
+mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
+mod levels_change_at_run_time;
+mod nothing_is_lost_when_healthy_and_drops_add_up_under_overload;
+mod otlp_over_tls_needs_the_right_ca;
+mod prometheus_harness_scrapes_a_target;
+mod prometheus_quantiles_agree_with_what_was_recorded;
+mod rotel_harness_parses_what_the_sdk_sends;
+mod sections_arrive_at_a_real_collector_over_grpc_and_http;
+mod sim_event_clock_matches_known_work;
+mod speculative_rounds_reach_a_collector_and_prometheus;
+mod the_timing_setting_picks_the_stream_backend;
+mod tracing_spans_parent_the_step_span;
