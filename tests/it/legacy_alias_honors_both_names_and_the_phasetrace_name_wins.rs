@@ -13,7 +13,8 @@ use phasetrace::names::env;
 use phasetrace::{Level, Profiler, Section, Site, SpecLevel};
 
 const CHILD: &str = "PHASETRACE_TEST_ALIAS_CHILD";
-const TEST_NAME: &str = "legacy_alias_honors_both_names_and_the_phasetrace_name_wins";
+/// This test's path in the test binary (module, then function), for `--exact`.
+const TEST_NAME: &str = "legacy_alias_honors_both_names_and_the_phasetrace_name_wins::legacy_alias_honors_both_names_and_the_phasetrace_name_wins";
 const ALIAS: &str = "METRALE_GLM_PROFILE";
 const SPEC_ALIAS: &str = "METRALE_GLM_SPEC_PROFILE";
 const WARNING: &str = "the phasetrace name wins; unset one to silence this";
