@@ -82,6 +82,80 @@ impl Timing {
     }
 }
 
+/// Which steps and rounds are traced besides one in `PHASETRACE_TRACE_EVERY`
+/// (`PHASETRACE_TRACE_SLOWER_THAN`): decided on the worker once the step has ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TraceSlowerThan {
+    /// No tail traces: only the head-sampled steps.
+    Off,
+    /// Steps (and rounds) that took longer than this.
+    Duration(Duration),
+    /// Steps slower than this percentile (above 0, below 100) of the rank's last
+    /// [`TraceSlowerThan::WINDOW`] steps (rounds: of its recent rounds); `p99` is the default.
+    Percentile(f64),
+}
+
+impl Default for TraceSlowerThan {
+    fn default() -> Self {
+        TraceSlowerThan::Percentile(default::TRACE_SLOWER_THAN_PERCENTILE)
+    }
+}
+
+impl TraceSlowerThan {
+    /// What `PHASETRACE_TRACE_SLOWER_THAN` accepts.
+    pub const EXPECTED: &'static str = "a duration with a unit (25ms, 1.5s, 800us), a percentile of this rank's recent steps from p0.1 to p99.9 (p99), or off";
+
+    /// How many recent steps (or rounds) of a rank a percentile is taken over.
+    pub const WINDOW: usize = 1000;
+}
+
+impl std::str::FromStr for TraceSlowerThan {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<TraceSlowerThan, ConfigError> {
+        let bad = || invalid(env::TRACE_SLOWER_THAN, s, TraceSlowerThan::EXPECTED);
+        let t = s.trim().to_ascii_lowercase();
+        if t == "off" {
+            return Ok(TraceSlowerThan::Off);
+        }
+        if let Some(q) = t.strip_prefix('p') {
+            let q: f64 = q.parse().map_err(|_| bad())?;
+            return if q.is_finite() && q > 0.0 && q < 100.0 {
+                Ok(TraceSlowerThan::Percentile(q))
+            } else {
+                Err(bad())
+            };
+        }
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (num, unit) = t.split_at(split);
+        let per_second = match unit {
+            "ns" => 1e9,
+            "us" | "µs" => 1e6,
+            "ms" => 1e3,
+            "s" => 1.0,
+            _ => return Err(bad()),
+        };
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let d = Duration::try_from_secs_f64(v / per_second).map_err(|_| bad())?;
+        if d.is_zero() {
+            return Err(bad());
+        }
+        Ok(TraceSlowerThan::Duration(d))
+    }
+}
+
+impl std::fmt::Display for TraceSlowerThan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TraceSlowerThan::Off => f.write_str("off"),
+            TraceSlowerThan::Duration(d) => write!(f, "{d:?}"),
+            TraceSlowerThan::Percentile(q) => write!(f, "p{q}"),
+        }
+    }
+}
+
 /// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
@@ -217,6 +291,10 @@ pub struct Config {
     pub spec_level: SpecLevel,
     /// Build spans for one step (and round) in N; 0 = never.
     pub trace_every: u64,
+    /// Also build spans for steps and rounds slower than this (tail sampling).
+    pub trace_slower_than: TraceSlowerThan,
+    /// Most tail traces a second per rank; the excess is counted as dropped (`tail_budget`).
+    pub trace_slow_budget: u32,
     /// The `layer` attribute on section metrics.
     pub layer_attr: bool,
     /// Console summary every N steps; 0 = off.
@@ -275,6 +353,8 @@ pub(crate) struct ConfigBuilder {
     pub(crate) level: Option<Level>,
     pub(crate) spec_level: Option<SpecLevel>,
     pub(crate) trace_every: Option<u64>,
+    pub(crate) trace_slower_than: Option<TraceSlowerThan>,
+    pub(crate) trace_slow_budget: Option<u32>,
     pub(crate) layer_attr: Option<bool>,
     pub(crate) summary_every: Option<u64>,
     pub(crate) spec_summary_every: Option<u64>,
@@ -363,6 +443,13 @@ fn parse_bool(s: &str) -> Option<bool> {
         "off" | "false" | "0" | "no" => Some(false),
         _ => None,
     }
+}
+
+const TRACE_SLOW_BUDGET_EXPECTED: &str =
+    "a whole number of tail traces a second per rank, from 1 to 10000";
+
+fn parse_slow_budget(s: &str) -> Option<u32> {
+    s.parse::<u32>().ok().filter(|n| (1..=10_000).contains(n))
 }
 
 fn parse_u64(s: &str) -> Option<u64> {
@@ -535,6 +622,15 @@ impl ConfigBuilder {
             })?
             .unwrap_or(false);
         let trace_every = e.parsed(env::TRACE_EVERY, "a whole number (0 = no spans)", parse_u64)?;
+        let trace_slower_than = match e.str(env::TRACE_SLOWER_THAN, TraceSlowerThan::EXPECTED)? {
+            None => None,
+            Some(s) => Some(s.parse::<TraceSlowerThan>()?),
+        };
+        let trace_slow_budget = e.parsed(
+            env::TRACE_SLOW_BUDGET,
+            TRACE_SLOW_BUDGET_EXPECTED,
+            parse_slow_budget,
+        )?;
         let layer_attr = e.parsed(env::LAYER_ATTR, BOOL_EXPECTED, parse_bool)?;
         let summary_every = e.parsed(
             env::SUMMARY_EVERY,
@@ -682,6 +778,8 @@ impl ConfigBuilder {
         code(env::LEVEL, self.level.is_some());
         code(env::SPEC_LEVEL, self.spec_level.is_some());
         code(env::TRACE_EVERY, self.trace_every.is_some());
+        code(env::TRACE_SLOWER_THAN, self.trace_slower_than.is_some());
+        code(env::TRACE_SLOW_BUDGET, self.trace_slow_budget.is_some());
         code(env::LAYER_ATTR, self.layer_attr.is_some());
         code(env::SUMMARY_EVERY, self.summary_every.is_some());
         code(env::SPEC_SUMMARY_EVERY, self.spec_summary_every.is_some());
@@ -789,6 +887,17 @@ impl ConfigBuilder {
             .trace_every
             .or(trace_every)
             .unwrap_or(default::TRACE_EVERY);
+        let trace_slow_budget = self
+            .trace_slow_budget
+            .or(trace_slow_budget)
+            .unwrap_or(default::TRACE_SLOW_BUDGET);
+        if parse_slow_budget(&trace_slow_budget.to_string()).is_none() {
+            return Err(invalid(
+                "trace slow budget",
+                &trace_slow_budget.to_string(),
+                TRACE_SLOW_BUDGET_EXPECTED,
+            ));
+        }
         let queue = self.queue.or(queue).unwrap_or(default::QUEUE);
         if !(64..=1 << 24).contains(&queue) {
             return Err(invalid(
@@ -801,6 +910,11 @@ impl ConfigBuilder {
             level: self.level.or(level).unwrap_or_default(),
             spec_level: self.spec_level.or(spec_level).unwrap_or_default(),
             trace_every,
+            trace_slower_than: self
+                .trace_slower_than
+                .or(trace_slower_than)
+                .unwrap_or_default(),
+            trace_slow_budget,
             layer_attr: self.layer_attr.or(layer_attr).unwrap_or(true),
             summary_every: self
                 .summary_every

@@ -72,7 +72,9 @@ pub mod timing;
 pub mod vocab;
 mod worker;
 
-pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing};
+pub use config::{
+    Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing, TraceSlowerThan,
+};
 pub use export::ExportError;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{

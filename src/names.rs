@@ -78,6 +78,9 @@ pub mod attr {
     pub const ACCEPTED: &str = "accepted";
     /// Timing backend (span attribute).
     pub const TIMING: &str = "phasetrace.timing";
+    /// Why a step or round was traced: `head` (one in `PHASETRACE_TRACE_EVERY`) or `tail`
+    /// (slower than `PHASETRACE_TRACE_SLOWER_THAN`) (span attribute).
+    pub const SAMPLED: &str = "phasetrace.sampled";
     /// The caller's tag of an imported speculative line (`glm5-phase`).
     pub const TAG: &str = "tag";
     /// The log file an imported record came from.
@@ -112,6 +115,12 @@ pub mod drop_reason {
     pub const SPAN_QUEUE: &str = "span_queue";
     /// Spans lost because their export failed (collector down or refusing).
     pub const SPAN_EXPORT: &str = "span_export";
+    /// Slow steps or rounds not traced because their rank's tail-trace budget
+    /// (`PHASETRACE_TRACE_SLOW_BUDGET` a second) was spent: one record per step or round.
+    pub const TAIL_BUDGET: &str = "tail_budget";
+    /// Sections of one step beyond what the worker holds for its trace (the step's trace is
+    /// built without them).
+    pub const TRACE_BOUND: &str = "trace_bound";
 }
 
 /// Environment variables read by [`crate::Config::from_env`].
@@ -122,6 +131,11 @@ pub mod env {
     pub const SPEC_LEVEL: &str = "PHASETRACE_SPEC_LEVEL";
     /// Trace one step (and one round) in N; `0` builds no spans.
     pub const TRACE_EVERY: &str = "PHASETRACE_TRACE_EVERY";
+    /// Also trace a step (or round) slower than this: a duration (`25ms`), a quantile of the
+    /// rank's recent steps (`p99`), or `off`.
+    pub const TRACE_SLOWER_THAN: &str = "PHASETRACE_TRACE_SLOWER_THAN";
+    /// Most slow-step (tail) traces a second per rank.
+    pub const TRACE_SLOW_BUDGET: &str = "PHASETRACE_TRACE_SLOW_BUDGET";
     /// `on`/`off`: the `layer` attribute on section metrics.
     pub const LAYER_ATTR: &str = "PHASETRACE_LAYER_ATTR";
     /// Console summary table every N steps; `0` = off.
@@ -181,6 +195,10 @@ pub mod default {
     pub const QUEUE: usize = 65_536;
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;
+    /// Trace the steps slower than this percentile of the rank's recent steps (`p99`).
+    pub const TRACE_SLOWER_THAN_PERCENTILE: f64 = 99.0;
+    /// Most tail traces a second per rank.
+    pub const TRACE_SLOW_BUDGET: u32 = 5;
     /// OTLP export timeout.
     pub const OTLP_TIMEOUT_MS: u64 = 10_000;
     /// Metric export interval.

@@ -72,6 +72,22 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Also trace steps (and rounds) slower than this: a duration, a percentile of the rank's
+    /// recent steps, or off. Decided on the worker after the step has ended, so the hot path
+    /// pays nothing. Env: `PHASETRACE_TRACE_SLOWER_THAN`; default `p99`.
+    pub fn with_trace_slower_than(mut self, threshold: crate::config::TraceSlowerThan) -> Self {
+        self.cfg.trace_slower_than = Some(threshold);
+        self
+    }
+
+    /// Most slow-step (tail) traces a second per rank, 1 to 10000; slow steps over it are
+    /// counted as `phasetrace.records.dropped{reason="tail_budget"}`.
+    /// Env: `PHASETRACE_TRACE_SLOW_BUDGET`; default 5.
+    pub fn with_trace_slow_budget(mut self, per_second: u32) -> Self {
+        self.cfg.trace_slow_budget = Some(per_second);
+        self
+    }
+
     /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
         self.cfg.layer_attr = Some(on);
@@ -331,7 +347,9 @@ impl Start {
             .iter()
             .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
             .collect();
-        let tracer = (cfg.trace_every > 0)
+        let traces = cfg.trace_every > 0
+            || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
+        let tracer = traces
             .then(|| {
                 exporters
                     .tracer_provider
@@ -346,6 +364,8 @@ impl Start {
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
+            crate::worker::tail::Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
+            exporters.exemplars.clone(),
         );
         let worker = Worker::start(pipeline, self.drain_interval)
             .map_err(|e| Error::Export(ExportError::Thread(e)))?;

@@ -2,8 +2,11 @@
 //!
 //! The batch processor drops spans silently when its queue is full or an export fails; wrapping
 //! the exporter lets the worker count what was lost and report it as
-//! `phasetrace.records.dropped{reason="span_export"}`.
+//! `phasetrace.records.dropped{reason="span_export"}`, and tells the exemplar store which
+//! spans reached the collector (their exemplars become visible) and which were lost.
 
+use super::exemplars::ExemplarStore;
+use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
@@ -23,11 +26,20 @@ pub(crate) struct SpanCounts {
 pub(crate) struct Counted<E> {
     inner: E,
     counts: Arc<SpanCounts>,
+    exemplars: Option<Arc<ExemplarStore>>,
 }
 
 impl<E> Counted<E> {
-    pub(crate) fn new(inner: E, counts: Arc<SpanCounts>) -> Self {
-        Counted { inner, counts }
+    pub(crate) fn new(
+        inner: E,
+        counts: Arc<SpanCounts>,
+        exemplars: Option<Arc<ExemplarStore>>,
+    ) -> Self {
+        Counted {
+            inner,
+            counts,
+            exemplars,
+        }
     }
 }
 
@@ -38,6 +50,11 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
         let n = batch.len() as u64;
         let counts = self.counts.clone();
+        let exemplars = self.exemplars.clone().filter(|e| e.has_pending());
+        let ids: Vec<SpanId> = match &exemplars {
+            Some(_) => batch.iter().map(|s| s.span_context.span_id()).collect(),
+            None => Vec::new(),
+        };
         let fut = self.inner.export(batch);
         async move {
             let r = fut.await;
@@ -45,6 +62,9 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
                 Ok(()) => counts.exported.fetch_add(n, Relaxed),
                 Err(_) => counts.failed.fetch_add(n, Relaxed),
             };
+            if let Some(e) = exemplars {
+                e.settle(&ids, r.is_ok());
+            }
             r
         }
     }

@@ -9,13 +9,15 @@
 
 mod console;
 mod counted;
+pub(crate) mod exemplars;
 pub(crate) mod otlp;
 mod probe;
 mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
 
-pub(crate) use self::counted::SpanCounts;
+pub(crate) use self::counted::{Counted, SpanCounts};
+pub(crate) use self::exemplars::ExemplarStore;
 pub(crate) use self::prometheus::PrometheusServer;
 
 use crate::config::{Config, HistogramAggregation};
@@ -85,6 +87,9 @@ pub(crate) struct Exporters {
     pub(crate) tracer_provider: Option<SdkTracerProvider>,
     /// What the span exporter delivered and lost.
     pub(crate) span_counts: std::sync::Arc<SpanCounts>,
+    /// Exemplars of traced steps for the Prometheus endpoint: present when both spans and the
+    /// endpoint are on.
+    pub(crate) exemplars: Option<std::sync::Arc<ExemplarStore>>,
     pub(crate) prometheus: Option<PrometheusServer>,
     /// Keeps the tonic channels' background tasks alive.
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
@@ -219,18 +224,25 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     }
 
     let span_counts = std::sync::Arc::new(SpanCounts::default());
+    let traced = (cfg.traces_otlp && otlp.is_some()) || cfg.traces_console;
+    let exemplars =
+        (traced && prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
     // Every span exporter is wrapped to count what it delivered and lost.
     let tracer_provider = match (cfg.traces_otlp, otlp, cfg.traces_console) {
         (true, Some(o), _) => {
             let exporter = otlp::span_exporter(o, runtime.as_ref())?;
             Some(tracer_provider(
                 res,
-                counted::Counted::new(exporter, span_counts.clone()),
+                counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
             ))
         }
         (_, _, true) => Some(tracer_provider(
             res,
-            counted::Counted::new(console::ConsoleSpanExporter, span_counts.clone()),
+            counted::Counted::new(
+                console::ConsoleSpanExporter,
+                span_counts.clone(),
+                exemplars.clone(),
+            ),
         )),
         _ => None,
     };
@@ -238,6 +250,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         meter_providers,
         tracer_provider,
         span_counts,
+        exemplars,
         prometheus,
         runtime,
     })

@@ -116,7 +116,14 @@ impl Instruments {
         KeyValue::new(attr::RANK, i64::from(rank))
     }
 
-    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
+    /// The attributes of a section measurement (the first `n`); exemplars key on the same.
+    pub(crate) fn section_attrs(
+        &self,
+        s: Section,
+        layer: Layer,
+        site: Site,
+        rank: u32,
+    ) -> ([KeyValue; 4], usize) {
         let mut kv: [KeyValue; 4] = [
             KeyValue::new(attr::BUCKET, s.as_str()),
             Self::rank(rank),
@@ -132,11 +139,17 @@ impl Instruments {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
+        (kv, n)
+    }
+
+    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
+        let (kv, n) = self.section_attrs(s, layer, site, rank);
         self.note(metric::SECTION_DURATION, &kv[..n], secs);
         self.section.record(secs, &kv[..n]);
     }
 
-    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
+    /// The attributes of a collective-wait measurement (the first `n`).
+    pub(crate) fn wait_attrs(site: Site, layer: Layer, rank: u32) -> ([KeyValue; 3], usize) {
         let mut kv: [KeyValue; 3] = [
             Self::rank(rank),
             KeyValue::new(attr::RANK, 0),
@@ -151,12 +164,22 @@ impl Instruments {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
         }
+        (kv, n)
+    }
+
+    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
+        let (kv, n) = Self::wait_attrs(site, layer, rank);
         self.note(metric::COLLECTIVE_WAIT, &kv[..n], secs);
         self.wait.record(secs, &kv[..n]);
     }
 
+    /// The attributes of a step measurement.
+    pub(crate) fn step_attrs(&self, rank: u32) -> [KeyValue; 1] {
+        [Self::rank(rank)]
+    }
+
     pub(crate) fn step(&self, rank: u32, secs: f64) {
-        let kv = [Self::rank(rank)];
+        let kv = self.step_attrs(rank);
         self.note(metric::STEP_DURATION, &kv, secs);
         self.step.record(secs, &kv);
         self.steps.add(1, &kv);

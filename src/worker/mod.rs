@@ -1,9 +1,10 @@
 //! The background worker: drain buffers, resolve times, pair marks, aggregate, build spans.
 //!
 //! ```text
-//! lanes ──drain──> LaneState (resolve tokens in order, pair begin/end)
+//! lanes ──drain──> LaneState (resolve tokens in order, pair begin/end, hold the open step)
 //!                     ├──> Instruments (SDK histograms, counters)
-//!                     ├──> spans for sampled steps and rounds
+//!                     ├──> at a step's end: Tail (sampled one in N? slower than the
+//!                     │    threshold, within the rank's budget?) ──> spans ──> exemplars
 //!                     └──> Tally ──> console summary
 //! ```
 //!
@@ -13,6 +14,7 @@
 pub(crate) mod aggregate;
 mod pair;
 pub(crate) mod spans;
+pub(crate) mod tail;
 
 pub use pair::Stats;
 
@@ -53,6 +55,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    tail: tail::Tail,
+    exemplars: Option<Arc<crate::export::ExemplarStore>>,
 }
 
 impl Pipeline {
@@ -63,6 +67,8 @@ impl Pipeline {
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
+        tail: tail::Tail,
+        exemplars: Option<Arc<crate::export::ExemplarStore>>,
     ) -> Pipeline {
         let expert_counter = shared.expert_counter;
         Pipeline {
@@ -82,6 +88,8 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            tail,
+            exemplars,
         }
     }
 
@@ -104,6 +112,8 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            tail: &mut self.tail,
+            exemplars: self.exemplars.as_deref(),
         };
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
@@ -161,12 +171,7 @@ impl Pipeline {
             for p in crate::vocab::Phase::ALL {
                 let ns = r.round.phases[p as usize];
                 // A phase that never ran in this round is not a zero-length phase.
-                if ns > 0
-                    || r.round
-                        .trace
-                        .as_ref()
-                        .is_some_and(|t| t.phases.iter().any(|x| x.0 == p))
-                {
+                if ns > 0 || r.round.ran & (1 << p as u8) != 0 {
                     inst.phase(p, rank, ns as f64 * 1e-9);
                 }
             }
@@ -199,19 +204,43 @@ impl Pipeline {
         for (acc, v) in sp.parts.iter_mut().zip(split) {
             *acc += v;
         }
+        // Held rounds are traced when sampled, or slow within the rank's budget.
+        let why = match r.round.trace.as_ref() {
+            None => None,
+            Some(_) => {
+                let ns = r.end.saturating_sub(r.round.start);
+                let verdict = self
+                    .tail
+                    .decide(rank, tail::Kind::Round, ns, r.end, r.round.sampled);
+                if verdict == tail::Verdict::OverBudget {
+                    self.stats.dropped_tail_budget += 1;
+                    for i in &self.inst {
+                        i.dropped(drop_reason::TAIL_BUDGET, 1);
+                    }
+                }
+                match (r.round.sampled, verdict) {
+                    (true, _) => Some(spans::Why::Head),
+                    (false, tail::Verdict::Keep) => Some(spans::Why::Tail),
+                    _ => None,
+                }
+            }
+        };
         let round_spans = r.round.trace.as_ref().map_or(0, |t| {
             1 + t.phases.len() + parts.as_ref().map_or(0, |p| p.intervals.len())
         });
-        let fits = pair::span_budget(&self.stats, &self.span_counts, round_spans);
-        if !fits && r.round.trace.is_some() {
+        let fits = why.is_some() && pair::span_budget(&self.stats, &self.span_counts, round_spans);
+        if !fits && why.is_some() {
             self.stats.dropped_span_queue += round_spans as u64;
             for i in &self.inst {
                 i.dropped(drop_reason::SPAN_QUEUE, round_spans as u64);
             }
         }
-        if let (true, Some(trace), Some(tracer)) =
-            (fits, r.round.trace.as_ref(), self.tracer.as_ref())
+        if let (true, Some(why), Some(trace), Some(tracer)) =
+            (fits, why, r.round.trace.as_ref(), self.tracer.as_ref())
         {
+            if why == spans::Why::Tail {
+                self.stats.tail_traces += 1;
+            }
             let mut parts = parts.map(|p| p.intervals).unwrap_or_default();
             parts.sort_by_key(|p| p.1);
             self.stats.spans += spans::build_round(
@@ -223,6 +252,7 @@ impl Pipeline {
                 r.accepted,
                 r.round.start,
                 r.end,
+                why,
             ) as u64;
         }
         if self.spec_summary_every > 0 && sp.rounds >= self.spec_summary_every {

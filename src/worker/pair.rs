@@ -2,7 +2,9 @@
 //! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
 
 use super::aggregate::{Instruments, Tally};
-use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
+use super::spans::{self, RoundTrace, SectionSpan, StepTrace, Why};
+use super::tail::{Kind, Tail, Verdict};
+use crate::export::exemplars::{Exemplar, ExemplarStore};
 use crate::record::Lane;
 use crate::record::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
 use crate::timing::{Resolved, Token};
@@ -11,8 +13,11 @@ use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-/// Most section spans kept for one sampled step (a step that never ends stops collecting).
-const STEP_SPANS_MAX: usize = 1 << 16;
+/// Most sections held for one step's trace (a 100-layer model records about 2,500); the rest
+/// are counted under `reason="trace_bound"`. 48 bytes each: at most 384 KiB a lane.
+pub(crate) const STEP_SPANS_MAX: usize = 1 << 13;
+/// Most routed expert ids and measured waits held for one step's trace.
+const STEP_IDS_MAX: usize = 1 << 16;
 /// Most verify-part intervals kept for one sampled round.
 const ROUND_PARTS_MAX: usize = 256;
 /// Most nested open sections per lane.
@@ -32,7 +37,10 @@ struct OpenStep {
     number: u64,
     /// Sections open when the step began; deeper ones left open at its end are stale.
     depth: usize,
-    trace: Option<StepTrace>,
+    /// One in N, flagged on the hot path.
+    sampled: bool,
+    /// Whether the lane's `trace` holds this step (sampled, or tail sampling is on).
+    collect: bool,
 }
 
 pub(crate) struct OpenRound {
@@ -41,6 +49,11 @@ pub(crate) struct OpenRound {
     pub(crate) seq: u32,
     pub(crate) last: u64,
     pub(crate) phases: [u64; 5],
+    /// Bit per phase marked in this round (a phase may take 0 ns and still have run).
+    pub(crate) ran: u8,
+    /// One in N, flagged on the hot path.
+    pub(crate) sampled: bool,
+    /// Held while the round may be traced (sampled, or tail sampling is on).
     pub(crate) trace: Option<RoundTrace>,
 }
 
@@ -90,6 +103,14 @@ pub struct Stats {
     pub dropped_out_of_range: u64,
     /// Spans not built because the span processor's queue was full (exporter slow or down).
     pub dropped_span_queue: u64,
+    /// Steps and rounds traced because they were slower than `PHASETRACE_TRACE_SLOWER_THAN`.
+    pub tail_traces: u64,
+    /// Slow steps and rounds not traced because their rank's budget was spent
+    /// (`reason="tail_budget"`).
+    pub dropped_tail_budget: u64,
+    /// Sections, expert ids and waits beyond what the worker holds for one step's trace
+    /// (`reason="trace_bound"`).
+    pub dropped_trace_bound: u64,
 }
 
 /// Everything a lane's marks feed.
@@ -102,9 +123,24 @@ pub(crate) struct Sinks<'a> {
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    pub(crate) tail: &'a mut Tail,
+    pub(crate) exemplars: Option<&'a ExemplarStore>,
 }
 
 impl Sinks<'_> {
+    /// Counts what the worker could not keep for a trace under `reason`.
+    pub(crate) fn dropped(&mut self, reason: &'static str, n: u64) {
+        use crate::names::drop_reason;
+        match reason {
+            drop_reason::TAIL_BUDGET => self.stats.dropped_tail_budget += n,
+            drop_reason::TRACE_BOUND => self.stats.dropped_trace_bound += n,
+            _ => {}
+        }
+        for i in self.inst {
+            i.dropped(reason, n);
+        }
+    }
+
     /// Whether `n` more spans fit the span processor's queue; if not they are not built, and
     /// are counted under `reason="span_queue"` (the processor would drop them uncounted).
     pub(crate) fn span_budget(&mut self, n: usize) -> bool {
@@ -133,6 +169,8 @@ pub(crate) struct LaneState {
     backlog: VecDeque<Mark>,
     stack: Vec<Open>,
     step: Option<OpenStep>,
+    /// The open step's sections, routes and waits, reused from step to step.
+    trace: StepTrace,
     steps: u64,
     round: Option<OpenRound>,
     parts_open: Vec<(Mark, u64)>,
@@ -149,6 +187,7 @@ impl LaneState {
             backlog: VecDeque::new(),
             stack: Vec::new(),
             step: None,
+            trace: StepTrace::default(),
             steps: 0,
             round: None,
             parts_open: Vec::new(),
@@ -233,6 +272,50 @@ impl LaneState {
         }
     }
 
+    /// A step whose trace the lane held has ended: trace it when it was sampled or slow (within
+    /// the rank's budget), and offer the exemplars of what was traced.
+    fn end_traced_step(&mut self, step: &OpenStep, t: u64, ns: u64, s: &mut Sinks<'_>) {
+        let rank = self.lane.rank;
+        let verdict = s.tail.decide(rank, Kind::Step, ns, t, step.sampled);
+        if verdict == Verdict::OverBudget {
+            s.dropped(crate::names::drop_reason::TAIL_BUDGET, 1);
+        }
+        let why = match (step.sampled, verdict) {
+            (true, _) => Why::Head,
+            (false, Verdict::Keep) => Why::Tail,
+            _ => return,
+        };
+        let Some(tracer) = s.tracer else {
+            return;
+        };
+        if !s.span_budget(spans::step_span_count(&self.trace)) {
+            return;
+        }
+        let trace = &self.trace;
+        let (exemplars, inst) = (s.exemplars, s.inst.first());
+        // Exemplars are offered once the spans exist and before they end (an ended span may be
+        // exported at once), so that the export settles them.
+        let built = spans::build_step(
+            tracer,
+            trace,
+            rank,
+            step.number,
+            step.start,
+            t,
+            self.lane.clock.name(),
+            why,
+            |built| {
+                if let (Some(store), Some(inst)) = (exemplars, inst) {
+                    offer_step_exemplars(store, inst, trace, built, rank, ns, t);
+                }
+            },
+        );
+        s.stats.spans += built as u64;
+        if why == Why::Tail {
+            s.stats.tail_traces += 1;
+        }
+    }
+
     fn unbalanced(s: &mut Sinks<'_>, n: u64) {
         s.stats.dropped_unbalanced += n;
         for inst in s.inst {
@@ -261,14 +344,14 @@ impl LaneState {
                 });
                 self.parent_parts = 0;
                 self.steps += 1;
+                self.trace.clear();
+                self.trace.parent = parent;
                 self.step = Some(OpenStep {
                     start: t,
                     number: self.steps - 1,
                     depth: self.stack.len(),
-                    trace: sampled.then(|| StepTrace {
-                        parent,
-                        ..StepTrace::default()
-                    }),
+                    sampled,
+                    collect: sampled || (s.tracer.is_some() && s.tail.is_on()),
                 });
             }
             MarkKind::StepEnd => {
@@ -290,18 +373,8 @@ impl LaneState {
                 s.tally.steps += 1;
                 s.tally.step_ns += ns;
                 s.tally.ranks.insert(rank);
-                if let (Some(trace), Some(tracer)) = (step.trace, s.tracer)
-                    && s.span_budget(spans::step_span_count(&trace))
-                {
-                    s.stats.spans += spans::build_step(
-                        tracer,
-                        &trace,
-                        rank,
-                        step.number,
-                        step.start,
-                        t,
-                        self.lane.clock.name(),
-                    ) as u64;
+                if step.collect {
+                    self.end_traced_step(&step, t, ns, s);
                 }
             }
             MarkKind::SectionBegin => {
@@ -313,22 +386,23 @@ impl LaneState {
                 let site = Site::from_id(m.site);
                 let layer = Layer(m.layer);
                 let parent = self.stack.last().and_then(|o| o.span);
-                let span = self
-                    .step
-                    .as_mut()
-                    .and_then(|st| st.trace.as_mut())
-                    .filter(|tr| tr.sections.len() < STEP_SPANS_MAX)
-                    .map(|tr| {
-                        tr.sections.push(SectionSpan {
-                            section,
-                            layer,
-                            site,
-                            start: t,
-                            end: None,
-                            parent,
-                        });
-                        tr.sections.len() - 1
+                let collect = self.step.as_ref().is_some_and(|st| st.collect);
+                let span = if !collect {
+                    None
+                } else if self.trace.sections.len() < STEP_SPANS_MAX {
+                    self.trace.sections.push(SectionSpan {
+                        section,
+                        layer,
+                        site,
+                        start: t,
+                        end: None,
+                        parent,
                     });
+                    Some(self.trace.sections.len() - 1)
+                } else {
+                    s.dropped(crate::names::drop_reason::TRACE_BOUND, 1);
+                    None
+                };
                 self.stack.push(Open {
                     section,
                     site,
@@ -361,22 +435,21 @@ impl LaneState {
                 }
                 s.stats.sections += 1;
                 s.tally.add(open.section, ns, !self.stack.is_empty());
-                if let (Some(i), Some(tr)) = (
-                    open.span,
-                    self.step.as_mut().and_then(|st| st.trace.as_mut()),
-                ) && let Some(sp) = tr.sections.get_mut(i)
-                {
+                if let Some(sp) = open.span.and_then(|i| self.trace.sections.get_mut(i)) {
                     sp.end = Some(t);
                 }
             }
             MarkKind::Wait => {
+                let (site, layer) = (Site::from_id(m.site), Layer(m.layer));
                 for inst in s.inst {
-                    inst.wait(
-                        Site::from_id(m.site),
-                        Layer(m.layer),
-                        rank,
-                        m.token as f64 * 1e-9,
-                    );
+                    inst.wait(site, layer, rank, m.token as f64 * 1e-9);
+                }
+                if self.step.as_ref().is_some_and(|st| st.collect) {
+                    if self.trace.waits.len() < STEP_IDS_MAX {
+                        self.trace.waits.push((site, layer, m.token, self.last_ns));
+                    } else {
+                        s.dropped(crate::names::drop_reason::TRACE_BOUND, 1);
+                    }
                 }
             }
             MarkKind::Route => {
@@ -391,12 +464,20 @@ impl LaneState {
                     }
                 }
                 let at = self.last_ns;
-                if let Some(tr) = self.step.as_mut().and_then(|st| st.trace.as_mut()) {
-                    match tr.routes.last_mut() {
-                        Some((l, v, _)) if continued && *l == Layer(m.layer) => {
-                            v.extend_from_slice(&ids[..n]);
+                if self.step.as_ref().is_some_and(|st| st.collect) {
+                    let tr = &mut self.trace;
+                    if tr.expert_ids.len() + n > STEP_IDS_MAX {
+                        s.dropped(crate::names::drop_reason::TRACE_BOUND, n as u64);
+                    } else {
+                        let from = tr.expert_ids.len();
+                        tr.expert_ids.extend_from_slice(&ids[..n]);
+                        let to = tr.expert_ids.len();
+                        match tr.routes.last_mut() {
+                            Some((l, r, _)) if continued && *l == Layer(m.layer) && r.end == from => {
+                                r.end = to;
+                            }
+                            _ => tr.routes.push((Layer(m.layer), from..to, at)),
                         }
-                        _ => tr.routes.push((Layer(m.layer), ids[..n].to_vec(), at)),
                     }
                 }
             }
@@ -406,13 +487,16 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                 }
                 let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
+                let collect = sampled || (s.tracer.is_some() && s.tail.is_on());
                 self.round = Some(OpenRound {
                     start: t,
                     k: m.layer,
                     seq: (u32::from(m.id) << 16) | u32::from(m.site),
                     last: t,
                     phases: [0; 5],
-                    trace: sampled.then(RoundTrace::default),
+                    ran: 0,
+                    sampled,
+                    trace: collect.then(RoundTrace::default),
                 });
             }
             MarkKind::Phase => {
@@ -423,6 +507,7 @@ impl LaneState {
                 };
                 let ns = t.saturating_sub(r.last);
                 r.phases[phase as usize] += ns;
+                r.ran |= 1 << phase as u8;
                 if let Some(tr) = r.trace.as_mut() {
                     tr.phases.push((phase, r.last, t));
                 }
@@ -475,5 +560,46 @@ impl LaneState {
                 }
             }
         }
+    }
+}
+
+/// The exemplars of a traced step: its duration, each section's, each probe's wait and each
+/// wait the engine measured (those point at the step's span).
+fn offer_step_exemplars(
+    store: &ExemplarStore,
+    inst: &Instruments,
+    trace: &StepTrace,
+    built: &spans::BuiltStep,
+    rank: u32,
+    ns: u64,
+    end: u64,
+) {
+    use crate::names::metric;
+    let ex = |span_id, ns: u64, at: u64| Exemplar {
+        trace_id: built.trace_id,
+        span_id,
+        value: ns as f64 * 1e-9,
+        time: crate::timing::to_system_time(at),
+    };
+    store.offer(
+        metric::STEP_DURATION,
+        &inst.step_attrs(rank),
+        ex(built.root, ns, end),
+    );
+    for (sec, id) in trace.sections.iter().zip(&built.sections) {
+        let (Some(id), Some(e)) = (id, sec.end) else {
+            continue;
+        };
+        let d = e.saturating_sub(sec.start);
+        let (kv, n) = inst.section_attrs(sec.section, sec.layer, sec.site, rank);
+        store.offer(metric::SECTION_DURATION, &kv[..n], ex(*id, d, e));
+        if sec.section.kind() == SectionKind::Probe {
+            let (kv, n) = Instruments::wait_attrs(sec.site, sec.layer, rank);
+            store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(*id, d, e));
+        }
+    }
+    for &(site, layer, d, at) in &trace.waits {
+        let (kv, n) = Instruments::wait_attrs(site, layer, rank);
+        store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(built.root, d, at));
     }
 }

@@ -1,4 +1,5 @@
-//! Span building for sampled steps and rounds, with explicit start and end timestamps.
+//! Span building for traced steps and rounds (one in N, or slow), with explicit start and end
+//! timestamps.
 //!
 //! ```text
 //! decode.step ─┬─ layer ── kda_mixer ─┬─ kda_front
@@ -28,14 +29,57 @@ pub(crate) struct SectionSpan {
     pub(crate) parent: Option<usize>,
 }
 
-/// What a sampled step collected.
+/// What the worker holds of the open step for its trace: kept for every step while tail
+/// sampling is on (the buffers are reused from step to step), else for sampled steps only.
 #[derive(Debug, Default)]
 pub(crate) struct StepTrace {
     pub(crate) sections: Vec<SectionSpan>,
-    /// (layer, expert ids, time)
-    pub(crate) routes: Vec<(Layer, Vec<u16>, u64)>,
+    /// (layer, range of `expert_ids`, time)
+    pub(crate) routes: Vec<(Layer, std::ops::Range<usize>, u64)>,
+    pub(crate) expert_ids: Vec<u16>,
+    /// Rendezvous waits the engine measured itself: (site, layer, nanoseconds, time).
+    pub(crate) waits: Vec<(Site, Layer, u64, u64)>,
     /// Parent from the engine's `tracing` span: (trace id, span id).
     pub(crate) parent: Option<(u128, u64)>,
+}
+
+impl StepTrace {
+    /// Empties the trace for the next step, keeping its buffers.
+    pub(crate) fn clear(&mut self) {
+        self.sections.clear();
+        self.routes.clear();
+        self.expert_ids.clear();
+        self.waits.clear();
+        self.parent = None;
+    }
+}
+
+/// Why a step or round was traced (the `phasetrace.sampled` span attribute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// One in `PHASETRACE_TRACE_EVERY`, decided on the hot path.
+    Head,
+    /// Slower than `PHASETRACE_TRACE_SLOWER_THAN`, decided on the worker.
+    Tail,
+}
+
+impl Why {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Why::Head => "head",
+            Why::Tail => "tail",
+        }
+    }
+}
+
+/// The ids of the spans [`build_step`] built, for exemplars.
+#[derive(Debug)]
+pub(crate) struct BuiltStep {
+    pub(crate) spans: usize,
+    pub(crate) trace_id: TraceId,
+    pub(crate) root: SpanId,
+    /// The span of each section of the trace (`None`: still open at the step's end).
+    pub(crate) sections: Vec<Option<SpanId>>,
 }
 
 fn parent_context(parent: Option<(u128, u64)>) -> Context {
@@ -85,7 +129,9 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
     1 + layers.len() + trace.sections.iter().filter(|s| s.end.is_some()).count()
 }
 
-/// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
+/// Builds `decode.step -> layer -> section` spans; `started` sees their ids once every span
+/// has started and before any has ended. Returns how many spans were built.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_step(
     tracer: &SdkTracer,
     trace: &StepTrace,
@@ -94,6 +140,8 @@ pub(crate) fn build_step(
     start: u64,
     stop: u64,
     timing: &'static str,
+    why: Why,
+    started: impl FnOnce(&BuiltStep),
 ) -> usize {
     let root = child(
         tracer,
@@ -104,11 +152,18 @@ pub(crate) fn build_step(
             KeyValue::new(attr::RANK, i64::from(rank)),
             KeyValue::new(attr::STEP, step as i64),
             KeyValue::new(attr::TIMING, timing),
+            KeyValue::new(attr::SAMPLED, why.as_str()),
         ],
     );
     let mut built = 1;
-    for (layer, ids, at) in &trace.routes {
-        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+    for (layer, range, at) in &trace.routes {
+        let ids: Vec<i64> = trace
+            .expert_ids
+            .get(range.clone())
+            .unwrap_or_default()
+            .iter()
+            .map(|&i| i64::from(i))
+            .collect();
         root.span().add_event_with_timestamp(
             span::MOE_ROUTE_EVENT,
             to_system_time(*at),
@@ -181,6 +236,16 @@ pub(crate) fn build_step(
         let _ = end_ns;
         built += 1;
     }
+    let root_cx = root.span().span_context().clone();
+    started(&BuiltStep {
+        spans: built,
+        trace_id: root_cx.trace_id(),
+        root: root_cx.span_id(),
+        sections: cxs
+            .iter()
+            .map(|c| c.as_ref().map(|c| c.span().span_context().span_id()))
+            .collect(),
+    });
     for (s, cx) in trace.sections.iter().zip(&cxs) {
         if let (Some(cx), Some(e)) = (cx, s.end) {
             end(cx, e);
@@ -210,10 +275,12 @@ pub(crate) fn build_round(
     accepted: Option<u32>,
     start: u64,
     stop: u64,
+    why: Why,
 ) -> usize {
     let mut attrs = vec![
         KeyValue::new(attr::RANK, i64::from(rank)),
         KeyValue::new(attr::K, i64::from(k)),
+        KeyValue::new(attr::SAMPLED, why.as_str()),
     ];
     if let Some(a) = accepted {
         attrs.push(KeyValue::new(attr::ACCEPTED, i64::from(a)));

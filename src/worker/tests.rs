@@ -60,7 +60,16 @@ fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) 
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), true, 8);
-    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
+        None,
+    );
     (shared, p)
 }
 
@@ -430,7 +439,16 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), false, 8);
-    let mut p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let mut p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
+        None,
+    );
     let r = rec(&shared);
     {
         let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
@@ -445,4 +463,316 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         Some("7"),
         "the skew histogram keeps its layer"
     );
+}
+
+/// Spans as the exporter got them, and whether exports succeed.
+#[derive(Debug, Default)]
+struct Capture {
+    spans: Mutex<Vec<opentelemetry_sdk::trace::SpanData>>,
+    fail: AtomicBool,
+}
+
+#[derive(Debug)]
+struct CaptureExporter(Arc<Capture>);
+
+impl opentelemetry_sdk::trace::SpanExporter for CaptureExporter {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        if self.0.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "collector down".into(),
+            ));
+        }
+        self.0.spans.lock().unwrap().extend(batch);
+        Ok(())
+    }
+}
+
+struct Traced {
+    shared: Arc<Shared>,
+    p: Pipeline,
+    capture: Arc<Capture>,
+    store: Arc<crate::export::ExemplarStore>,
+    _provider: opentelemetry_sdk::trace::SdkTracerProvider,
+}
+
+/// A pipeline with a tracer whose spans are exported at once (through the exporter wrapper that
+/// settles exemplars), tail sampling by `rule`, and one step in `trace_every` head-sampled.
+fn traced(
+    clock: Arc<dyn Clock>,
+    trace_every: u64,
+    rule: crate::config::TraceSlowerThan,
+    budget: u32,
+) -> Traced {
+    use opentelemetry::trace::TracerProvider as _;
+    let shared = Arc::new(Shared {
+        level: AtomicU8::new(1),
+        spec_level: AtomicU8::new(0),
+        trace_every,
+        expert_counter: false,
+        queue: 1 << 16,
+        rank: 3,
+        clock,
+        lanes: Mutex::new(Vec::new()),
+        next_lane: AtomicU16::new(1),
+        tracing_parent: AtomicBool::new(false),
+    });
+    let capture = Arc::new(Capture::default());
+    let store = Arc::new(crate::export::ExemplarStore::default());
+    let counts: Arc<crate::export::SpanCounts> = Default::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(crate::export::Counted::new(
+            CaptureExporter(capture.clone()),
+            counts.clone(),
+            Some(store.clone()),
+        ))
+        .build();
+    let meter = SdkMeterProvider::builder().build();
+    let inst = Instruments::new(&meter.meter("test"), true, 8);
+    let p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        Some(provider.tracer("test")),
+        0,
+        0,
+        counts,
+        super::tail::Tail::new(rule, budget),
+        Some(store.clone()),
+    );
+    Traced {
+        shared,
+        p,
+        capture,
+        store,
+        _provider: provider,
+    }
+}
+
+/// Scripted times of `steps.len()` steps, each one section (`kda_mixer`) inside: step i begins
+/// at `i * gap` and lasts `steps[i]` ns, its section from +10 ns to 10 ns before its end.
+fn step_times(steps: &[u64], gap: u64) -> Vec<u64> {
+    steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &d)| {
+            let t = i as u64 * gap;
+            [t, t + 10, t + d - 10, t + d]
+        })
+        .collect()
+}
+
+fn run_steps(t: &Traced, n: usize) {
+    let r = rec(&t.shared);
+    for _ in 0..n {
+        let _step = r.step();
+        let _s = r.section(Section::KDA_MIXER, 2u32, Site::ATTN);
+    }
+}
+
+fn step_spans(c: &Capture) -> Vec<(i64, String, opentelemetry::trace::TraceId)> {
+    c.spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.name == crate::names::span::STEP)
+        .map(|s| {
+            let get = |k: &str| {
+                s.attributes
+                    .iter()
+                    .find(|kv| kv.key.as_str() == k)
+                    .map(|kv| kv.value.clone())
+            };
+            let step = match get(crate::names::attr::STEP) {
+                Some(opentelemetry::Value::I64(v)) => v,
+                other => panic!("step attribute {other:?}"),
+            };
+            let why = get(crate::names::attr::SAMPLED)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            (step, why, s.span_context.trace_id())
+        })
+        .collect()
+}
+
+#[test]
+fn with_one_in_n_off_only_the_slow_steps_are_traced_in_full() {
+    use crate::config::TraceSlowerThan;
+    // Ten steps of 1 µs; steps 3 and 7 take 50 µs. Threshold 20 µs.
+    let mut d = vec![US; 10];
+    d[3] = 50 * US;
+    d[7] = 50 * US;
+    let t = traced(
+        Script::new(&step_times(&d, 100 * US)),
+        0,
+        TraceSlowerThan::Duration(std::time::Duration::from_micros(20)),
+        100,
+    );
+    let mut t = t;
+    run_steps(&t, 10);
+    t.p.flush();
+    let steps = step_spans(&t.capture);
+    let got: Vec<(i64, &str)> = steps.iter().map(|(s, w, _)| (*s, w.as_str())).collect();
+    assert_eq!(got, vec![(3, "tail"), (7, "tail")]);
+    // In full: each traced step has its layer and its section.
+    let spans = t.capture.spans.lock().unwrap();
+    for (_, _, trace) in &steps {
+        let names: Vec<&str> = spans
+            .iter()
+            .filter(|s| s.span_context.trace_id() == *trace)
+            .map(|s| s.name.as_ref())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names.contains(&"kda_mixer") && names.contains(&"layer"), "{names:?}");
+    }
+    drop(spans);
+    let s = t.p.stats();
+    assert_eq!((s.steps, s.tail_traces, s.dropped_tail_budget), (10, 2, 0));
+}
+
+#[test]
+fn a_head_sampled_step_is_traced_once_and_a_slow_one_beside_it() {
+    use crate::config::TraceSlowerThan;
+    // One in 4 (steps 0, 4): step 4 is also slow, traced once as head; step 5 slow: tail.
+    let mut d = vec![US; 8];
+    d[4] = 50 * US;
+    d[5] = 50 * US;
+    let mut t = traced(
+        Script::new(&step_times(&d, 100 * US)),
+        4,
+        TraceSlowerThan::Duration(std::time::Duration::from_micros(20)),
+        100,
+    );
+    run_steps(&t, 8);
+    t.p.flush();
+    let got: Vec<(i64, String)> = step_spans(&t.capture)
+        .into_iter()
+        .map(|(s, w, _)| (s, w))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, "head".into()), (4, "head".into()), (5, "tail".into())]
+    );
+}
+
+#[test]
+fn over_the_budget_slow_steps_are_counted_not_traced() {
+    use crate::config::TraceSlowerThan;
+    // 30 slow steps, one every 100 ms (3 s), budget 2 a second.
+    let d = vec![50 * US; 30];
+    let mut t = traced(
+        Script::new(&step_times(&d, 100_000 * US)),
+        0,
+        TraceSlowerThan::Duration(std::time::Duration::from_micros(20)),
+        2,
+    );
+    run_steps(&t, 30);
+    t.p.flush();
+    let steps = step_spans(&t.capture);
+    assert_eq!(steps.len(), 6, "{steps:?}");
+    let s = t.p.stats();
+    assert_eq!((s.tail_traces, s.dropped_tail_budget), (6, 24));
+    let dropped: f64 = values(&t.p, crate::names::metric::RECORDS_DROPPED)
+        .iter()
+        .filter(|(_, a)| attr(a, "reason") == Some("tail_budget"))
+        .map(|(v, _)| v)
+        .sum();
+    assert_eq!(dropped, 24.0);
+}
+
+#[test]
+fn exemplars_name_the_exported_trace_of_a_slow_step() {
+    use crate::config::TraceSlowerThan;
+    use crate::export::exemplars::bucket_of;
+    use crate::names::metric;
+    let mut d = vec![US; 4];
+    d[2] = 3_000 * US; // 3 ms: the (2 ms, 5 ms] bucket
+    let mut t = traced(
+        Script::new(&step_times(&d, 10_000 * US)),
+        0,
+        TraceSlowerThan::Duration(std::time::Duration::from_millis(1)),
+        100,
+    );
+    run_steps(&t, 4);
+    t.p.flush();
+    let steps = step_spans(&t.capture);
+    assert_eq!(steps.len(), 1);
+    let trace = steps[0].2;
+    let b = t.store.series(metric::STEP_DURATION, &[("rank", "3")]);
+    let i = bucket_of(0.003);
+    let e = b[i].expect("an exemplar in the 5 ms bucket");
+    assert_eq!(e.trace_id, trace);
+    assert!((e.value - 0.003).abs() < 1e-12, "{e:?}");
+    assert_eq!(b.iter().filter(|x| x.is_some()).count(), 1);
+    // The section's exemplar points at the section's own span, in the same trace.
+    let sb = t.store.series(
+        metric::SECTION_DURATION,
+        &[("bucket", "kda_mixer"), ("layer", "2"), ("rank", "3"), ("site", "attn")],
+    );
+    let se = sb[bucket_of(0.003 - 20e-9)].expect("a section exemplar");
+    assert_eq!(se.trace_id, trace);
+    let spans = t.capture.spans.lock().unwrap();
+    let span = spans
+        .iter()
+        .find(|s| s.span_context.span_id() == se.span_id)
+        .expect("the exemplar's span was exported");
+    assert_eq!(span.name, "kda_mixer");
+}
+
+#[test]
+fn a_trace_that_failed_to_export_leaves_no_exemplar() {
+    use crate::config::TraceSlowerThan;
+    use crate::names::metric;
+    let d = vec![3_000 * US; 2];
+    let mut t = traced(
+        Script::new(&step_times(&d, 10_000 * US)),
+        0,
+        TraceSlowerThan::Duration(std::time::Duration::from_millis(1)),
+        100,
+    );
+    t.capture.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    run_steps(&t, 2);
+    t.p.flush();
+    assert_eq!(t.p.stats().tail_traces, 2);
+    let b = t.store.series(metric::STEP_DURATION, &[("rank", "3")]);
+    assert!(b.iter().all(Option::is_none), "{b:?}");
+    assert!(!t.store.has_pending());
+}
+
+#[test]
+fn sections_beyond_the_trace_bound_are_counted() {
+    use crate::config::TraceSlowerThan;
+    let n = super::pair::STEP_SPANS_MAX + 5;
+    let mut times = vec![0u64];
+    for i in 0..n as u64 {
+        times.extend([10 + 2 * i, 11 + 2 * i]);
+    }
+    times.push(10 + 2 * n as u64);
+    let mut t = traced(
+        Script::new(&times),
+        1,
+        TraceSlowerThan::Off,
+        1,
+    );
+    let r = rec(&t.shared);
+    {
+        let _step = r.step();
+        for _ in 0..n {
+            let _s = r.section(Section::NORM, 0u32, Site::NONE);
+        }
+    }
+    t.p.flush();
+    let s = t.p.stats();
+    assert_eq!(s.sections, n as u64, "every section is measured");
+    assert_eq!(s.dropped_trace_bound, 5);
+    let kept = t
+        .capture
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.name == "norm")
+        .count();
+    assert_eq!(kept, super::pair::STEP_SPANS_MAX);
 }
