@@ -971,6 +971,8 @@ mod tests {
         assert_eq!(c.level, Level::Off);
         assert_eq!(c.spec_level, SpecLevel::Off);
         assert_eq!(c.trace_every, 100);
+        assert_eq!(c.trace_slower_than, TraceSlowerThan::Percentile(99.0));
+        assert_eq!(c.trace_slow_budget, 5);
         assert!(c.layer_attr);
         assert_eq!(c.summary_every, 0);
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
@@ -989,6 +991,8 @@ mod tests {
             ("PHASETRACE_LEVEL", "collectives"),
             ("PHASETRACE_SPEC_LEVEL", "2"),
             ("PHASETRACE_TRACE_EVERY", "0"),
+            ("PHASETRACE_TRACE_SLOWER_THAN", "25ms"),
+            ("PHASETRACE_TRACE_SLOW_BUDGET", "20"),
             ("PHASETRACE_LAYER_ATTR", "off"),
             ("PHASETRACE_SUMMARY_EVERY", "8"),
             ("PHASETRACE_SPEC_SUMMARY_EVERY", "16"),
@@ -1019,6 +1023,11 @@ mod tests {
         assert_eq!(c.level, Level::Collectives);
         assert_eq!(c.spec_level, SpecLevel::VerifySplit);
         assert_eq!(c.trace_every, 0);
+        assert_eq!(
+            c.trace_slower_than,
+            TraceSlowerThan::Duration(Duration::from_millis(25))
+        );
+        assert_eq!(c.trace_slow_budget, 20);
         assert!(!c.layer_attr);
         assert_eq!(c.summary_every, 8);
         assert_eq!(c.spec_summary_every, 16);
@@ -1048,6 +1057,20 @@ mod tests {
             ("PHASETRACE_LEVEL", "7", "off, 0, full, 1, collectives or 2"),
             ("PHASETRACE_SPEC_LEVEL", "3", "off, 0, 1"),
             ("PHASETRACE_TRACE_EVERY", "-1", "whole number"),
+            (
+                "PHASETRACE_TRACE_SLOWER_THAN",
+                "fast",
+                "a duration with a unit",
+            ),
+            ("PHASETRACE_TRACE_SLOWER_THAN", "p0", "p0.1 to p99.9"),
+            ("PHASETRACE_TRACE_SLOWER_THAN", "p101", "p0.1 to p99.9"),
+            (
+                "PHASETRACE_TRACE_SLOWER_THAN",
+                "-3ms",
+                "a duration with a unit",
+            ),
+            ("PHASETRACE_TRACE_SLOWER_THAN", "25", "(25ms, 1.5s, 800us)"),
+            ("PHASETRACE_TRACE_SLOW_BUDGET", "0", "from 1 to 10000"),
             ("PHASETRACE_LAYER_ATTR", "maybe", "on, off"),
             ("PHASETRACE_SUMMARY_EVERY", "x", "whole number"),
             ("PHASETRACE_SPEC_SUMMARY_EVERY", "1.5", "whole number"),
@@ -1084,6 +1107,43 @@ mod tests {
             assert!(msg.contains(value), "{var}: {msg}");
             assert!(msg.contains(expected), "{var}: {msg}");
         }
+    }
+
+    #[test]
+    fn a_slow_step_threshold_is_a_duration_a_percentile_or_off() {
+        let ok = |s: &str| s.parse::<TraceSlowerThan>().unwrap();
+        let d = TraceSlowerThan::Duration;
+        assert_eq!(ok("25ms"), d(Duration::from_millis(25)));
+        assert_eq!(ok("1.5s"), d(Duration::from_millis(1500)));
+        assert_eq!(ok("800us"), d(Duration::from_micros(800)));
+        assert_eq!(ok("800µs"), d(Duration::from_micros(800)));
+        assert_eq!(ok("2500ns"), d(Duration::from_nanos(2500)));
+        assert_eq!(ok("p99"), TraceSlowerThan::Percentile(99.0));
+        assert_eq!(ok("P99.9"), TraceSlowerThan::Percentile(99.9));
+        assert_eq!(ok("off"), TraceSlowerThan::Off);
+        for bad in [
+            "fast", "p0", "p101", "p100", "-3ms", "0ms", "25", "ms", "p", "3 ms", "1e3ms",
+        ] {
+            let e = bad.parse::<TraceSlowerThan>().unwrap_err().to_string();
+            assert!(e.starts_with("PHASETRACE_TRACE_SLOWER_THAN="), "{bad}: {e}");
+        }
+        for v in ["25ms", "p99", "off", "1.5s"] {
+            assert_eq!(
+                ok(&ok(v).to_string()),
+                ok(v),
+                "{v} round-trips through Display"
+            );
+        }
+        let code = ConfigBuilder {
+            trace_slower_than: Some(TraceSlowerThan::Off),
+            ..Default::default()
+        };
+        let c = resolve(&code, &[("PHASETRACE_TRACE_SLOWER_THAN", "p90")]).unwrap();
+        assert_eq!(c.trace_slower_than, TraceSlowerThan::Off);
+        assert_eq!(
+            c.origins.get("PHASETRACE_TRACE_SLOWER_THAN"),
+            Some(&Origin::Code)
+        );
     }
 
     #[test]

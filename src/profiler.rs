@@ -347,8 +347,8 @@ impl Start {
             .iter()
             .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
             .collect();
-        let traces = cfg.trace_every > 0
-            || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
+        let traces =
+            cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
         let tracer = traces
             .then(|| {
                 exporters

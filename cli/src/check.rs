@@ -37,6 +37,11 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
             format!("{:?}", cfg.spec_level).to_lowercase(),
         ),
         (env::TRACE_EVERY, cfg.trace_every.to_string()),
+        (env::TRACE_SLOWER_THAN, cfg.trace_slower_than.to_string()),
+        (
+            env::TRACE_SLOW_BUDGET,
+            format!("{}/s per rank", cfg.trace_slow_budget),
+        ),
         (
             env::LAYER_ATTR,
             if cfg.layer_attr { "on" } else { "off" }.into(),

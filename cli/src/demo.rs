@@ -70,6 +70,13 @@ pub(crate) struct DemoArgs {
     /// of the period.
     #[arg(long)]
     straggler_period: Option<f64>,
+    /// Makes every Nth step slow on purpose (steps N-1, 2N-1, ... counted from 0): every rank's
+    /// compute runs --slow-factor times slower in it. The run's last line says how many.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    slow_steps: Option<u64>,
+    /// How much slower the --slow-steps steps are.
+    #[arg(long, default_value_t = 10.0)]
+    slow_factor: f64,
     /// Scales every section time (0.5 = twice as fast a model).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -276,14 +283,23 @@ struct Plan {
     straggler: Option<(u32, f64)>,
     straggler_period: Option<f64>,
     straggler_factor: f64,
+    slow_steps: Option<(u64, f64)>,
     spec: Option<u32>,
     acceptance: f64,
     ranks: u32,
 }
 
 impl Plan {
-    /// The compute slowdown of `rank` right now.
-    fn factor(&self, rank: u32, elapsed: Duration) -> f64 {
+    /// Whether step `step` (from 0) is one made slow on purpose.
+    fn slow_step(&self, step: u64) -> bool {
+        self.slow_steps.is_some_and(|(n, _)| (step + 1) % n == 0)
+    }
+
+    /// The compute slowdown of `rank` right now, in step `step`.
+    fn factor(&self, rank: u32, elapsed: Duration, step: u64) -> f64 {
+        if let (true, Some((_, f))) = (self.slow_step(step), self.slow_steps) {
+            return f;
+        }
         if let Some((r, f)) = self.straggler
             && r == rank
         {
@@ -441,6 +457,7 @@ fn accepted(rng: &mut SmallRng, k: u32, p: f64) -> u32 {
 
 fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) {
     let rank = rec.rank();
+    let mut step = 0u64;
     loop {
         // Every rank takes the same stop decision at the same step, so none is left waiting
         // at a rendezvous.
@@ -458,7 +475,8 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
         if stop {
             break;
         }
-        let f = plan.factor(rank, group.started.elapsed());
+        let f = plan.factor(rank, group.started.elapsed(), step);
+        step += 1;
         let tokens = if let Some(k) = plan.spec {
             let round = rec.round(k);
             work.run("draft", f * f64::from(k));
@@ -530,6 +548,12 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         return Err(Failure::config(format!(
             "--straggler-rank {r}: expected a rank below --ranks {}",
             a.ranks
+        )));
+    }
+    if !(a.slow_factor.is_finite() && a.slow_factor >= 1.0) {
+        return Err(Failure::config(format!(
+            "--slow-factor {}: expected a number of at least 1",
+            a.slow_factor
         )));
     }
     if let Some(d) = a.duration
@@ -606,6 +630,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
         straggler_period: a.straggler_period,
         straggler_factor: a.straggler_factor,
+        slow_steps: a.slow_steps.map(|n| (n, a.slow_factor)),
         spec: a.spec,
         acceptance: a.acceptance,
         ranks: a.ranks,
@@ -687,6 +712,16 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         stats.dropped_clock,
         stats.dropped_unbalanced,
     );
+    if let Some((n, f)) = plan.slow_steps {
+        let slow = (0..steps).filter(|&s| plan.slow_step(s)).count();
+        eprintln!(
+            "demo: {slow} steps made slow on purpose ({f}x: every {n}th, steps {} to {}); {} traced for being slow, {} slow ones over the tail budget",
+            n - 1,
+            (steps / n * n).saturating_sub(1),
+            stats.tail_traces,
+            stats.dropped_tail_budget,
+        );
+    }
     if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
         let until = Instant::now() + Duration::from_secs_f64(a.linger);
         while Instant::now() < until && !stop_requested.load(Ordering::Relaxed) {

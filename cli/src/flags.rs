@@ -1,7 +1,7 @@
 //! Flags that mirror the environment variables; a flag beats its variable.
 
 use clap::Args;
-use phasetrace::{Level, ProfilerBuilder, Protocol, SpecLevel};
+use phasetrace::{Level, ProfilerBuilder, Protocol, SpecLevel, TraceSlowerThan};
 
 /// The profiler settings every command accepts.
 #[derive(Debug, Args, Clone, Default)]
@@ -15,6 +15,13 @@ pub(crate) struct ProfilerFlags {
     /// Trace one step in N; 0 = no spans [env: PHASETRACE_TRACE_EVERY]
     #[arg(long)]
     pub(crate) trace_every: Option<u64>,
+    /// Also trace steps slower than this: 25ms, p99 (of the rank's recent steps) or off
+    /// [env: PHASETRACE_TRACE_SLOWER_THAN]
+    #[arg(long, value_parser = parse_slower_than)]
+    pub(crate) trace_slower_than: Option<TraceSlowerThan>,
+    /// Most slow-step traces a second per rank [env: PHASETRACE_TRACE_SLOW_BUDGET]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) trace_slow_budget: Option<u32>,
     /// Console summary every N steps; 0 = off [env: PHASETRACE_SUMMARY_EVERY]
     #[arg(long)]
     pub(crate) summary_every: Option<u64>,
@@ -56,6 +63,11 @@ fn parse_spec_level(s: &str) -> Result<SpecLevel, String> {
     }
 }
 
+fn parse_slower_than(s: &str) -> Result<TraceSlowerThan, String> {
+    s.parse()
+        .map_err(|_| format!("expected {}", TraceSlowerThan::EXPECTED))
+}
+
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
     match s {
         "grpc" => Ok(Protocol::Grpc),
@@ -83,6 +95,12 @@ impl ProfilerFlags {
         }
         if let Some(n) = self.trace_every {
             b = b.with_trace_every(n);
+        }
+        if let Some(t) = self.trace_slower_than {
+            b = b.with_trace_slower_than(t);
+        }
+        if let Some(n) = self.trace_slow_budget {
+            b = b.with_trace_slow_budget(n);
         }
         if let Some(n) = self.summary_every {
             b = b.with_summary_every(n);

@@ -12,6 +12,8 @@
 //! [`EXEMPLAR_METRICS`] carry exemplars; memory is bounded by [`SERIES_MAX`] series and
 //! [`PENDING_MAX`] pending spans (beyond, new exemplars are not kept: they are a sample, not
 //! records).
+// The reading half (`series`, `all`, `openmetrics`) is the interface of the /metrics encoder.
+#![cfg_attr(not(test), allow(dead_code))]
 
 use crate::names::metric;
 use opentelemetry::KeyValue;
@@ -128,7 +130,11 @@ impl ExemplarStore {
     /// Offers the exemplar of a measurement of `metric` with `attrs` (as recorded), which
     /// becomes visible once its span is exported.
     pub(crate) fn offer(&self, metric: &'static str, attrs: &[KeyValue], exemplar: Exemplar) {
-        let series = series_key(attrs.iter().map(|kv| (kv.key.as_str(), kv.value.to_string())));
+        let series = series_key(
+            attrs
+                .iter()
+                .map(|kv| (kv.key.as_str(), kv.value.to_string())),
+        );
         let mut i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if i.pending_len >= PENDING_MAX {
@@ -256,19 +262,28 @@ mod tests {
         s.offer(metric::SECTION_DURATION, &attrs, ex(7, 0.0042));
         s.offer(metric::SECTION_DURATION, &attrs, ex(8, 0.0043));
         assert!(s.has_pending());
-        let none = s.series(metric::SECTION_DURATION, &[("bucket", "norm"), ("rank", "0")]);
+        let none = s.series(
+            metric::SECTION_DURATION,
+            &[("bucket", "norm"), ("rank", "0")],
+        );
         assert!(none.iter().all(Option::is_none));
         s.settle(&[SpanId::from(8)], false);
         s.settle(&[SpanId::from(7)], true);
         assert!(!s.has_pending());
         // 4.2 ms falls in the (2 ms, 5 ms] bucket; attribute order does not matter.
-        let got = s.series(metric::SECTION_DURATION, &[("rank", "0"), ("bucket", "norm")]);
+        let got = s.series(
+            metric::SECTION_DURATION,
+            &[("rank", "0"), ("bucket", "norm")],
+        );
         let i = bucket_of(0.0042);
         assert_eq!(metric::DURATION_BOUNDARIES[i], 5e-3);
         assert_eq!(got[i], Some(ex(7, 0.0042)));
         assert_eq!(got.iter().filter(|e| e.is_some()).count(), 1);
         // Another metric's series with the same attributes has none.
-        let other = s.series(metric::COLLECTIVE_WAIT, &[("rank", "0"), ("bucket", "norm")]);
+        let other = s.series(
+            metric::COLLECTIVE_WAIT,
+            &[("rank", "0"), ("bucket", "norm")],
+        );
         assert!(other.iter().all(Option::is_none));
     }
 

@@ -16,7 +16,9 @@ mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
 
-pub(crate) use self::counted::{Counted, SpanCounts};
+#[cfg(test)]
+pub(crate) use self::counted::Counted;
+pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
 pub(crate) use self::prometheus::PrometheusServer;
 

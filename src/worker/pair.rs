@@ -473,7 +473,9 @@ impl LaneState {
                         tr.expert_ids.extend_from_slice(&ids[..n]);
                         let to = tr.expert_ids.len();
                         match tr.routes.last_mut() {
-                            Some((l, r, _)) if continued && *l == Layer(m.layer) && r.end == from => {
+                            Some((l, r, _))
+                                if continued && *l == Layer(m.layer) && r.end == from =>
+                            {
                                 r.end = to;
                             }
                             _ => tr.routes.push((Layer(m.layer), from..to, at)),

@@ -75,7 +75,6 @@ impl Why {
 /// The ids of the spans [`build_step`] built, for exemplars.
 #[derive(Debug)]
 pub(crate) struct BuiltStep {
-    pub(crate) spans: usize,
     pub(crate) trace_id: TraceId,
     pub(crate) root: SpanId,
     /// The span of each section of the trace (`None`: still open at the step's end).
@@ -238,7 +237,6 @@ pub(crate) fn build_step(
     }
     let root_cx = root.span().span_context().clone();
     started(&BuiltStep {
-        spans: built,
         trace_id: root_cx.trace_id(),
         root: root_cx.span_id(),
         sections: cxs

@@ -101,7 +101,14 @@ impl Tail {
 
     /// Decides on a step or round of `rank` that took `ns` and ended at `end` (ns). `head`:
     /// already traced as one in N (it then takes nothing from the budget).
-    pub(crate) fn decide(&mut self, rank: u32, kind: Kind, ns: u64, end: u64, head: bool) -> Verdict {
+    pub(crate) fn decide(
+        &mut self,
+        rank: u32,
+        kind: Kind,
+        ns: u64,
+        end: u64,
+        head: bool,
+    ) -> Verdict {
         let slow = match self.rule {
             TraceSlowerThan::Off => false,
             TraceSlowerThan::Duration(d) => u128::from(ns) > d.as_nanos(),
@@ -141,9 +148,15 @@ mod tests {
     fn a_fixed_threshold_keeps_only_what_is_slower() {
         let mut t = Tail::new(TraceSlowerThan::Duration(Duration::from_millis(25)), 100);
         assert_eq!(t.decide(0, Kind::Step, 25 * MS, 0, false), Verdict::Fast);
-        assert_eq!(t.decide(0, Kind::Step, 25 * MS + 1, MS, false), Verdict::Keep);
+        assert_eq!(
+            t.decide(0, Kind::Step, 25 * MS + 1, MS, false),
+            Verdict::Keep
+        );
         // A head-sampled step is traced anyway: it takes nothing from the budget.
-        assert_eq!(t.decide(0, Kind::Step, 90 * MS, 2 * MS, true), Verdict::Fast);
+        assert_eq!(
+            t.decide(0, Kind::Step, 90 * MS, 2 * MS, true),
+            Verdict::Fast
+        );
         let mut off = Tail::new(TraceSlowerThan::Off, 100);
         assert!(!off.is_on());
         assert_eq!(off.decide(0, Kind::Step, u64::MAX, 0, false), Verdict::Fast);
@@ -165,14 +178,23 @@ mod tests {
             kept += u64::from(v == Verdict::Keep);
         }
         assert!((10..=40).contains(&kept), "{kept}");
-        assert_eq!(t.decide(0, Kind::Step, 20 * MS, 3_000 * MS, false), Verdict::Keep);
+        assert_eq!(
+            t.decide(0, Kind::Step, 20 * MS, 3_000 * MS, false),
+            Verdict::Keep
+        );
         assert_eq!(
             t.decide(0, Kind::Step, 10 * MS + MS / 2, 3_001 * MS, false),
             Verdict::Fast
         );
         // Ranks and kinds have their own windows.
-        assert_eq!(t.decide(1, Kind::Step, 20 * MS, 3_002 * MS, false), Verdict::Fast);
-        assert_eq!(t.decide(0, Kind::Round, 20 * MS, 3_003 * MS, false), Verdict::Fast);
+        assert_eq!(
+            t.decide(1, Kind::Step, 20 * MS, 3_002 * MS, false),
+            Verdict::Fast
+        );
+        assert_eq!(
+            t.decide(0, Kind::Round, 20 * MS, 3_003 * MS, false),
+            Verdict::Fast
+        );
     }
 
     #[test]
@@ -194,7 +216,10 @@ mod tests {
         assert_eq!(kept_at.len(), 15, "{kept_at:?}");
         assert_eq!(over, 600 - 30);
         for (i, &a) in kept_at.iter().enumerate() {
-            let in_second = kept_at[i..].iter().take_while(|&&b| b < a + SECOND_NS).count();
+            let in_second = kept_at[i..]
+                .iter()
+                .take_while(|&&b| b < a + SECOND_NS)
+                .count();
             assert!(in_second <= 5, "{kept_at:?}");
         }
     }

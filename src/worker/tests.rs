@@ -624,7 +624,10 @@ fn with_one_in_n_off_only_the_slow_steps_are_traced_in_full() {
             .map(|s| s.name.as_ref())
             .collect();
         assert_eq!(names.len(), 3, "{names:?}");
-        assert!(names.contains(&"kda_mixer") && names.contains(&"layer"), "{names:?}");
+        assert!(
+            names.contains(&"kda_mixer") && names.contains(&"layer"),
+            "{names:?}"
+        );
     }
     drop(spans);
     let s = t.p.stats();
@@ -708,7 +711,12 @@ fn exemplars_name_the_exported_trace_of_a_slow_step() {
     // The section's exemplar points at the section's own span, in the same trace.
     let sb = t.store.series(
         metric::SECTION_DURATION,
-        &[("bucket", "kda_mixer"), ("layer", "2"), ("rank", "3"), ("site", "attn")],
+        &[
+            ("bucket", "kda_mixer"),
+            ("layer", "2"),
+            ("rank", "3"),
+            ("site", "attn"),
+        ],
     );
     let se = sb[bucket_of(0.003 - 20e-9)].expect("a section exemplar");
     assert_eq!(se.trace_id, trace);
@@ -731,7 +739,9 @@ fn a_trace_that_failed_to_export_leaves_no_exemplar() {
         TraceSlowerThan::Duration(std::time::Duration::from_millis(1)),
         100,
     );
-    t.capture.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    t.capture
+        .fail
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     run_steps(&t, 2);
     t.p.flush();
     assert_eq!(t.p.stats().tail_traces, 2);
@@ -749,12 +759,7 @@ fn sections_beyond_the_trace_bound_are_counted() {
         times.extend([10 + 2 * i, 11 + 2 * i]);
     }
     times.push(10 + 2 * n as u64);
-    let mut t = traced(
-        Script::new(&times),
-        1,
-        TraceSlowerThan::Off,
-        1,
-    );
+    let mut t = traced(Script::new(&times), 1, TraceSlowerThan::Off, 1);
     let r = rec(&t.shared);
     {
         let _step = r.step();

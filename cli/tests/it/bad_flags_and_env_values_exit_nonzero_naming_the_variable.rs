@@ -54,6 +54,10 @@ fn bad_flags_are_usage_errors() {
             "grpc or http/protobuf",
         ),
         (&["check", "--expert-counter", "maybe"], "on or off"),
+        (
+            &["check", "--trace-slower-than", "p101"],
+            "expected a duration with a unit",
+        ),
         (&["demo", "--steps", "many"], "--steps"),
         (&["demo", "--no-such-flag"], "--no-such-flag"),
         (&["frobnicate"], "frobnicate"),
@@ -105,6 +109,31 @@ fn bad_environment_values_are_configuration_errors_naming_variable_value_and_acc
             "PHASETRACE_TRACE_EVERY",
             "-1",
             "PHASETRACE_TRACE_EVERY=\"-1\": expected a whole number",
+        ),
+        (
+            "PHASETRACE_TRACE_SLOWER_THAN",
+            "fast",
+            "PHASETRACE_TRACE_SLOWER_THAN=\"fast\": expected a duration with a unit (25ms, 1.5s, 800us), a percentile of this rank's recent steps from p0.1 to p99.9 (p99), or off",
+        ),
+        (
+            "PHASETRACE_TRACE_SLOWER_THAN",
+            "p0",
+            "PHASETRACE_TRACE_SLOWER_THAN=\"p0\": expected a duration with a unit",
+        ),
+        (
+            "PHASETRACE_TRACE_SLOWER_THAN",
+            "p101",
+            "PHASETRACE_TRACE_SLOWER_THAN=\"p101\": expected a duration with a unit",
+        ),
+        (
+            "PHASETRACE_TRACE_SLOWER_THAN",
+            "-3ms",
+            "PHASETRACE_TRACE_SLOWER_THAN=\"-3ms\": expected a duration with a unit",
+        ),
+        (
+            "PHASETRACE_TRACE_SLOW_BUDGET",
+            "0",
+            "PHASETRACE_TRACE_SLOW_BUDGET=\"0\": expected a whole number of tail traces a second per rank, from 1 to 10000",
         ),
         (
             "PHASETRACE_PROMETHEUS",
