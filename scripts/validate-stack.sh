@@ -272,6 +272,15 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   cp -r dashboards otel-config Dockerfile "$M/repo/"
   mutate docker-compose.yml "$M/repo/docker-compose.yml" 's/"127.0.0.1:9090:9090"/"9090:9090"/'
   expect_failure "consistency: port not bound to 127.0.0.1" check_consistency "$M/repo"
+  # Consistency: exemplars that link nowhere, or panels that do not show them.
+  mkdir -p "$M/repo-ex1"
+  cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex1/"
+  mutate otel-config/grafana/provisioning/datasources/phasetrace.yml "$M/repo-ex1/otel-config/grafana/provisioning/datasources/phasetrace.yml" 's/datasourceUid: jaeger$/datasourceUid: prometheus/'
+  expect_failure "consistency: exemplars not linked to Jaeger" check_consistency "$M/repo-ex1"
+  mkdir -p "$M/repo-ex2"
+  cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex2/"
+  mutate dashboards/decode-sections.json "$M/repo-ex2/dashboards/decode-sections.json" 's/"exemplar": true/"exemplar": false/g'
+  expect_failure "consistency: step-time panel without exemplars" check_consistency "$M/repo-ex2"
   log ""
   log "mutations: $MUT_PASSED caught, $MUT_FAILED not caught"
   PASSED=$((PASSED + MUT_PASSED))

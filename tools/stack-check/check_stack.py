@@ -244,6 +244,12 @@ def check_grafana(compose: dict) -> None:
             problem("grafana datasources", f"no datasource with uid {uid!r}")
         elif ds.get("type") != dtype or ds.get("url") != url:
             problem("grafana datasources", f"{uid}: expected type {dtype} at {url}")
+    destinations = ((sources.get("prometheus") or {}).get("jsonData") or {}).get("exemplarTraceIdDestinations") or []
+    if not any(d.get("name") == "trace_id" and d.get("datasourceUid") == "jaeger" for d in destinations):
+        problem("grafana datasources", "prometheus: exemplarTraceIdDestinations must send the exemplar label trace_id to the Jaeger datasource uid `jaeger`")
+    prom_cmd = compose["services"].get("prometheus", {}).get("command", [])
+    if "--enable-feature=exemplar-storage" not in prom_cmd:
+        problem("docker-compose.yml", "prometheus: needs --enable-feature=exemplar-storage to keep the exemplars")
     mounts = {}
     for volume in compose["services"].get("grafana", {}).get("volumes", []):
         parts = str(volume).split(":")
@@ -262,6 +268,13 @@ def check_grafana(compose: dict) -> None:
 
 
 # ------------------------------------------------------------------ dashboards
+# Dashboard -> histograms whose exemplars (traced steps) a timeseries panel must show.
+EXEMPLAR_HISTOGRAMS = {
+    "decode-sections.json": ["phasetrace_step_duration_seconds_bucket", "phasetrace_section_duration_seconds_bucket"],
+    "collectives-rank-skew.json": ["phasetrace_collective_wait_seconds_bucket"],
+}
+
+
 def panels_of(panels):
     for panel in panels or []:
         yield panel
@@ -328,6 +341,15 @@ def check_dashboards() -> set[str]:
                     panes = urllib.parse.parse_qs(urllib.parse.urlparse(url).query).get("panes", [""])[0]
                     if '"uid":"jaeger"' not in panes.replace(" ", ""):
                         problem(where, f"panel {title!r}: explore link must use the Jaeger datasource uid `jaeger`")
+        # The step-time, section and collective-wait quantile panels show exemplars.
+        for metric in EXEMPLAR_HISTOGRAMS.get(os.path.basename(path), []):
+            if not any(
+                metric in t.get("expr", "") and t.get("exemplar") is True
+                for p in panels_of(dash.get("panels"))
+                if p.get("type") == "timeseries"
+                for t in p.get("targets", [])
+            ):
+                problem(where, f"no timeseries panel shows the exemplars of {metric}")
         if "collectives" in os.path.basename(path):
             has_links = any((p.get("fieldConfig") or {}).get("defaults", {}).get("links") for p in panels_of(dash.get("panels")))
             if not has_links:
