@@ -5,6 +5,9 @@
 //!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
+//! - `worker/drain_steps_tail_*`: 48-section steps drained with tail-based tracing off, on with
+//!   no step slow enough (the cost of holding every step's sections), and on at `p99` (about
+//!   one step in a hundred traced, spans and exemplars built).
 //!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
@@ -222,5 +225,66 @@ fn worker(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, section, spec, worker);
+fn worker_tail(c: &mut Criterion) {
+    use phasetrace::TraceSlowerThan;
+    let mut g = c.benchmark_group("worker");
+    g.sample_size(10);
+    const SECTIONS: u64 = 48;
+    let steps: u64 = 4_000;
+    g.throughput(Throughput::Elements(steps * SECTIONS));
+    let cases = [
+        ("drain_steps_tail_off", TraceSlowerThan::Off),
+        (
+            "drain_steps_tail_on_none_slow",
+            TraceSlowerThan::Duration(Duration::from_secs(10)),
+        ),
+        ("drain_steps_tail_on_p99", TraceSlowerThan::Percentile(99.0)),
+    ];
+    let sections = [
+        Section::KDA_MIXER,
+        Section::MOE_EXPERTS,
+        Section::REDUCE_ATTN,
+        Section::NORM,
+    ];
+    for (name, rule) in cases {
+        // Spans go to a closed port (their export fails off the worker); the exemplar store
+        // exists because both spans and the Prometheus endpoint are on.
+        let p = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_prometheus(Some("127.0.0.1:0"))
+            .with_otlp_endpoint(Some("http://127.0.0.1:9"))
+            .with_otlp_protocol(phasetrace::Protocol::HttpProtobuf)
+            .with_trace_every(0)
+            .with_trace_slower_than(rule)
+            .with_trace_slow_budget(10_000)
+            .with_queue(1 << 22)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler");
+        let rec = p.recorder();
+        g.bench_with_input(BenchmarkId::new(name, steps), &steps, |b, &n| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    for _ in 0..n {
+                        let _step = rec.step();
+                        for i in 0..SECTIONS {
+                            let s = sections[(i % 4) as usize];
+                            let _g = rec.section(s, (i / 4) as u32, Site::ATTN);
+                        }
+                    }
+                    let t = Instant::now();
+                    p.drain();
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+        p.shutdown();
+    }
+    g.finish();
+}
+
+criterion_group!(benches, section, spec, worker, worker_tail);
 criterion_main!(benches);
