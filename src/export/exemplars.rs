@@ -130,7 +130,10 @@ impl ExemplarStore {
     /// Offers the exemplar of a measurement of `metric` with `attrs` (as recorded), which
     /// becomes visible once its span is exported.
     pub(crate) fn offer(&self, metric: &'static str, attrs: &[KeyValue], exemplar: Exemplar) {
-        debug_assert!(EXEMPLAR_METRICS.contains(&metric), "{metric} has no exemplars");
+        debug_assert!(
+            EXEMPLAR_METRICS.contains(&metric),
+            "{metric} has no exemplars"
+        );
         let series = series_key(
             attrs
                 .iter()
@@ -282,7 +285,13 @@ mod tests {
         assert_eq!(got.iter().filter(|e| e.is_some()).count(), 1);
         let all = s.all();
         assert_eq!(all.len(), 1);
-        assert_eq!(all[0].1, [("bucket".into(), "norm".into()), ("rank".into(), "0".into())]);
+        assert_eq!(
+            all[0].1,
+            [
+                ("bucket".into(), "norm".into()),
+                ("rank".into(), "0".into())
+            ]
+        );
         // Another metric's series with the same attributes has none.
         let other = s.series(
             metric::COLLECTIVE_WAIT,
