@@ -92,6 +92,16 @@ fn series_key<'a>(attrs: impl Iterator<Item = (&'a str, String)>) -> String {
     out
 }
 
+/// The exemplars of one series, as [`ExemplarStore::all`] lists them.
+#[derive(Debug)]
+pub(crate) struct SeriesExemplars {
+    pub(crate) metric: &'static str,
+    /// Sorted by key.
+    pub(crate) attributes: Vec<(String, String)>,
+    /// One slot per bucket (`le` order, `+Inf` last).
+    pub(crate) buckets: Buckets,
+}
+
 struct Pending {
     metric: &'static str,
     series: SeriesKey,
@@ -213,8 +223,8 @@ impl ExemplarStore {
             .unwrap_or([None; BUCKETS])
     }
 
-    /// Every series with exemplars: (metric, attributes, one slot per bucket).
-    pub(crate) fn all(&self) -> Vec<(&'static str, Vec<(String, String)>, Buckets)> {
+    /// Every series with exemplars.
+    pub(crate) fn all(&self) -> Vec<SeriesExemplars> {
         let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         for (m, series) in &i.visible {
@@ -224,7 +234,11 @@ impl ExemplarStore {
                     .filter_map(|kv| kv.split_once('='))
                     .map(|(k, v)| (k.to_owned(), v.to_owned()))
                     .collect();
-                out.push((*m, attrs, *b));
+                out.push(SeriesExemplars {
+                    metric: m,
+                    attributes: attrs,
+                    buckets: *b,
+                });
             }
         }
         out
@@ -285,8 +299,10 @@ mod tests {
         assert_eq!(got.iter().filter(|e| e.is_some()).count(), 1);
         let all = s.all();
         assert_eq!(all.len(), 1);
+        assert_eq!(all[0].metric, metric::SECTION_DURATION);
+        assert_eq!(all[0].buckets, got);
         assert_eq!(
-            all[0].1,
+            all[0].attributes,
             [
                 ("bucket".into(), "norm".into()),
                 ("rank".into(), "0".into())

@@ -60,6 +60,7 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         shared: Arc<Shared>,
         inst: Vec<Instruments>,
