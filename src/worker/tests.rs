@@ -781,3 +781,55 @@ fn sections_beyond_the_trace_bound_are_counted() {
         .count();
     assert_eq!(kept, super::pair::STEP_SPANS_MAX);
 }
+
+#[test]
+fn a_slow_speculative_round_is_traced_with_its_phases() {
+    use crate::config::TraceSlowerThan;
+    // Four rounds (begin, draft, verify, end); round 2 takes 50 µs, the others 1 µs.
+    let mut times = Vec::new();
+    for i in 0..4u64 {
+        let t = i * 100 * US;
+        let d = if i == 2 { 50 * US } else { US };
+        times.extend([t, t + d / 2, t + d, t + d]);
+    }
+    let mut t = traced(
+        Script::new(&times),
+        0,
+        TraceSlowerThan::Duration(std::time::Duration::from_micros(20)),
+        100,
+    );
+    t.shared
+        .spec_level
+        .store(1, std::sync::atomic::Ordering::Relaxed);
+    let r = rec(&t.shared);
+    for _ in 0..4 {
+        let round = r.round(4);
+        round.phase(Phase::Draft);
+        round.phase(Phase::Verify);
+        round.end(3);
+    }
+    t.p.flush();
+    let spans = t.capture.spans.lock().unwrap();
+    let rounds: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == crate::names::span::ROUND)
+        .collect();
+    assert_eq!(rounds.len(), 1, "{rounds:?}");
+    let round = rounds[0];
+    let why = round
+        .attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == crate::names::attr::SAMPLED)
+        .map(|kv| kv.value.to_string());
+    assert_eq!(why.as_deref(), Some("tail"));
+    let d = round.end_time.duration_since(round.start_time).unwrap();
+    assert_eq!(d, std::time::Duration::from_micros(50));
+    let phases: Vec<&str> = spans
+        .iter()
+        .filter(|s| s.parent_span_id == round.span_context.span_id())
+        .map(|s| s.name.as_ref())
+        .collect();
+    assert_eq!(phases, ["draft", "verify"]);
+    drop(spans);
+    assert_eq!(t.p.stats().tail_traces, 1);
+}
