@@ -46,7 +46,9 @@ fn the_demo_exports_spans_and_metrics_to_a_collector_over_otlp() {
     cmd.arg("demo").args(demo_args(&[]));
     cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
         .env("OTEL_SERVICE_NAME", "demo-e2e")
-        .env("OTEL_METRIC_EXPORT_INTERVAL", "1000");
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "1000")
+        // Exactly one step in TRACE_EVERY: no tail traces of slow steps beside them.
+        .env("PHASETRACE_TRACE_SLOWER_THAN", "off");
     let run = cli::run(cmd, RUN);
     assert_eq!(run.code, Some(0), "{run}");
     assert!(
