@@ -223,6 +223,20 @@ impl ExemplarStore {
             .unwrap_or([None; BUCKETS])
     }
 
+    /// [`ExemplarStore::series`] for attributes as the SDK reports a data point's.
+    pub(crate) fn series_of(&self, metric: &str, attrs: &[KeyValue]) -> Buckets {
+        if !EXEMPLAR_METRICS.contains(&metric) {
+            return [None; BUCKETS];
+        }
+        let key = series_key(attrs.iter().map(|kv| (kv.key.as_str(), kv.value.to_string())));
+        let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        i.visible
+            .get(metric)
+            .and_then(|m| m.get(&key))
+            .copied()
+            .unwrap_or([None; BUCKETS])
+    }
+
     /// Every series with exemplars.
     pub(crate) fn all(&self) -> Vec<SeriesExemplars> {
         let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -308,6 +322,7 @@ mod tests {
                 ("rank".into(), "0".into())
             ]
         );
+        assert_eq!(s.series_of(metric::SECTION_DURATION, &attrs), got);
         // Another metric's series with the same attributes has none.
         let other = s.series(
             metric::COLLECTIVE_WAIT,
