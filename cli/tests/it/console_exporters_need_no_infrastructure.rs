@@ -14,6 +14,8 @@ fn the_demo_prints_spans_and_summary_tables_to_stderr() {
             ("OTEL_TRACES_EXPORTER", "console"),
             ("OTEL_METRICS_EXPORTER", "console"),
             ("PHASETRACE_TRACE_EVERY", "50"),
+            // Exactly the sampled steps: no tail traces of slow steps beside them.
+            ("PHASETRACE_TRACE_SLOWER_THAN", "off"),
         ],
         Duration::from_secs(60),
     );
