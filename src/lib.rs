@@ -9,7 +9,7 @@
 //! engine thread (hot path)        background worker                  exporters
 //! Recorder::section/step/round    drain lanes, resolve clock tokens  OTLP gRPC / HTTP
 //!   -> Clock::mark                 pair begin/end, aggregate          Prometheus /metrics
-//!   -> push Mark (bounded lane)    spans for sampled steps/rounds     console summary
+//!   -> push Mark (bounded lane)    spans for sampled or slow steps    console summary
 //! ```
 //!
 //! The hot path stores marks, not durations: a 24-byte record per boundary into a per-thread

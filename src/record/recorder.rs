@@ -171,6 +171,8 @@ impl Recorder {
     /// Begins a decode step (one token); it ends when the guard drops or [`StepGuard::end`].
     ///
     /// Sampling is decided here, once per step: one step in `PHASETRACE_TRACE_EVERY` gets spans.
+    /// Steps slower than `PHASETRACE_TRACE_SLOWER_THAN` get spans too; the worker decides that
+    /// after the step has ended, at no cost here.
     #[inline]
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
