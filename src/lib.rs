@@ -79,4 +79,5 @@ pub use record::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
-pub use worker::Stats;
+pub use names::DropReason;
+pub use worker::{Dropped, Stats};

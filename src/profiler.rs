@@ -2,13 +2,13 @@
 
 use crate::config::{Config, ConfigBuilder, ConfigError, Level, Protocol, SpecLevel, Timing};
 use crate::export::{ExportError, Exporters};
-use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
 use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -47,7 +47,7 @@ impl std::fmt::Debug for ProfilerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProfilerBuilder")
             .field("cfg", &self.cfg)
-            .field("clock", &self.clock.as_ref().map(|c| c.name()))
+            .field("clock", &self.clock.as_ref().map(|c| c.timing()))
             .finish()
     }
 }
@@ -259,14 +259,14 @@ impl ProfilerBuilder {
                 Some(s) => s.clock(t)?,
                 None => Arc::new(HostClock),
             },
-            (_, Some(c)) if c.name() == cfg.timing.as_str() => c,
+            (_, Some(c)) if c.timing() == cfg.timing => c,
             (Timing::Host, None) => Arc::new(HostClock),
             (t, Some(c)) => {
                 return Err(Error::Timing {
                     timing: t.as_str(),
                     detail: format!(
-                        "the clock given in code is the {:?} backend; expected the {} backend",
-                        c.name(),
+                        "the clock given in code is the {} backend; expected the {} backend",
+                        c.timing().as_str(),
                         t.as_str()
                     ),
                 });
@@ -283,8 +283,12 @@ impl ProfilerBuilder {
         };
         let enabled = cfg.is_enabled();
         let shared = Arc::new(Shared {
-            level: AtomicU8::new(if enabled { cfg.level.as_u8() } else { 0 }),
-            spec_level: AtomicU8::new(if enabled { cfg.spec_level.as_u8() } else { 0 }),
+            level: Gate::new(if enabled { cfg.level } else { Level::Off }),
+            spec_level: Gate::new(if enabled {
+                cfg.spec_level
+            } else {
+                SpecLevel::Off
+            }),
             trace_every: cfg.trace_every,
             expert_counter: cfg.expert_counter,
             queue: cfg.queue,
@@ -499,8 +503,8 @@ impl Profiler {
 
     /// Whether anything is recorded.
     pub fn is_enabled(&self) -> bool {
-        self.inner.shared.level.load(Ordering::Relaxed) != 0
-            || self.inner.shared.spec_level.load(Ordering::Relaxed) != 0
+        self.inner.shared.level.load() != Level::Off
+            || self.inner.shared.spec_level.load() != SpecLevel::Off
     }
 
     /// Changes which sections are recorded, at run time (an operator turning profiling on in
@@ -508,15 +512,18 @@ impl Profiler {
     /// exporters on the first change to a level other than off. Fails after
     /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
     pub fn set_level(&self, level: Level) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.level)
+        self.set(level == Level::Off, || self.inner.shared.level.store(level))
     }
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
     pub fn set_spec_level(&self, level: SpecLevel) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.spec_level)
+        self.set(level == SpecLevel::Off, || {
+            self.inner.shared.spec_level.store(level)
+        })
     }
 
-    fn set(&self, value: u8, gate: &AtomicU8) -> Result<(), Error> {
+    /// Stores a level (`off` when it is off) unless the profiler cannot record.
+    fn set(&self, off: bool, store: impl FnOnce()) -> Result<(), Error> {
         let refuse = |why: &str| {
             Err(Error::Config(ConfigError::Conflict(format!(
                 "cannot change the level: {why}"
@@ -530,10 +537,10 @@ impl Profiler {
         if self.inner.shut_down.load(Ordering::Relaxed) {
             return refuse("the profiler is shut down");
         }
-        if value != 0 && running.is_none() {
+        if !off && running.is_none() {
             *running = Some(self.inner.start.run(&self.inner.shared, &self.inner.cfg)?);
         }
-        gate.store(value, Ordering::Relaxed);
+        store();
         Ok(())
     }
 
@@ -599,8 +606,8 @@ impl Profiler {
         let running = {
             let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.shut_down.store(true, Ordering::Relaxed);
-            self.inner.shared.level.store(0, Ordering::Relaxed);
-            self.inner.shared.spec_level.store(0, Ordering::Relaxed);
+            self.inner.shared.level.store(Level::Off);
+            self.inner.shared.spec_level.store(SpecLevel::Off);
             r.take()
         };
         if let Some(r) = running {

@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{DropReason, Level, Profiler, Section, Site};
 use std::time::Duration;
 use support::Rotel;
 
@@ -46,7 +46,7 @@ fn a_million_sections_arrive_exactly() {
     assert!(recorded >= 1_000_000);
     assert_eq!(s.sections, recorded);
     assert_eq!(
-        s.dropped_queue_full + s.dropped_unbalanced + s.dropped_clock,
+        s.dropped[DropReason::QueueFull] + s.dropped[DropReason::Unbalanced] + s.dropped[DropReason::Clock],
         0
     );
     // 25 sampled steps: 1 step span + 10 layer spans + 40 section spans each.
@@ -98,9 +98,9 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     p.flush();
     let s = p.stats();
     let recorded = 16 * per_thread;
-    assert_eq!(s.marks + s.dropped_queue_full, recorded, "{s:?}");
+    assert_eq!(s.marks + s.dropped[DropReason::QueueFull], recorded, "{s:?}");
     assert!(
-        s.dropped_queue_full > 0,
+        s.dropped[DropReason::QueueFull] > 0,
         "the overload should overflow 1024-record buffers"
     );
     // What the exporter serves agrees with the accounting.
@@ -119,7 +119,7 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     );
     assert_eq!(
         sum_of("phasetrace_records_dropped_total{", "reason=\"queue_full\""),
-        s.dropped_queue_full as f64,
+        s.dropped[DropReason::QueueFull] as f64,
         "{body}"
     );
     p.shutdown();

@@ -32,9 +32,8 @@ impl Clock for ScriptedClock {
         Resolved::At(token.0)
     }
 
-    // Not "host": a recorder reads the host clock directly for a clock named "host".
-    fn name(&self) -> &'static str {
-        "sync"
+    fn timing(&self) -> phasetrace::Timing {
+        phasetrace::Timing::Host
     }
 }
 

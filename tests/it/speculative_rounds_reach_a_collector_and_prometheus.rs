@@ -28,8 +28,8 @@ impl Clock for Manual {
     fn resolve(&self, t: Token) -> Resolved {
         Resolved::At(t.0)
     }
-    fn name(&self) -> &'static str {
-        "manual"
+    fn timing(&self) -> phasetrace::Timing {
+        phasetrace::Timing::Host
     }
 }
 
