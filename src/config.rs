@@ -435,7 +435,8 @@ pub(crate) fn parse_endpoint(s: &str) -> Option<String> {
     Some(s.trim_end_matches('/').to_owned())
 }
 
-/// Parses `k=v,k2=v2` (values percent-decoded); `None` names the first bad entry's key only.
+/// Parses `k=v,k2=v2` (values percent-decoded, blank entries skipped). The error names the
+/// first bad entry by its position only, never its text: header values are secrets.
 fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for (i, item) in s.split(',').enumerate() {

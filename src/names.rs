@@ -86,6 +86,27 @@ pub mod attr {
     pub const SOURCE_RUN: &str = "source.run";
 }
 
+/// Resource attribute keys (OpenTelemetry semantic conventions) that phasetrace sets.
+///
+/// `telemetry.sdk.*` describe the OpenTelemetry SDK underneath and are the SDK's own;
+/// phasetrace, a distribution of it, names itself in `telemetry.distro.*`.
+pub mod resource {
+    /// The service (`OTEL_SERVICE_NAME`).
+    pub const SERVICE_NAME: &str = "service.name";
+    /// This process's id.
+    pub const PROCESS_PID: &str = "process.pid";
+    /// This process's executable file name.
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    /// The host's name.
+    pub const HOST_NAME: &str = "host.name";
+    /// `phasetrace`.
+    pub const TELEMETRY_DISTRO_NAME: &str = "telemetry.distro.name";
+    /// phasetrace's version.
+    pub const TELEMETRY_DISTRO_VERSION: &str = "telemetry.distro.version";
+    /// The value of [`TELEMETRY_DISTRO_NAME`].
+    pub const DISTRO: &str = "phasetrace";
+}
+
 /// Span names (sections are named by their bucket).
 pub mod span {
     /// One decode step (token).

@@ -315,6 +315,7 @@ impl ProfilerBuilder {
                 start,
                 running: Mutex::new(running),
                 shut_down: AtomicBool::new(false),
+                stopped: Mutex::new(None),
             }),
         })
     }
@@ -399,6 +400,44 @@ struct Inner {
     start: Start,
     running: Mutex<Option<Running>>,
     shut_down: AtomicBool,
+    /// What a shut-down profiler keeps for `stats()` and `summary()`: the final figures.
+    stopped: Mutex<Option<Figures>>,
+}
+
+/// Where the worker's figures live: its pipeline and the span exporter's counts.
+#[derive(Clone)]
+struct Figures {
+    pipeline: Arc<Mutex<Pipeline>>,
+    span_counts: Arc<crate::export::SpanCounts>,
+}
+
+impl Figures {
+    fn of(r: &Running) -> Figures {
+        Figures {
+            pipeline: r.worker.pipeline.clone(),
+            span_counts: r.exporters.span_counts.clone(),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self
+            .pipeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats();
+        s.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
+        s.spans_failed = self.span_counts.failed.load(Ordering::Relaxed);
+        s
+    }
+
+    fn summary(&self) -> String {
+        crate::worker::summary_table(
+            self.pipeline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .tally(),
+        )
+    }
 }
 
 impl Drop for Inner {
@@ -418,6 +457,7 @@ impl Drop for Inner {
 /// detached thread, which the process exit ends).
 fn finish(r: Running, timeout: Duration, summary: bool) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
     let spawned = std::thread::Builder::new()
         .name("phasetrace-shutdown".into())
         .spawn(move || {
@@ -429,7 +469,8 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
                     eprint!("{}", crate::worker::summary_table(p.tally()));
                 }
             }
-            r.exporters.shutdown();
+            // The exporters get what the worker left of the timeout.
+            r.exporters.shutdown(timeout.saturating_sub(started.elapsed()));
             let _ = tx.send(());
         });
     if spawned.is_ok() {
@@ -569,34 +610,35 @@ impl Profiler {
         }
     }
 
-    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops.
-    pub fn stats(&self) -> Stats {
+    /// The worker's figures: those of the running worker, or the final ones after
+    /// [`Profiler::shutdown`]; `None` when it never started.
+    fn figures(&self) -> Option<Figures> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or(Stats::default(), |r| {
-            let mut s = r
-                .worker
-                .pipeline
+        match r.as_ref() {
+            Some(r) => Some(Figures::of(r)),
+            None => self
+                .inner
+                .stopped
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .stats();
-            s.spans_exported = r.exporters.span_counts.exported.load(Ordering::Relaxed);
-            s.spans_failed = r.exporters.span_counts.failed.load(Ordering::Relaxed);
-            s
-        })
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
     }
 
-    /// The console summary table of everything recorded so far.
+    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops. After
+    /// [`Profiler::shutdown`], the final figures.
+    ///
+    /// Takes the profiler's lock and then the worker's, which a drain pass holds while it
+    /// processes marks: meant for monitoring and tests, not for every token.
+    pub fn stats(&self) -> Stats {
+        self.figures().map_or_else(Stats::default, |f| f.stats())
+    }
+
+    /// The console summary table of everything recorded so far; after
+    /// [`Profiler::shutdown`], of everything recorded. Takes the same locks as
+    /// [`Profiler::stats`].
     pub fn summary(&self) -> String {
-        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or_else(String::new, |r| {
-            crate::worker::summary_table(
-                r.worker
-                    .pipeline
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tally(),
-            )
-        })
+        self.figures().map_or_else(String::new, |f| f.summary())
     }
 
     /// Stops recording, processes what is left, flushes every exporter and stops them, within
@@ -608,6 +650,10 @@ impl Profiler {
             self.inner.shut_down.store(true, Ordering::Relaxed);
             self.inner.shared.level.store(Level::Off);
             self.inner.shared.spec_level.store(SpecLevel::Off);
+            if let Some(r) = r.as_ref() {
+                *self.inner.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Figures::of(r));
+            }
             r.take()
         };
         if let Some(r) = running {
@@ -641,5 +687,65 @@ impl Profiler {
             .tracing_parent
             .store(true, Ordering::Relaxed);
         Some(tracing_opentelemetry::layer().with_tracer(tracer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Section, Site};
+
+    fn profiler() -> Profiler {
+        Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_prometheus(None)
+            .build()
+            .expect("profiler")
+    }
+
+    #[test]
+    fn stats_and_summary_keep_the_final_figures_after_shutdown() {
+        let p = profiler();
+        let rec = p.recorder();
+        for layer in 0..4u32 {
+            let _step = rec.step();
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        drop(rec);
+        p.shutdown();
+        let s = p.stats();
+        assert_eq!((s.steps, s.sections, s.dropped.total()), (4, 4, 0), "{s:?}");
+        let summary = p.summary();
+        assert!(summary.contains("after 4 steps:"), "{summary}");
+        assert!(summary.contains("kda_mixer"), "{summary}");
+    }
+
+    #[test]
+    fn the_summary_header_counts_the_steps_of_each_rank() {
+        let p = profiler();
+        let ranks: Vec<Recorder> = (0..3)
+            .map(|r| p.recorder_with(RecorderOptions::new().rank(r)))
+            .collect();
+        for rec in &ranks {
+            for _ in 0..4 {
+                let _step = rec.step();
+            }
+        }
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 4 steps x 3 ranks (per rank)"),
+            "{summary}"
+        );
+        let _step = ranks[0].step();
+        drop(_step);
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 13 steps over 3 ranks (4 to 5 per rank)"),
+            "{summary}"
+        );
+        p.shutdown();
     }
 }
