@@ -17,11 +17,11 @@ fn every_drop_reason_reads_zero_before_anything_drops() {
     let (code, body) = support::http_get(&url).expect("scrape");
     assert_eq!(code, 200, "{body}");
     for reason in DropReason::ALL {
-        let series = format!("phasetrace_records_dropped_total{{reason=\"{reason}\"");
+        let label = format!("reason=\"{reason}\"");
         let line = body
             .lines()
-            .find(|l| l.starts_with(&series))
-            .unwrap_or_else(|| panic!("no {series} series:\n{body}"));
+            .find(|l| l.starts_with("phasetrace_records_dropped_total{") && l.contains(&label))
+            .unwrap_or_else(|| panic!("no {label} series:\n{body}"));
         assert_eq!(line.rsplit(' ').next(), Some("0"), "{line}");
     }
     assert_eq!(p.stats().dropped.total(), 0);
