@@ -1,36 +1,48 @@
-//! OTLP/JSON requests (`ExportMetricsServiceRequest`, `ExportTraceServiceRequest`) that keep the
-//! logs' own timestamps, for a collector's `/v1/metrics` and `/v1/traces`.
+//! OTLP requests (`ExportMetricsServiceRequest`, `ExportTraceServiceRequest`) that keep the
+//! logs' own timestamps, built as `opentelemetry-proto` messages: [`super::send`] encodes them
+//! as protobuf for a collector's `/v1/metrics` and `/v1/traces`; [`write_json_line`] writes
+//! them in the OTLP/JSON mapping (the `otlp-json` output) through the messages' serde support.
 //!
 //! ```text
 //! ImportedFile[] ─► series::build ─► histogram (sum + count, no buckets) and monotonic sum
-//!                                    points, cumulative, startTimeUnixNano = run start
+//!                                    points, cumulative, start = run start
 //!                ─► route traces ─► one trace per (file, run, step): a `decode.step` root
 //!                                   with `moe.route` events, one probe span per line
 //!                ─► requests of at most `max_items_per_request` points or spans ─► sink
 //! ```
 //!
-//! The JSON mapping follows the OTLP spec: camelCase keys, 64-bit integers as strings, enums as
-//! numbers, trace and span ids as lowercase hex. Each (file, run) is one resource with
-//! `service.name`, `source.file` and `source.run`; the data points carry `source.file` and
-//! `source.run` too, so that a collector without resource-to-label conversion still puts them
-//! on the Prometheus series, as the OpenMetrics writer does.
+//! Each (file, run) is one resource with `service.name`, `source.file` and `source.run`; the
+//! data points carry `source.file` and `source.run` too, so that a collector without
+//! resource-to-label conversion still puts them on the Prometheus series, as the OpenMetrics
+//! writer does.
 //!
 //! Ids are derived from (file, run, step, position) by hashing, so a re-import produces the
 //! same ids and a backend deduplicates rather than doubles.
 
 use std::io::Write;
 
-use serde_json::{Value, json};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{
+    AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value,
+};
+use opentelemetry_proto::tonic::metrics::v1::{
+    AggregationTemporality, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
+    ResourceMetrics, ScopeMetrics, Sum, metric, number_data_point,
+};
+use opentelemetry_proto::tonic::resource::v1::Resource as ProtoResource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
 
 use super::contract::{
-    EVENT_MOE_ROUTE, Family, Key, SCOPE_NAME, SERVICE_NAME, SPAN_STEP, TIMING_SYNC, probe_bucket,
+    EVENT_MOE_ROUTE, Family, Key, SCOPE_NAME, SERVICE_NAME, SPAN_STEP, TIMING, probe_bucket,
 };
 use super::series::{self, Resource};
 use super::{ImportError, ImportRecord, ImportedFile};
+use crate::names::resource;
 
-/// Options of the OTLP/JSON writer.
+/// Options of the OTLP writers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OtlpJsonOptions {
+pub struct OtlpOptions {
     /// Data points (metrics) or spans (traces) per request. Default 5000.
     pub max_items_per_request: usize,
     /// Minimum spacing of two points of one series, nanoseconds. Default 1 ms.
@@ -39,7 +51,7 @@ pub struct OtlpJsonOptions {
     pub rank: Option<u32>,
 }
 
-impl Default for OtlpJsonOptions {
+impl Default for OtlpOptions {
     fn default() -> Self {
         Self {
             max_items_per_request: 5000,
@@ -51,7 +63,7 @@ impl Default for OtlpJsonOptions {
 
 /// What a writer produced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OtlpJsonStats {
+pub struct OtlpStats {
     /// Requests handed to the sink.
     pub requests: usize,
     /// Data points or spans in them.
@@ -60,51 +72,73 @@ pub struct OtlpJsonStats {
     pub untimed_records: u64,
 }
 
-/// OTLP `AGGREGATION_TEMPORALITY_CUMULATIVE`.
-const CUMULATIVE: u8 = 2;
-/// OTLP `SPAN_KIND_INTERNAL`.
-const SPAN_KIND_INTERNAL: u8 = 1;
-
-fn attr(key: Key, value: &str) -> Value {
-    match value.parse::<i64>() {
-        Ok(v) if key.is_int() => {
-            json!({ "key": key.otel(), "value": { "intValue": v.to_string() } })
-        }
-        _ => json!({ "key": key.otel(), "value": { "stringValue": value } }),
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
     }
 }
 
-fn resource_attrs(r: &Resource) -> Vec<Value> {
-    vec![
-        json!({ "key": "service.name", "value": { "stringValue": SERVICE_NAME } }),
-        attr(Key::SourceFile, &r.source_file),
-        attr(Key::SourceRun, &r.run.to_string()),
-    ]
+fn string(key: &str, value: impl Into<String>) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.into()))
 }
 
-fn scope() -> Value {
-    json!({ "name": SCOPE_NAME, "version": env!("CARGO_PKG_VERSION") })
+fn int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+/// An attribute of a series label: an integer for integer keys whose value is one.
+fn attr(key: Key, value: &str) -> KeyValue {
+    match value.parse::<i64>() {
+        Ok(v) if key.is_int() => int(key.otel(), v),
+        _ => string(key.otel(), value),
+    }
+}
+
+fn proto_resource(r: &Resource) -> ProtoResource {
+    ProtoResource {
+        attributes: vec![
+            string(resource::SERVICE_NAME, SERVICE_NAME),
+            string(Key::SourceFile.otel(), r.source_file.clone()),
+            int(Key::SourceRun.otel(), i64::from(r.run)),
+        ],
+        ..Default::default()
+    }
+}
+
+fn scope() -> InstrumentationScope {
+    InstrumentationScope {
+        name: SCOPE_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        ..Default::default()
+    }
 }
 
 /// Groups consecutive `(resource, item)` pairs by resource into one request's resource list.
-fn by_resource<T>(
+fn by_resource<T, R>(
     items: &[(usize, T)],
-    mut build: impl FnMut(usize, &[(usize, T)]) -> Value,
-) -> Vec<Value> {
+    mut build: impl FnMut(usize, &[(usize, T)]) -> R,
+) -> Vec<R> {
     items
         .chunk_by(|a, b| a.0 == b.0)
         .map(|group| build(group[0].0, group))
         .collect()
 }
 
-/// Builds the metrics requests of `files` and hands each to `sink` (to write or POST).
+/// Nanoseconds as OTLP's signed integer value (saturating; counts never get near it).
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Builds the metrics requests of `files` and hands each to `sink` (to write or send).
 pub fn metrics_requests(
     files: &[ImportedFile],
-    options: &OtlpJsonOptions,
-    mut sink: impl FnMut(Value) -> Result<(), ImportError>,
-) -> Result<OtlpJsonStats, ImportError> {
+    options: &OtlpOptions,
+    mut sink: impl FnMut(ExportMetricsServiceRequest) -> Result<(), ImportError>,
+) -> Result<OtlpStats, ImportError> {
     let set = series::build(files, options.sample_interval_ns, options.rank);
-    let mut stats = OtlpJsonStats {
+    let mut stats = OtlpStats {
         untimed_records: set.untimed_records,
         ..Default::default()
     };
@@ -119,76 +153,95 @@ pub fn metrics_requests(
     for chunk in order.chunks(options.max_items_per_request.max(1)) {
         let resource_metrics = by_resource(chunk, |res, group| {
             let resource = &set.resources[res];
-            let metrics: Vec<Value> = group
+            let metrics: Vec<Metric> = group
                 .chunk_by(|a, b| set.series[a.1.0].family == set.series[b.1.0].family)
                 .map(|fam| {
                     let family = set.series[fam[0].1.0].family;
-                    let points: Vec<Value> = fam
-                        .iter()
-                        .map(|&(_, (si, pi))| {
-                            let s = &set.series[si];
-                            let p = s.points[pi];
-                            let mut attributes: Vec<Value> =
-                                s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
-                            attributes.push(attr(Key::SourceFile, &resource.source_file));
-                            attributes.push(attr(Key::SourceRun, &resource.run.to_string()));
-                            let start = resource.start_ns.min(p.at_ns);
-                            if family.is_counter() {
-                                json!({
-                                    "attributes": attributes,
-                                    "startTimeUnixNano": start.to_string(),
-                                    "timeUnixNano": p.at_ns.to_string(),
-                                    "asInt": p.count.to_string(),
-                                })
-                            } else {
-                                json!({
-                                    "attributes": attributes,
-                                    "startTimeUnixNano": start.to_string(),
-                                    "timeUnixNano": p.at_ns.to_string(),
-                                    "count": p.count.to_string(),
-                                    "sum": p.sum_ns as f64 / 1e9,
-                                    "bucketCounts": [],
-                                    "explicitBounds": [],
-                                })
-                            }
-                        })
-                        .collect();
-                    metric(family, points)
+                    let points = fam.iter().map(|&(_, (si, pi))| {
+                        let s = &set.series[si];
+                        let p = s.points[pi];
+                        let mut attributes: Vec<KeyValue> =
+                            s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
+                        attributes.push(string(
+                            Key::SourceFile.otel(),
+                            resource.source_file.clone(),
+                        ));
+                        attributes.push(int(Key::SourceRun.otel(), i64::from(resource.run)));
+                        Point {
+                            attributes,
+                            start: resource.start_ns.min(p.at_ns),
+                            at: p.at_ns,
+                            sum_ns: p.sum_ns,
+                            count: p.count,
+                        }
+                    });
+                    metric_of(family, points)
                 })
                 .collect();
-            json!({
-                "resource": { "attributes": resource_attrs(resource) },
-                "scopeMetrics": [{ "scope": scope(), "metrics": metrics }],
-            })
+            ResourceMetrics {
+                resource: Some(proto_resource(resource)),
+                scope_metrics: vec![ScopeMetrics {
+                    scope: Some(scope()),
+                    metrics,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
         });
         stats.requests += 1;
         stats.items += chunk.len();
-        sink(json!({ "resourceMetrics": resource_metrics }))?;
+        sink(ExportMetricsServiceRequest { resource_metrics })?;
     }
     Ok(stats)
 }
 
-fn metric(family: Family, points: Vec<Value>) -> Value {
-    let mut m = json!({
-        "name": family.otel_name(),
-        "description": family.description(),
-        "unit": family.unit(),
-    });
+/// One cumulative point of a family.
+struct Point {
+    attributes: Vec<KeyValue>,
+    start: u64,
+    at: u64,
+    sum_ns: u64,
+    count: u64,
+}
+
+fn metric_of(family: Family, points: impl Iterator<Item = Point>) -> Metric {
+    let temporality = AggregationTemporality::Cumulative as i32;
     let data = if family.is_counter() {
-        (
-            "sum",
-            json!({ "aggregationTemporality": CUMULATIVE, "isMonotonic": true, "dataPoints": points }),
-        )
+        metric::Data::Sum(Sum {
+            data_points: points
+                .map(|p| NumberDataPoint {
+                    attributes: p.attributes,
+                    start_time_unix_nano: p.start,
+                    time_unix_nano: p.at,
+                    value: Some(number_data_point::Value::AsInt(signed(p.count))),
+                    ..Default::default()
+                })
+                .collect(),
+            aggregation_temporality: temporality,
+            is_monotonic: true,
+        })
     } else {
-        (
-            "histogram",
-            json!({ "aggregationTemporality": CUMULATIVE, "dataPoints": points }),
-        )
+        metric::Data::Histogram(Histogram {
+            data_points: points
+                .map(|p| HistogramDataPoint {
+                    attributes: p.attributes,
+                    start_time_unix_nano: p.start,
+                    time_unix_nano: p.at,
+                    count: p.count,
+                    sum: Some(p.sum_ns as f64 / 1e9),
+                    ..Default::default()
+                })
+                .collect(),
+            aggregation_temporality: temporality,
+        })
     };
-    if let Some(obj) = m.as_object_mut() {
-        obj.insert(data.0.to_owned(), data.1);
+    Metric {
+        name: family.otel_name().to_owned(),
+        description: family.description().to_owned(),
+        unit: family.unit().to_owned(),
+        data: Some(data),
+        ..Default::default()
     }
-    m
 }
 
 /// 64-bit FNV-1a, then a finaliser so that nearby inputs spread over all bits.
@@ -221,17 +274,27 @@ struct Probe<'a> {
     expert_ids: &'a [u32],
 }
 
-/// One span to write: a step root (with its route events) or a probe.
+/// A routed layer whose routing a step root carries as an event.
+struct RouteEvent<'a> {
+    at: u64,
+    layer: u32,
+    expert_ids: &'a [u32],
+}
+
+/// What a span is: a step root with its route events, or a probe under its root.
+enum SpanKind<'a> {
+    Root { routes: Vec<RouteEvent<'a>> },
+    Probe { parent: u64, probe: Probe<'a> },
+}
+
+/// One span to write.
 struct SpanOut<'a> {
-    trace_id: String,
+    trace_id: [u8; 16],
     span_id: u64,
     step: u64,
     start: u64,
     end: u64,
-    /// `None` for the root; the root's id and the probe for a probe span.
-    probe: Option<(u64, Probe<'a>)>,
-    /// For the root: the probes whose lines carry a MoE layer's routing.
-    routes: Vec<(u64, u32, &'a [u32])>,
+    kind: SpanKind<'a>,
 }
 
 /// Builds the trace requests of `files` and hands each to `sink`.
@@ -245,11 +308,11 @@ struct SpanOut<'a> {
 /// an earlier layer's ids and add no event.
 pub fn trace_requests(
     files: &[ImportedFile],
-    options: &OtlpJsonOptions,
-    mut sink: impl FnMut(Value) -> Result<(), ImportError>,
-) -> Result<OtlpJsonStats, ImportError> {
+    options: &OtlpOptions,
+    mut sink: impl FnMut(ExportTraceServiceRequest) -> Result<(), ImportError>,
+) -> Result<OtlpStats, ImportError> {
     let set = series::build(files, options.sample_interval_ns, options.rank);
-    let mut stats = OtlpJsonStats::default();
+    let mut stats = OtlpStats::default();
     let mut spans: Vec<(usize, SpanOut<'_>)> = Vec::new();
     for file in files {
         let mut probes: Vec<(u32, u64, Probe<'_>)> = Vec::new();
@@ -294,7 +357,9 @@ pub fn trace_requests(
                 &run.to_le_bytes(),
                 &step.to_le_bytes(),
             ];
-            let trace_id = format!("{:016x}{:016x}", hash64(&key, 1), hash64(&key, 2));
+            let mut trace_id = [0u8; 16];
+            trace_id[..8].copy_from_slice(&hash64(&key, 1).to_be_bytes());
+            trace_id[8..].copy_from_slice(&hash64(&key, 2).to_be_bytes());
             let root = hash64(&key, 3);
             let start = group
                 .iter()
@@ -305,18 +370,21 @@ pub fn trace_requests(
             let routes = group
                 .iter()
                 .filter(|g| g.2.moe && g.2.site == ROUTE_SITE && !g.2.expert_ids.is_empty())
-                .map(|g| (g.2.at, g.2.layer, g.2.expert_ids))
+                .map(|g| RouteEvent {
+                    at: g.2.at,
+                    layer: g.2.layer,
+                    expert_ids: g.2.expert_ids,
+                })
                 .collect();
             spans.push((
                 res,
                 SpanOut {
-                    trace_id: trace_id.clone(),
+                    trace_id,
                     span_id: root,
                     step,
                     start,
                     end,
-                    probe: None,
-                    routes,
+                    kind: SpanKind::Root { routes },
                 },
             ));
             for (i, (_, _, probe)) in group.iter().enumerate() {
@@ -324,97 +392,100 @@ pub fn trace_requests(
                 spans.push((
                     res,
                     SpanOut {
-                        trace_id: trace_id.clone(),
+                        trace_id,
                         span_id,
                         step,
                         start: probe.at.saturating_sub(probe.bar_ns),
                         end: probe.at,
-                        probe: Some((
-                            root,
-                            Probe {
+                        kind: SpanKind::Probe {
+                            parent: root,
+                            probe: Probe {
                                 expert_ids: &[],
                                 ..*probe
                             },
-                        )),
-                        routes: Vec::new(),
+                        },
                     },
                 ));
             }
         }
     }
     for chunk in spans.chunks(options.max_items_per_request.max(1)) {
-        let resource_spans = by_resource(chunk, |res, group| {
-            let spans: Vec<Value> = group
-                .iter()
-                .map(|(_, s)| span_json(s, options.rank))
-                .collect();
-            json!({
-                "resource": { "attributes": resource_attrs(&set.resources[res]) },
-                "scopeSpans": [{ "scope": scope(), "spans": spans }],
-            })
+        let resource_spans = by_resource(chunk, |res, group| ResourceSpans {
+            resource: Some(proto_resource(&set.resources[res])),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(scope()),
+                spans: group.iter().map(|(_, s)| span_of(s, options.rank)).collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
         });
         stats.requests += 1;
         stats.items += chunk.len();
-        sink(json!({ "resourceSpans": resource_spans }))?;
+        sink(ExportTraceServiceRequest { resource_spans })?;
     }
     Ok(stats)
 }
 
-fn span_json(s: &SpanOut<'_>, rank: Option<u32>) -> Value {
+fn span_of(s: &SpanOut<'_>, rank: Option<u32>) -> Span {
     let mut attributes = Vec::new();
     if let Some(rank) = rank {
-        attributes.push(attr(Key::Rank, &rank.to_string()));
+        attributes.push(int(Key::Rank.otel(), i64::from(rank)));
     }
-    let mut span = json!({
-        "traceId": s.trace_id,
-        "spanId": format!("{:016x}", s.span_id),
-        "kind": SPAN_KIND_INTERNAL,
-        "startTimeUnixNano": s.start.to_string(),
-        "endTimeUnixNano": s.end.to_string(),
-    });
-    let Some(obj) = span.as_object_mut() else {
-        return span;
+    let mut out = Span {
+        trace_id: s.trace_id.to_vec(),
+        span_id: s.span_id.to_be_bytes().to_vec(),
+        kind: span::SpanKind::Internal as i32,
+        start_time_unix_nano: s.start,
+        end_time_unix_nano: s.end,
+        ..Default::default()
     };
-    match &s.probe {
-        None => {
-            attributes.push(attr(Key::Step, &s.step.to_string()));
-            attributes.push(attr(Key::Timing, TIMING_SYNC));
-            let events: Vec<Value> = s
-                .routes
+    match &s.kind {
+        SpanKind::Root { routes } => {
+            attributes.push(int(Key::Step.otel(), signed(s.step)));
+            attributes.push(string(Key::Timing.otel(), TIMING.as_str()));
+            out.name = SPAN_STEP.to_owned();
+            out.events = routes
                 .iter()
-                .map(|(at, layer, ids)| {
-                    let ids: Vec<Value> = ids
-                        .iter()
-                        .map(|id| json!({ "intValue": id.to_string() }))
-                        .collect();
-                    json!({
-                        "timeUnixNano": at.to_string(),
-                        "name": EVENT_MOE_ROUTE,
-                        "attributes": [
-                            attr(Key::Layer, &layer.to_string()),
-                            { "key": Key::ExpertIds.otel(), "value": { "arrayValue": { "values": ids } } },
-                        ],
-                    })
+                .map(|r| span::Event {
+                    time_unix_nano: r.at,
+                    name: EVENT_MOE_ROUTE.to_owned(),
+                    attributes: vec![
+                        int(Key::Layer.otel(), i64::from(r.layer)),
+                        kv(
+                            Key::ExpertIds.otel(),
+                            any_value::Value::ArrayValue(ArrayValue {
+                                values: r
+                                    .expert_ids
+                                    .iter()
+                                    .map(|&id| AnyValue {
+                                        value: Some(any_value::Value::IntValue(i64::from(id))),
+                                    })
+                                    .collect(),
+                            }),
+                        ),
+                    ],
+                    ..Default::default()
                 })
                 .collect();
-            obj.insert("name".to_owned(), json!(SPAN_STEP));
-            obj.insert("events".to_owned(), json!(events));
         }
-        Some((parent, probe)) => {
+        SpanKind::Probe { parent, probe } => {
             let bucket = probe_bucket(probe.site);
-            attributes.push(attr(Key::Bucket, &bucket));
-            attributes.push(attr(Key::Layer, &probe.layer.to_string()));
-            attributes.push(attr(Key::Site, probe.site));
-            obj.insert("name".to_owned(), json!(bucket));
-            obj.insert("parentSpanId".to_owned(), json!(format!("{parent:016x}")));
+            attributes.push(string(Key::Bucket.otel(), bucket.as_ref()));
+            attributes.push(int(Key::Layer.otel(), i64::from(probe.layer)));
+            attributes.push(string(Key::Site.otel(), probe.site));
+            out.name = bucket.into_owned();
+            out.parent_span_id = parent.to_be_bytes().to_vec();
         }
     }
-    obj.insert("attributes".to_owned(), json!(attributes));
-    span
+    out.attributes = attributes;
+    out
 }
 
-/// Writes requests as JSON Lines (one request per line), the OTLP file-exporter layout.
-pub fn write_json_line<W: Write>(out: &mut W, request: &Value) -> Result<(), ImportError> {
+/// Writes a request as one line of OTLP/JSON (JSON Lines, the OTLP file-exporter layout).
+pub fn write_json_line<W: Write, M: serde::Serialize>(
+    out: &mut W,
+    request: &M,
+) -> Result<(), ImportError> {
     serde_json::to_writer(&mut *out, request)
         .map_err(std::io::Error::from)
         .and_then(|()| out.write_all(b"\n"))
@@ -428,6 +499,7 @@ pub fn write_json_line<W: Write>(out: &mut W, request: &Value) -> Result<(), Imp
 mod tests {
     use super::*;
     use crate::import::{ImportOptions, import_reader};
+    use serde_json::{Value, json};
 
     fn sample() -> ImportedFile {
         let log = "\
@@ -448,12 +520,17 @@ mod tests {
     #[test]
     fn traces_look_like_live_ones_with_hex_ids_and_string_times() {
         let mut requests = Vec::new();
-        let options = OtlpJsonOptions {
+        let options = OtlpOptions {
             rank: Some(3),
             ..Default::default()
         };
         let stats = trace_requests(&[sample()], &options, |r| {
-            requests.push(r);
+            let json = serde_json::to_value(&r).expect("OTLP/JSON");
+            // What a collector's OTLP/JSON receiver decodes is the message that was built.
+            let back: ExportTraceServiceRequest =
+                serde_json::from_value(json.clone()).expect("decodes");
+            assert!(back == r, "{json}");
+            requests.push(json);
             Ok(())
         })
         .expect("traces");
@@ -464,7 +541,8 @@ mod tests {
         assert_eq!(root["name"], SPAN_STEP);
         assert_eq!(root["startTimeUnixNano"], "1790769600999990000");
         assert_eq!(root["endTimeUnixNano"], "1790769601000100000");
-        assert!(root.get("parentSpanId").is_none());
+        // An empty parent id marks the root, in OTLP/JSON as in protobuf.
+        assert_eq!(root["parentSpanId"], "");
         let route = &root["events"][0];
         assert_eq!(route["name"], EVENT_MOE_ROUTE);
         assert_eq!(route["timeUnixNano"], "1790769601000100000");
@@ -505,12 +583,16 @@ mod tests {
     #[test]
     fn metrics_are_cumulative_histograms_and_chunked() {
         let mut requests = Vec::new();
-        let options = OtlpJsonOptions {
+        let options = OtlpOptions {
             max_items_per_request: 2,
             ..Default::default()
         };
         let stats = metrics_requests(&[sample()], &options, |r| {
-            requests.push(r);
+            let json = serde_json::to_value(&r).expect("OTLP/JSON");
+            let back: ExportMetricsServiceRequest =
+                serde_json::from_value(json.clone()).expect("decodes");
+            assert!(back == r, "{json}");
+            requests.push(json);
             Ok(())
         })
         .expect("metrics");
