@@ -208,7 +208,9 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     println!(
         "| {n} | {} | {} | {} | {start_rss} | {first} | {last} | {max_rss} |",
-        s.sections, s.dropped[phasetrace::DropReason::QueueFull], s.spans_failed
+        s.sections,
+        s.dropped[phasetrace::DropReason::QueueFull],
+        s.spans_failed
     );
     println!(
         "spans: built {} = exported {} + failed {} + pending {}; not built (processor queue full) {}",

@@ -470,7 +470,8 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
                 }
             }
             // The exporters get what the worker left of the timeout.
-            r.exporters.shutdown(timeout.saturating_sub(started.elapsed()));
+            r.exporters
+                .shutdown(timeout.saturating_sub(started.elapsed()));
             let _ = tx.send(());
         });
     if spawned.is_ok() {

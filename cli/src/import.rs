@@ -220,14 +220,10 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
                 rank: a.rank,
                 ..OtlpOptions::default()
             };
-            let m = otlp::metrics_requests(&files, &opts, |r| {
-                otlp::write_json_line(&mut w, &r)
-            })
-            .map_err(Failure::runtime)?;
-            let t = otlp::trace_requests(&files, &opts, |r| {
-                otlp::write_json_line(&mut w, &r)
-            })
-            .map_err(Failure::runtime)?;
+            let m = otlp::metrics_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+                .map_err(Failure::runtime)?;
+            let t = otlp::trace_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+                .map_err(Failure::runtime)?;
             w.flush().map_err(Failure::runtime)?;
             eprintln!(
                 "wrote {} metric requests ({} points) and {} trace requests ({} spans)",

@@ -105,7 +105,10 @@ pub(crate) fn resource(cfg: &Config) -> Resource {
     let mut attrs: Vec<KeyValue> = vec![
         KeyValue::new(resource::PROCESS_PID, i64::from(std::process::id())),
         KeyValue::new(resource::TELEMETRY_DISTRO_NAME, resource::DISTRO),
-        KeyValue::new(resource::TELEMETRY_DISTRO_VERSION, env!("CARGO_PKG_VERSION")),
+        KeyValue::new(
+            resource::TELEMETRY_DISTRO_VERSION,
+            env!("CARGO_PKG_VERSION"),
+        ),
     ];
     if let Some(exe) = std::env::current_exe()
         .ok()

@@ -177,7 +177,6 @@ impl Key {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

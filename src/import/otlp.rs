@@ -162,10 +162,8 @@ pub fn metrics_requests(
                         let p = s.points[pi];
                         let mut attributes: Vec<KeyValue> =
                             s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
-                        attributes.push(string(
-                            Key::SourceFile.otel(),
-                            resource.source_file.clone(),
-                        ));
+                        attributes
+                            .push(string(Key::SourceFile.otel(), resource.source_file.clone()));
                         attributes.push(int(Key::SourceRun.otel(), i64::from(resource.run)));
                         Point {
                             attributes,
@@ -414,7 +412,10 @@ pub fn trace_requests(
             resource: Some(proto_resource(&set.resources[res])),
             scope_spans: vec![ScopeSpans {
                 scope: Some(scope()),
-                spans: group.iter().map(|(_, s)| span_of(s, options.rank)).collect(),
+                spans: group
+                    .iter()
+                    .map(|(_, s)| span_of(s, options.rank))
+                    .collect(),
                 ..Default::default()
             }],
             ..Default::default()

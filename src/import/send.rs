@@ -68,11 +68,8 @@ pub fn send(
         })?;
     let metrics_url = format!("{}/v1/metrics", otlp.endpoint);
     let traces_url = format!("{}/v1/traces", otlp.endpoint);
-    let metrics = otlp::metrics_requests(files, options, |req| {
-        post(&client, otlp, &metrics_url, req)
-    })?;
-    let traces = otlp::trace_requests(files, options, |req| {
-        post(&client, otlp, &traces_url, req)
-    })?;
+    let metrics =
+        otlp::metrics_requests(files, options, |req| post(&client, otlp, &metrics_url, req))?;
+    let traces = otlp::trace_requests(files, options, |req| post(&client, otlp, &traces_url, req))?;
     Ok(SendStats { metrics, traces })
 }

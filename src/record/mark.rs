@@ -358,13 +358,22 @@ mod tests {
         assert_eq!(m.token(), 7);
 
         let m = Mark::round_begin(0x0003_0002, 5, true);
-        assert_eq!((m.round_seq(), m.k(), m.is_sampled()), (0x0003_0002, 5, true));
+        assert_eq!(
+            (m.round_seq(), m.k(), m.is_sampled()),
+            (0x0003_0002, 5, true)
+        );
 
         assert_eq!(Mark::round_end(Some(3)).accepted(), Some(3));
         assert_eq!(Mark::round_end(None).accepted(), None);
-        assert_eq!(Mark::round_end(Some(u32::MAX)).accepted(), Some(u32::MAX - 1));
+        assert_eq!(
+            Mark::round_end(Some(u32::MAX)).accepted(),
+            Some(u32::MAX - 1)
+        );
 
-        let round = RoundRef { lane: 9, seq: 70_000 };
+        let round = RoundRef {
+            lane: 9,
+            seq: 70_000,
+        };
         let m = Mark::part_end(VerifyPart::Mla, round);
         assert_eq!((m.part(), m.round()), (Some(VerifyPart::Mla), round));
 
@@ -373,7 +382,13 @@ mod tests {
         assert!(m.is_continued() && m.is_untimed());
 
         let m = Mark::wait(Site::MLP, Layer(4), 1_500);
-        assert_eq!((m.site(), m.layer(), m.wait_ns()), (Site::MLP, Layer(4), 1_500));
-        assert_eq!(Mark::phase(Phase::Rollback).phase_of(), Some(Phase::Rollback));
+        assert_eq!(
+            (m.site(), m.layer(), m.wait_ns()),
+            (Site::MLP, Layer(4), 1_500)
+        );
+        assert_eq!(
+            Mark::phase(Phase::Rollback).phase_of(),
+            Some(Phase::Rollback)
+        );
     }
 }

@@ -241,7 +241,13 @@ impl Recorder {
     }
 
     #[inline]
-    fn section_on(&self, section: Section, layer: Layer, site: Site, host: bool) -> SectionGuard<'_> {
+    fn section_on(
+        &self,
+        section: Section,
+        layer: Layer,
+        site: Site,
+        host: bool,
+    ) -> SectionGuard<'_> {
         if !Self::records(self.level(), section) {
             return SectionGuard {
                 rec: None,

@@ -62,15 +62,14 @@ pub(crate) struct StepTrace {
 
 fn parent_context(parent: Option<Parent>) -> Context {
     match parent {
-        Some(Parent { trace_id, span_id }) if trace_id != 0 && span_id != 0 => {
-            Context::new().with_remote_span_context(SpanContext::new(
+        Some(Parent { trace_id, span_id }) if trace_id != 0 && span_id != 0 => Context::new()
+            .with_remote_span_context(SpanContext::new(
                 TraceId::from(trace_id),
                 SpanId::from(span_id),
                 TraceFlags::SAMPLED,
                 true,
                 TraceState::default(),
-            ))
-        }
+            )),
         _ => Context::new(),
     }
 }

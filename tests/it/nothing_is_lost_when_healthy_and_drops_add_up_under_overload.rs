@@ -10,6 +10,7 @@ use support::Rotel;
 
 #[test]
 fn a_million_sections_arrive_exactly() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
@@ -95,7 +96,11 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     p.flush();
     let s = p.stats();
     let recorded = 16 * per_thread;
-    assert_eq!(s.marks + s.dropped[DropReason::QueueFull], recorded, "{s:?}");
+    assert_eq!(
+        s.marks + s.dropped[DropReason::QueueFull],
+        recorded,
+        "{s:?}"
+    );
     assert!(
         s.dropped[DropReason::QueueFull] > 0,
         "the overload should overflow 1024-record buffers"

@@ -95,6 +95,7 @@ fn by_bucket(samples: Vec<(BTreeMap<String, String>, f64)>) -> BTreeMap<String, 
 
 #[test]
 fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
+    support::require_tools!(Prometheus);
     let now = Arc::new(AtomicU64::new(1_000_000_000));
     let profiler = Profiler::builder()
         .without_env()

@@ -347,6 +347,7 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
 
 #[test]
 fn sections_arrive_over_grpc() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(rotel.grpc_endpoint(), Protocol::Grpc, "sections-grpc");
     drive(&profiler);
@@ -357,6 +358,7 @@ fn sections_arrive_over_grpc() {
 
 #[test]
 fn sections_arrive_over_http_protobuf() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(
         rotel.http_endpoint(),
