@@ -686,7 +686,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         stats
             .dropped
             .iter()
-            .map(|(reason, n)| format!(" {n} {reason}"))
+            .map(|(reason, n)| format!(" {reason}={n}"))
             .collect::<String>(),
     );
     if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {

@@ -18,18 +18,21 @@ use support::Rotel;
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// What one connection's client sent.
+type Capture = Arc<Mutex<Vec<u8>>>;
+
 /// A TCP proxy on a free port that forwards to `upstream` and keeps what clients sent, one
 /// buffer per connection.
 struct CaptureProxy {
     port: u16,
-    sent: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    sent: Arc<Mutex<Vec<Capture>>>,
 }
 
 impl CaptureProxy {
     fn start(upstream: u16) -> CaptureProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let sent: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let sent: Arc<Mutex<Vec<Capture>>> = Arc::default();
         let connections = sent.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
@@ -60,7 +63,7 @@ impl CaptureProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, keep: Option<Arc<Mutex<Vec<u8>>>>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, keep: Option<Capture>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match from.read(&mut buf) {
