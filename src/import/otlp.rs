@@ -115,15 +115,31 @@ fn scope() -> InstrumentationScope {
     }
 }
 
-/// Groups consecutive `(resource, item)` pairs by resource into one request's resource list.
-fn by_resource<T, R>(
-    items: &[(usize, T)],
-    mut build: impl FnMut(usize, &[(usize, T)]) -> R,
-) -> Vec<R> {
+/// Something a request carries, with the index of its resource.
+trait OfResource {
+    fn resource(&self) -> usize;
+}
+
+/// Groups consecutive items by resource into one request's resource list.
+fn by_resource<T: OfResource, R>(items: &[T], mut build: impl FnMut(usize, &[T]) -> R) -> Vec<R> {
     items
-        .chunk_by(|a, b| a.0 == b.0)
-        .map(|group| build(group[0].0, group))
+        .chunk_by(|a, b| a.resource() == b.resource())
+        .map(|group| build(group[0].resource(), group))
         .collect()
+}
+
+/// One point of one series, in request order.
+#[derive(Clone, Copy)]
+struct PointRef {
+    resource: usize,
+    series: usize,
+    point: usize,
+}
+
+impl OfResource for PointRef {
+    fn resource(&self) -> usize {
+        self.resource
+    }
 }
 
 /// Nanoseconds as OTLP's signed integer value (saturating; counts never get near it).
@@ -142,24 +158,28 @@ pub fn metrics_requests(
         untimed_records: set.untimed_records,
         ..Default::default()
     };
-    // (resource, (series, point)) in request order: resource, family, series, time.
-    let mut order: Vec<(usize, (usize, usize))> = Vec::new();
+    // Request order: resource, family, series, time.
+    let mut order: Vec<PointRef> = Vec::new();
     let mut by_res: Vec<usize> = (0..set.series.len()).collect();
     by_res.sort_by_key(|&i| (set.series[i].resource, set.series[i].family));
     for i in by_res {
         let s = &set.series[i];
-        order.extend((0..s.points.len()).map(|p| (s.resource, (i, p))));
+        order.extend((0..s.points.len()).map(|point| PointRef {
+            resource: s.resource,
+            series: i,
+            point,
+        }));
     }
     for chunk in order.chunks(options.max_items_per_request.max(1)) {
         let resource_metrics = by_resource(chunk, |res, group| {
             let resource = &set.resources[res];
             let metrics: Vec<Metric> = group
-                .chunk_by(|a, b| set.series[a.1.0].family == set.series[b.1.0].family)
+                .chunk_by(|a, b| set.series[a.series].family == set.series[b.series].family)
                 .map(|fam| {
-                    let family = set.series[fam[0].1.0].family;
-                    let points = fam.iter().map(|&(_, (si, pi))| {
-                        let s = &set.series[si];
-                        let p = s.points[pi];
+                    let family = set.series[fam[0].series].family;
+                    let points = fam.iter().map(|r| {
+                        let s = &set.series[r.series];
+                        let p = s.points[r.point];
                         let mut attributes: Vec<KeyValue> =
                             s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
                         attributes
@@ -264,6 +284,8 @@ const ROUTE_SITE: &str = "mlp";
 
 /// One route-trace line of a step group.
 struct Probe<'a> {
+    run: u32,
+    step: u64,
     at: u64,
     bar_ns: u64,
     site: &'a str,
@@ -287,6 +309,7 @@ enum SpanKind<'a> {
 
 /// One span to write.
 struct SpanOut<'a> {
+    resource: usize,
     trace_id: [u8; 16],
     span_id: u64,
     step: u64,
@@ -311,9 +334,9 @@ pub fn trace_requests(
 ) -> Result<OtlpStats, ImportError> {
     let set = series::build(files, options.sample_interval_ns, options.rank);
     let mut stats = OtlpStats::default();
-    let mut spans: Vec<(usize, SpanOut<'_>)> = Vec::new();
+    let mut spans: Vec<SpanOut<'_>> = Vec::new();
     for file in files {
-        let mut probes: Vec<(u32, u64, Probe<'_>)> = Vec::new();
+        let mut probes: Vec<Probe<'_>> = Vec::new();
         for record in &file.records {
             if let ImportRecord::RouteTrace {
                 run,
@@ -330,19 +353,20 @@ pub fn trace_requests(
                     stats.untimed_records += 1;
                     continue;
                 };
-                let probe = Probe {
+                probes.push(Probe {
+                    run: *run,
+                    step: *step,
                     at,
                     bar_ns: *bar_ns,
                     site,
                     layer: *layer,
                     moe: *moe,
                     expert_ids,
-                };
-                probes.push((*run, *step, probe));
+                });
             }
         }
-        for group in probes.chunk_by(|a, b| a.0 == b.0 && a.1 == b.1) {
-            let (run, step) = (group[0].0, group[0].1);
+        for group in probes.chunk_by(|a, b| a.run == b.run && a.step == b.step) {
+            let (run, step) = (group[0].run, group[0].step);
             let Some(res) = set
                 .resources
                 .iter()
@@ -361,49 +385,45 @@ pub fn trace_requests(
             let root = hash64(&key, 3);
             let start = group
                 .iter()
-                .map(|g| g.2.at.saturating_sub(g.2.bar_ns))
+                .map(|g| g.at.saturating_sub(g.bar_ns))
                 .min()
                 .unwrap_or(0);
-            let end = group.iter().map(|g| g.2.at).max().unwrap_or(start);
+            let end = group.iter().map(|g| g.at).max().unwrap_or(start);
             let routes = group
                 .iter()
-                .filter(|g| g.2.moe && g.2.site == ROUTE_SITE && !g.2.expert_ids.is_empty())
+                .filter(|g| g.moe && g.site == ROUTE_SITE && !g.expert_ids.is_empty())
                 .map(|g| RouteEvent {
-                    at: g.2.at,
-                    layer: g.2.layer,
-                    expert_ids: g.2.expert_ids,
+                    at: g.at,
+                    layer: g.layer,
+                    expert_ids: g.expert_ids,
                 })
                 .collect();
-            spans.push((
-                res,
-                SpanOut {
-                    trace_id,
-                    span_id: root,
-                    step,
-                    start,
-                    end,
-                    kind: SpanKind::Root { routes },
-                },
-            ));
-            for (i, (_, _, probe)) in group.iter().enumerate() {
+            spans.push(SpanOut {
+                resource: res,
+                trace_id,
+                span_id: root,
+                step,
+                start,
+                end,
+                kind: SpanKind::Root { routes },
+            });
+            for (i, probe) in group.iter().enumerate() {
                 let span_id = hash64(&[key[0], key[1], key[2], &(i as u64).to_le_bytes()], 4);
-                spans.push((
-                    res,
-                    SpanOut {
-                        trace_id,
-                        span_id,
-                        step,
-                        start: probe.at.saturating_sub(probe.bar_ns),
-                        end: probe.at,
-                        kind: SpanKind::Probe {
-                            parent: root,
-                            probe: Probe {
-                                expert_ids: &[],
-                                ..*probe
-                            },
+                spans.push(SpanOut {
+                    resource: res,
+                    trace_id,
+                    span_id,
+                    step,
+                    start: probe.at.saturating_sub(probe.bar_ns),
+                    end: probe.at,
+                    kind: SpanKind::Probe {
+                        parent: root,
+                        probe: Probe {
+                            expert_ids: &[],
+                            ..*probe
                         },
                     },
-                ));
+                });
             }
         }
     }
@@ -412,10 +432,7 @@ pub fn trace_requests(
             resource: Some(proto_resource(&set.resources[res])),
             scope_spans: vec![ScopeSpans {
                 scope: Some(scope()),
-                spans: group
-                    .iter()
-                    .map(|(_, s)| span_of(s, options.rank))
-                    .collect(),
+                spans: group.iter().map(|s| span_of(s, options.rank)).collect(),
                 ..Default::default()
             }],
             ..Default::default()
@@ -425,6 +442,12 @@ pub fn trace_requests(
         sink(ExportTraceServiceRequest { resource_spans })?;
     }
     Ok(stats)
+}
+
+impl OfResource for SpanOut<'_> {
+    fn resource(&self) -> usize {
+        self.resource
+    }
 }
 
 fn span_of(s: &SpanOut<'_>, rank: Option<u32>) -> Span {
