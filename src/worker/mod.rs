@@ -317,22 +317,28 @@ pub(crate) fn spec_lines(sp: &SpecTally, split: bool) -> String {
     let per = |ns: u64| ns as f64 / 1e6 / sp.rounds.max(1) as f64;
     let ms = |ns: u64| ns as f64 / 1e6;
     let total: u64 = sp.phases.iter().sum();
-    let p = Phase::ALL.map(|ph| sp.phase(ph));
+    let (draft, verify, accept, roll, maint) = (
+        sp.phase(Phase::Draft),
+        sp.phase(Phase::Verify),
+        sp.phase(Phase::Accept),
+        sp.phase(Phase::Rollback),
+        sp.phase(Phase::Maint),
+    );
     let mut s = format!(
         "[phasetrace-spec] rounds={} k={} total={:.2}ms | draft={:.2} verify={:.2} accept={:.2} roll={:.2} maint={:.2} | per-round ms: draft={:.3} verify={:.3} accept={:.3} roll={:.3} maint={:.3} total={:.3}\n",
         sp.rounds,
         sp.k,
         ms(total),
-        ms(p[0]),
-        ms(p[1]),
-        ms(p[2]),
-        ms(p[3]),
-        ms(p[4]),
-        per(p[0]),
-        per(p[1]),
-        per(p[2]),
-        per(p[3]),
-        per(p[4]),
+        ms(draft),
+        ms(verify),
+        ms(accept),
+        ms(roll),
+        ms(maint),
+        per(draft),
+        per(verify),
+        per(accept),
+        per(roll),
+        per(maint),
         per(total)
     );
     if split {
