@@ -64,10 +64,16 @@ fn a_million_sections_arrive_exactly() {
         .and_then(|p| p.value);
     assert_eq!(steps_point, Some(steps as f64));
     p.shutdown();
+    let after = p.stats();
     assert_eq!(
-        p.stats(),
-        Default::default(),
-        "stats after shutdown are empty"
+        (
+            after.sections,
+            after.steps,
+            after.spans,
+            after.dropped.total()
+        ),
+        (recorded, steps, s.spans, 0),
+        "stats after shutdown keep the final figures: {after:?}"
     );
 }
 

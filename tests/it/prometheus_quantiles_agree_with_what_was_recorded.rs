@@ -100,7 +100,9 @@ fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
     let profiler = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_timing(Timing::Sync)
+        // A clock of the host backend that is not `HostClock`: the recorder must ask it for
+        // every time rather than read the host clock itself.
+        .with_timing(Timing::Host)
         .with_clock(Arc::new(ScriptedClock { now: now.clone() }))
         .with_trace_every(0)
         .with_prometheus(Some("127.0.0.1:0"))
