@@ -228,7 +228,11 @@ impl ExemplarStore {
         if !EXEMPLAR_METRICS.contains(&metric) {
             return [None; BUCKETS];
         }
-        let key = series_key(attrs.iter().map(|kv| (kv.key.as_str(), kv.value.to_string())));
+        let key = series_key(
+            attrs
+                .iter()
+                .map(|kv| (kv.key.as_str(), kv.value.to_string())),
+        );
         let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         i.visible
             .get(metric)

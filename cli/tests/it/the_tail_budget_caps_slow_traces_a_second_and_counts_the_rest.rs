@@ -6,7 +6,7 @@ use crate::cli;
 
 use std::time::Duration;
 
-use phasetrace::names::{attr, drop_reason, metric, span};
+use phasetrace::names::{DropReason, attr, metric, span};
 use phasetrace_testkit::Rotel;
 
 const BUDGET: usize = 4;
@@ -45,7 +45,7 @@ fn tail_traces_stay_at_the_cap_and_the_excess_is_counted() {
     let dropped_of = |p: &phasetrace_testkit::ParsedOutput| {
         p.latest_point(
             metric::RECORDS_DROPPED,
-            &[(attr::REASON, drop_reason::TAIL_BUDGET)],
+            &[(attr::REASON, DropReason::TailBudget.as_str())],
         )
         .and_then(|pt| pt.value)
     };
