@@ -26,7 +26,7 @@
 //! // From the environment (PHASETRACE_LEVEL, OTEL_EXPORTER_OTLP_ENDPOINT, ...); code wins.
 //! let profiler = Profiler::builder()
 //!     .with_level(Level::Full)
-//!     .with_prometheus(None)
+//!     .without_prometheus()
 //!     .build()?;
 //! let rec = profiler.recorder(); // one per engine thread
 //!

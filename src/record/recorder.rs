@@ -362,6 +362,7 @@ impl Recorder {
     #[must_use = "end the round with RoundGuard::end(accepted)"]
     pub fn round(&self, k: u32) -> RoundGuard<'_> {
         if self.spec_level() == 0 {
+            self.shared.round_while_spec_off();
             return RoundGuard { rec: None, seq: 0 };
         }
         let n = self.rounds.get();
