@@ -1263,6 +1263,14 @@ mod tests {
     }
 
     #[test]
+    fn the_builtin_prometheus_address_is_the_named_default() {
+        assert_eq!(
+            Listen::builtin().to_string(),
+            crate::names::default::PROMETHEUS_ADDR
+        );
+    }
+
+    #[test]
     fn values_given_in_code_are_checked_like_the_variable() {
         let mut b = ConfigBuilder::default();
         b.set(&settings::QUEUE, 10);

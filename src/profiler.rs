@@ -661,6 +661,11 @@ impl Profiler {
     }
 
     /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops.
+    ///
+    /// Locks: takes the profiler's state lock (the one `flush`, `set_level` and `shutdown` take)
+    /// and then the worker's pipeline lock, which the worker holds for each drain pass; so it may
+    /// wait for one pass (or a `flush` in progress) to finish. Never call it from the hot path;
+    /// recorders never take either lock.
     pub fn stats(&self) -> Stats {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         r.as_ref().map_or(Stats::default(), |r| {
@@ -677,6 +682,9 @@ impl Profiler {
     }
 
     /// The console summary table of everything recorded so far.
+    ///
+    /// Locks: as [`Profiler::stats`] (the state lock, then the pipeline lock for as long as the
+    /// table takes to format); recorders never take either.
     pub fn summary(&self) -> String {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         r.as_ref().map_or_else(String::new, |r| {

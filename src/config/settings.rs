@@ -28,7 +28,7 @@ use super::{
     Config, Expected, HistogramAggregation, Level, Listen, MetricsExporters, Protocol, SpecLevel,
     Timing, TracesExporter, parse_endpoint, parse_kv_list,
 };
-use crate::names::env;
+use crate::names::{default, env};
 use std::any::Any;
 use std::fmt;
 use std::path::PathBuf;
@@ -350,7 +350,7 @@ pub static TRACE_EVERY: Setting<u64> = Setting {
     example: "10",
     default_note: "",
     secret: false,
-    default: || 100,
+    default: || default::TRACE_EVERY,
     parse: whole,
     show: shown,
     get: |c| Some(c.trace_every),
@@ -430,7 +430,7 @@ pub static QUEUE: Setting<usize> = Setting {
     example: "4096",
     default_note: "",
     secret: false,
-    default: || 65_536,
+    default: || default::QUEUE,
     parse: |s| match s.parse::<usize>() {
         Ok(n) if (64..=1 << 24).contains(&n) => Ok(n),
         _ => Err(String::new()),
@@ -517,7 +517,7 @@ pub static SERVICE_NAME: Setting<String> = Setting {
     example: "engine",
     default_note: "",
     secret: false,
-    default: || "phasetrace".to_owned(),
+    default: || default::SERVICE_NAME.to_owned(),
     parse: |s| Ok(s.to_owned()),
     show: |s| Some(s.clone()),
     get: |c| Some(c.service_name.clone()),
@@ -597,7 +597,7 @@ pub static OTLP_TIMEOUT: Setting<Duration> = Setting {
     example: "2500",
     default_note: "",
     secret: false,
-    default: || Duration::from_secs(10),
+    default: || Duration::from_millis(default::OTLP_TIMEOUT_MS),
     parse: millis,
     show: show_millis,
     get: |c| c.otlp.as_ref().map(|o| o.timeout),
@@ -665,7 +665,7 @@ pub static METRIC_EXPORT_INTERVAL: Setting<Duration> = Setting {
     example: "1000",
     default_note: "",
     secret: false,
-    default: || Duration::from_secs(10),
+    default: || Duration::from_millis(default::METRIC_EXPORT_INTERVAL_MS),
     parse: millis,
     show: show_millis,
     get: |c| Some(c.metric_export_interval),
