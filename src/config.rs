@@ -1263,6 +1263,29 @@ mod tests {
     }
 
     #[test]
+    fn a_legacy_alias_reads_with_its_settings_parser_and_must_name_a_known_variable() {
+        let b = ConfigBuilder {
+            aliases: vec![("OLD_QUEUE".into(), env::QUEUE)],
+            ..Default::default()
+        };
+        assert_eq!(resolve(&b, &[("OLD_QUEUE", "4096")]).unwrap().queue, 4096);
+        let bad = resolve(&b, &[("OLD_QUEUE", "5")]).unwrap_err().to_string();
+        assert!(
+            bad.starts_with("OLD_QUEUE=\"5\": expected a whole number of records"),
+            "{bad}"
+        );
+        let unknown = ConfigBuilder {
+            aliases: vec![("OLD".into(), "PHASETRACE_NOPE")],
+            ..Default::default()
+        };
+        let err = resolve(&unknown, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("PHASETRACE_NOPE, which is not a phasetrace variable"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_builtin_prometheus_address_is_the_named_default() {
         assert_eq!(
             Listen::builtin().to_string(),

@@ -268,9 +268,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Declares a legacy variable that stands for `PHASETRACE_LEVEL` or
-    /// `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`). Both are honored; the phasetrace name
-    /// wins, and a disagreement is reported once on stderr.
+    /// Declares a legacy variable that stands for a phasetrace variable, usually
+    /// `PHASETRACE_LEVEL` or `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`); it is read with
+    /// that setting's parser. Both are honored; the phasetrace name wins, and a disagreement is
+    /// reported once on stderr. A `target` that is no phasetrace variable fails `build()`.
     pub fn with_legacy_alias(mut self, target: &'static str, alias: impl Into<String>) -> Self {
         self.cfg.aliases.push((alias.into(), target));
         self
