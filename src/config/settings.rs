@@ -11,18 +11,25 @@
 //!
 //! # Adding a setting
 //!
-//! 1. Name its variable in [`crate::names::env`].
+//! 1. Name its variable in [`crate::names::env`] (and its default in [`crate::names::default`]
+//!    when other code needs it too).
 //! 2. Add a `pub static` [`Setting`] below and list it in [`SETTINGS`]. A closed set of values
 //!    is an enum with `FromStr` and `Display` (the `closed_set!` macro in `config.rs` writes
-//!    both, plus `as_str` and `EXPECTED`); `show` must print what `parse` reads back: the unit
-//!    test `every_setting_prints_what_it_parses` walks the table.
-//! 3. Add its field to [`super::Config`] and read it in `ConfigBuilder::resolve` with
-//!    `src.value(&settings::NAME)?` (code, else the environment, else the default; the origin is
-//!    recorded for you). `get` in the descriptor reads that field back for `check`.
-//! 4. Give it a flag by setting `flag: Some("name")` (the CLI picks it up), and a typed setter
-//!    on `ProfilerBuilder` if engines set it in code often (`with(&settings::NAME, v)` works
-//!    for every setting without one).
-//! 5. Document it: a row in the README's configuration table (and one in its bad-input table).
+//!    both, plus `as_str`, `ALL` and `EXPECTED`); `show` must print what `parse` reads back, and
+//!    `example` is a valid non-default value that works together with every other example (the
+//!    tests set them all at once).
+//! 3. Add its field to [`super::Config`] and read it in `ConfigBuilder::resolve_with` with
+//!    `src.value(&s::NAME)?` (code, else the environment, else the default; the origin is
+//!    recorded there) or `src.get(&s::NAME)?` when its default depends on other settings. The
+//!    descriptor's `get` reads that field back for `check`.
+//! 4. `flag: Some("name")` gives the `phasetrace` command a `--name` flag (nothing to change in
+//!    the CLI). A typed setter on `ProfilerBuilder` is optional: `with(&settings::NAME, v)` and
+//!    `with_text(&settings::NAME, "text")` work for every setting.
+//! 5. Document it: a row in the README's configuration table (and its bad-input table).
+//!
+//! The tests that walk the table (`config::tests::every_setting_prints_what_it_parses_and_says_where_it_came_from`,
+//! `the_settings_table_names_each_variable_and_flag_once`, and the CLI's
+//! `check_prints_each_setting_as_its_variable_reads_it`) then cover the new setting.
 
 use super::{
     Config, Expected, HistogramAggregation, Level, Listen, MetricsExporters, Protocol, SpecLevel,
