@@ -557,7 +557,7 @@ pub static OTLP_ENDPOINT: Setting<Option<String>> = Setting {
     default_note: "",
     secret: false,
     default: || None,
-    parse: |s| parse_endpoint(s).map(Some).ok_or_default(),
+    parse: |s| parse_endpoint(s).map(Some).ok_or_else(String::new),
     show: Option::clone,
     get: |c| Some(c.otlp.as_ref().map(|o| o.endpoint.clone())),
 };
@@ -751,13 +751,3 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &TRACES_EXPORTER,
     &METRICS_EXPORTER,
 ];
-
-trait OkOrDefault<T> {
-    fn ok_or_default(self) -> Result<T, String>;
-}
-
-impl<T> OkOrDefault<T> for Option<T> {
-    fn ok_or_default(self) -> Result<T, String> {
-        self.ok_or_else(String::new)
-    }
-}
