@@ -229,6 +229,8 @@ pub struct Config {
     pub queue: usize,
     /// This process's rank.
     pub rank: u32,
+    /// The collective group of this process's ranks (the `group` attribute).
+    pub group: String,
     /// The opt-in per-(layer, expert) token counter.
     pub expert_counter: bool,
     /// Timing backend.
@@ -281,6 +283,7 @@ pub(crate) struct ConfigBuilder {
     pub(crate) prometheus: Option<Option<String>>,
     pub(crate) queue: Option<usize>,
     pub(crate) rank: Option<u32>,
+    pub(crate) group: Option<String>,
     pub(crate) expert_counter: Option<bool>,
     pub(crate) timing: Option<Timing>,
     pub(crate) service_name: Option<String>,
@@ -367,6 +370,19 @@ fn parse_bool(s: &str) -> Option<bool> {
 
 fn parse_u64(s: &str) -> Option<u64> {
     s.parse().ok()
+}
+
+const GROUP_EXPECTED: &str =
+    "a group name of letters, digits, '_', '-', '.' or ':' (at most 64 bytes)";
+
+/// Checks a collective group name: a label value that dashboards and rules can match verbatim.
+pub(crate) fn parse_group(s: &str) -> Option<String> {
+    (!s.is_empty()
+        && s.len() <= 64
+        && s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':')))
+    .then(|| s.to_owned())
 }
 
 const PROMETHEUS_EXPECTED: &str =
@@ -580,6 +596,7 @@ impl ConfigBuilder {
                 found
             }
         };
+        let group = e.parsed(env::GROUP, GROUP_EXPECTED, parse_group)?;
         let expert_counter = e.parsed(env::EXPERT_COUNTER, BOOL_EXPECTED, parse_bool)?;
         let timing = e.parsed(env::TIMING, "host, sync or events", |s| {
             match s.to_ascii_lowercase().as_str() {
@@ -688,6 +705,7 @@ impl ConfigBuilder {
         code(env::PROMETHEUS, self.prometheus.is_some());
         code(env::QUEUE, self.queue.is_some());
         code(env::RANK, self.rank.is_some());
+        code(env::GROUP, self.group.is_some());
         code(env::EXPERT_COUNTER, self.expert_counter.is_some());
         code(env::TIMING, self.timing.is_some());
         code(env::OTEL_SERVICE_NAME, self.service_name.is_some());
@@ -797,6 +815,10 @@ impl ConfigBuilder {
                 "a whole number of records from 64 to 16777216",
             ));
         }
+        let group = match &self.group {
+            Some(g) => parse_group(g).ok_or_else(|| invalid("group", g, GROUP_EXPECTED))?,
+            None => group.unwrap_or_else(|| default::GROUP.to_owned()),
+        };
         Ok(Config {
             level: self.level.or(level).unwrap_or_default(),
             spec_level: self.spec_level.or(spec_level).unwrap_or_default(),
@@ -810,6 +832,7 @@ impl ConfigBuilder {
             prometheus,
             queue,
             rank,
+            group,
             expert_counter: self.expert_counter.or(expert_counter).unwrap_or(false),
             timing: self.timing.or(timing).unwrap_or_default(),
             sdk_disabled,
@@ -862,6 +885,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.queue, 65_536);
         assert_eq!(c.rank, 0);
+        assert_eq!(c.group, "default");
         assert_eq!(c.timing, Timing::Host);
         assert_eq!(c.service_name, "phasetrace");
         assert!(c.otlp.is_none());
@@ -881,6 +905,7 @@ mod tests {
             ("PHASETRACE_PROMETHEUS", "127.0.0.1:9999"),
             ("PHASETRACE_QUEUE", "1024"),
             ("PHASETRACE_RANK", "3"),
+            ("PHASETRACE_GROUP", "tp-1.node:a_b"),
             ("PHASETRACE_EXPERT_COUNTER", "on"),
             ("PHASETRACE_TIMING", "events"),
             ("OTEL_SERVICE_NAME", "engine"),
@@ -911,6 +936,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.queue, 1024);
         assert_eq!(c.rank, 3);
+        assert_eq!(c.group, "tp-1.node:a_b");
         assert!(c.expert_counter);
         assert_eq!(c.timing, Timing::Events);
         assert_eq!(c.service_name, "engine");
@@ -941,6 +967,8 @@ mod tests {
             ("PHASETRACE_QUEUE", "10", "64 to 16777216"),
             ("PHASETRACE_RANK", "first", "whole number"),
             ("RANK", "-2", "whole number"),
+            ("PHASETRACE_GROUP", "tp 0", "letters, digits"),
+            ("PHASETRACE_GROUP", "grp\"x", "letters, digits"),
             ("PHASETRACE_EXPERT_COUNTER", "2", "on, off"),
             ("PHASETRACE_TIMING", "gpu", "host, sync or events"),
             ("OTEL_SDK_DISABLED", "yes", "true or false"),
@@ -999,12 +1027,29 @@ mod tests {
         let b = ConfigBuilder {
             level: Some(Level::Full),
             rank: Some(7),
+            group: Some("tp1".into()),
             ..Default::default()
         };
-        let c = resolve(&b, &[("PHASETRACE_LEVEL", "2"), ("PHASETRACE_RANK", "1")]).unwrap();
+        let c = resolve(
+            &b,
+            &[
+                ("PHASETRACE_LEVEL", "2"),
+                ("PHASETRACE_RANK", "1"),
+                ("PHASETRACE_GROUP", "tp0"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.level, Level::Full);
         assert_eq!(c.rank, 7);
+        assert_eq!(c.group, "tp1");
         assert_eq!(c.origins.get("PHASETRACE_LEVEL"), Some(&Origin::Code));
+        assert_eq!(c.origins.get("PHASETRACE_GROUP"), Some(&Origin::Code));
+        let bad = ConfigBuilder {
+            group: Some(String::new()),
+            ..Default::default()
+        };
+        let err = resolve(&bad, &[]).unwrap_err().to_string();
+        assert!(err.starts_with("group=\"\": expected a group name"), "{err}");
     }
 
     #[test]

@@ -113,6 +113,15 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The collective group of this process's ranks: the `group` attribute on every series and
+    /// span, so rules and dashboards compare ranks only within their group (two tensor-parallel
+    /// groups of one job both have ranks 0..N). Letters, digits, `_`, `-`, `.`, `:`, at most 64
+    /// bytes. Env: `PHASETRACE_GROUP`; default `default`.
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.cfg.group = Some(group.into());
+        self
+    }
+
     /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
         self.cfg.expert_counter = Some(on);
@@ -329,7 +338,14 @@ impl Start {
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
+            .map(|p| {
+                Instruments::new(
+                    &p.meter("phasetrace"),
+                    cfg.layer_attr,
+                    self.k_max,
+                    &cfg.group,
+                )
+            })
             .collect();
         let tracer = (cfg.trace_every > 0)
             .then(|| {
@@ -346,6 +362,7 @@ impl Start {
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
+            &cfg.group,
         );
         let worker = Worker::start(pipeline, self.drain_interval)
             .map_err(|e| Error::Export(ExportError::Thread(e)))?;

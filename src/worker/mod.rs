@@ -53,6 +53,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    /// `group` on every span.
+    group: opentelemetry::KeyValue,
 }
 
 impl Pipeline {
@@ -63,6 +65,7 @@ impl Pipeline {
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
+        group: &str,
     ) -> Pipeline {
         let expert_counter = shared.expert_counter;
         Pipeline {
@@ -82,6 +85,10 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            group: opentelemetry::KeyValue::new(
+                crate::names::attr::GROUP,
+                opentelemetry::StringValue::from(Arc::<str>::from(group)),
+            ),
         }
     }
 
@@ -104,6 +111,7 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            group: &self.group,
         };
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
@@ -223,6 +231,7 @@ impl Pipeline {
                 r.accepted,
                 r.round.start,
                 r.end,
+                &self.group,
             ) as u64;
         }
         if self.spec_summary_every > 0 && sp.rounds >= self.spec_summary_every {

@@ -58,8 +58,10 @@ fn child(
     parent: &Context,
     name: &'static str,
     start: u64,
-    attrs: Vec<KeyValue>,
+    mut attrs: Vec<KeyValue>,
+    group: &KeyValue,
 ) -> Context {
+    attrs.push(group.clone());
     let s = tracer
         .span_builder(name)
         .with_start_time(to_system_time(start))
@@ -94,6 +96,7 @@ pub(crate) fn build_step(
     start: u64,
     stop: u64,
     timing: &'static str,
+    group: &KeyValue,
 ) -> usize {
     let root = child(
         tracer,
@@ -105,6 +108,7 @@ pub(crate) fn build_step(
             KeyValue::new(attr::STEP, step as i64),
             KeyValue::new(attr::TIMING, timing),
         ],
+        group,
     );
     let mut built = 1;
     for (layer, ids, at) in &trace.routes {
@@ -145,6 +149,7 @@ pub(crate) fn build_step(
                 span::LAYER,
                 a,
                 vec![KeyValue::new(attr::LAYER, i64::from(l.0))],
+                group,
             );
             (l, cx, b)
         })
@@ -175,7 +180,7 @@ pub(crate) fn build_step(
         if let Some(site) = s.site.as_str() {
             attrs.push(KeyValue::new(attr::SITE, site));
         }
-        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs);
+        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs, group);
         cxs.push(Some(cx.clone()));
         // Ended after its children are started; children end themselves below.
         let _ = end_ns;
@@ -210,6 +215,7 @@ pub(crate) fn build_round(
     accepted: Option<u32>,
     start: u64,
     stop: u64,
+    group: &KeyValue,
 ) -> usize {
     let mut attrs = vec![
         KeyValue::new(attr::RANK, i64::from(rank)),
@@ -218,7 +224,7 @@ pub(crate) fn build_round(
     if let Some(a) = accepted {
         attrs.push(KeyValue::new(attr::ACCEPTED, i64::from(a)));
     }
-    let root = child(tracer, &Context::new(), span::ROUND, start, attrs);
+    let root = child(tracer, &Context::new(), span::ROUND, start, attrs, group);
     let mut built = 1;
     for (phase, a, b) in phases {
         let cx = child(
@@ -227,6 +233,7 @@ pub(crate) fn build_round(
             phase.as_str(),
             *a,
             vec![KeyValue::new(attr::PHASE, phase.as_str())],
+            group,
         );
         built += 1;
         if *phase == crate::vocab::Phase::Verify {
@@ -237,6 +244,7 @@ pub(crate) fn build_round(
                     part,
                     *pa,
                     vec![KeyValue::new(attr::PART, *part)],
+                    group,
                 );
                 end(&p, *pb);
                 built += 1;
