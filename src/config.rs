@@ -968,7 +968,7 @@ mod tests {
             ("PHASETRACE_RANK", "first", "whole number"),
             ("RANK", "-2", "whole number"),
             ("PHASETRACE_GROUP", "tp 0", "letters, digits"),
-            ("PHASETRACE_GROUP", "grp\"x", "letters, digits"),
+            ("PHASETRACE_GROUP", "tp/0", "letters, digits"),
             ("PHASETRACE_EXPERT_COUNTER", "2", "on, off"),
             ("PHASETRACE_TIMING", "gpu", "host, sync or events"),
             ("OTEL_SDK_DISABLED", "yes", "true or false"),
