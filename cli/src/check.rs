@@ -49,6 +49,7 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
         ),
         (env::QUEUE, cfg.queue.to_string()),
         (env::RANK, cfg.rank.to_string()),
+        (env::GROUP, cfg.group.clone()),
         (
             env::EXPERT_COUNTER,
             if cfg.expert_counter { "on" } else { "off" }.into(),

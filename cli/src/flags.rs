@@ -33,6 +33,10 @@ pub(crate) struct ProfilerFlags {
     /// Per-recorder buffer size in records [env: PHASETRACE_QUEUE]
     #[arg(long)]
     pub(crate) queue: Option<usize>,
+    /// Collective group of this process's ranks: letters, digits, _ - . : (default: default)
+    /// [env: PHASETRACE_GROUP]
+    #[arg(long)]
+    pub(crate) group: Option<String>,
     /// Per-(layer, expert) token counter: on or off [env: PHASETRACE_EXPERT_COUNTER]
     #[arg(long, value_parser = parse_onoff)]
     pub(crate) expert_counter: Option<bool>,
@@ -101,6 +105,9 @@ impl ProfilerFlags {
         }
         if let Some(q) = self.queue {
             b = b.with_queue(q);
+        }
+        if let Some(g) = &self.group {
+            b = b.with_group(g.clone());
         }
         if let Some(e) = self.expert_counter {
             b = b.with_expert_counter(e);
