@@ -89,6 +89,11 @@ pub(crate) struct DemoArgs {
     /// Scales every section time (0.5 = twice as fast a model).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Busy-wait the last this many microseconds of each simulated kernel (shorter kernels
+    /// are spun whole): host sleeps overshoot by tens of µs. 0 sleeps only, which costs little
+    /// CPU when many ranks share few cores (tests).
+    #[arg(long, default_value_t = 150)]
+    spin_us: u64,
     /// A JSON file overriding section time distributions:
     /// {"kda_mixer": {"mean_us": 120, "cv": 0.1}, ...}
     #[arg(long)]
@@ -201,6 +206,8 @@ struct Work {
     dists: HashMap<&'static str, (LogNormal<f64>, f64)>,
     rng: SmallRng,
     scale: f64,
+    /// The spun tail of each host-slept kernel (`--spin-us`).
+    spin: Duration,
     /// With `--gpu-sim`: kernels are enqueued on this rank's simulated stream instead of slept.
     stream: Option<SimStream>,
 }
@@ -210,6 +217,7 @@ impl Work {
         dists: &HashMap<&'static str, Dist>,
         seed: u64,
         scale: f64,
+        spin: Duration,
         stream: Option<SimStream>,
     ) -> Work {
         let dists = dists
@@ -224,6 +232,7 @@ impl Work {
             dists,
             rng: SmallRng::seed_from_u64(seed),
             scale,
+            spin,
             stream,
         }
     }
@@ -241,7 +250,7 @@ impl Work {
         let d = Duration::from_secs_f64(us * 1e-6 * self.scale * factor);
         match &self.stream {
             Some(s) => s.enqueue(d),
-            None => spin_sleep(d),
+            None => spin_sleep(d, self.spin),
         }
     }
 
@@ -260,11 +269,15 @@ impl Work {
     }
 }
 
-/// Sleeps long waits, spins the last stretch: host sleeps overshoot by tens of µs.
-fn spin_sleep(d: Duration) {
+/// Sleeps long waits, spins the last stretch (`spin`): host sleeps overshoot by tens of µs.
+fn spin_sleep(d: Duration, spin: Duration) {
     let end = Instant::now() + d;
-    if d > Duration::from_micros(300) {
-        std::thread::sleep(d - Duration::from_micros(150));
+    if spin.is_zero() {
+        std::thread::sleep(d);
+        return;
+    }
+    if d > 2 * spin {
+        std::thread::sleep(d - spin);
     }
     while Instant::now() < end {
         std::hint::spin_loop();
@@ -748,6 +761,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             &dists,
             a.seed.wrapping_add(u64::from(rank)),
             a.time_scale,
+            Duration::from_micros(a.spin_us),
             stream,
         );
         let (plan, group) = (plan.clone(), group.clone());

@@ -1,26 +1,28 @@
 //! The demo's all-reduce rendezvous when each rank is its own process (`--rank R --rendezvous
-//! HOST:PORT`): rank 0 listens, the others connect, and every collective is a star barrier over
-//! TCP. A peer that dies or stops answering makes every other rank fail naming it; nothing
-//! waits forever (every read and write has the rendezvous timeout).
+//! HOST:PORT`): rank 0 listens there and hands every rank the others' addresses, the ranks
+//! connect into a full mesh, and every collective is a barrier over it: each rank tells every
+//! other it has arrived, then waits to hear the same from all of them. Every rank's wait is
+//! symmetric (no rank is a hub that learns of the last arrival first, which would make it look
+//! like a straggler), and a peer that dies is seen by every other rank on its own connection.
+//! Nothing waits forever: every read and write has the rendezvous timeout.
 //!
 //! ```text
-//! member --hello(rank, ranks, group)--> rank 0 --welcome | refusal-->
-//! member --arrive(seq, stop?)--------> rank 0   (rank 0 reads every member's arrival)
-//! member <-------go(seq, stop) | abort(why)--   (then answers all of them)
+//! rank r --hello(rank, ranks, listen port, group)--> rank 0 --addresses of all ranks | refusal
+//! rank r --join(rank)--> each lower rank s > 0 (the higher ones join r)
+//! meet:  rank r --arrive(seq, stop?)--> every other rank; reads arrive(seq) from every other
+//!        rank (or abort(why) from one that saw a peer die)
 //! ```
 
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 5] = b"PTRV1";
+const MAGIC: &[u8; 5] = b"PTRV2";
 const ARRIVE: u8 = 1;
 const ARRIVE_STOP: u8 = 2;
-const GO: u8 = 1;
-const GO_STOP: u8 = 2;
 const ABORT: u8 = 3;
-/// Pause between connection attempts while rank 0 is not listening yet.
+/// Pause between connection attempts while a peer is not listening yet.
 const RETRY: Duration = Duration::from_millis(100);
 
 /// Why a rank cannot go on.
@@ -49,14 +51,9 @@ struct Peer {
     stream: TcpStream,
 }
 
-enum Role {
-    Root { peers: Vec<Peer> },
-    Member { root: TcpStream, addr: SocketAddr },
-}
-
-/// One rank's end of the rendezvous.
+/// One rank's end of the rendezvous: a connection to every other rank.
 pub(crate) struct TcpRendezvous {
-    role: Role,
+    peers: Vec<Peer>,
     seq: u64,
     timeout: Duration,
 }
@@ -77,20 +74,81 @@ fn describe(e: &std::io::Error, timeout: Duration) -> String {
         ErrorKind::WouldBlock | ErrorKind::TimedOut => {
             format!("no answer within {}s", timeout.as_secs_f64())
         }
-        ErrorKind::UnexpectedEof => "connection closed (the process exited or was killed)".into(),
+        ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
+            "connection closed (the process exited or was killed)".into()
+        }
         _ => e.to_string(),
     }
 }
 
 fn configure(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))
 }
 
+fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u16(s: &mut TcpStream) -> std::io::Result<u16> {
+    let mut b = [0u8; 2];
+    s.read_exact(&mut b)?;
+    Ok(u16::from_le_bytes(b))
+}
+
+fn read_text(s: &mut TcpStream) -> std::io::Result<String> {
+    let len = read_u16(s)?;
+    let mut text = vec![0u8; usize::from(len)];
+    s.read_exact(&mut text)?;
+    Ok(String::from_utf8_lossy(&text).into_owned())
+}
+
+fn text(t: &str) -> Vec<u8> {
+    let t = &t.as_bytes()[..t.len().min(usize::from(u16::MAX))];
+    let mut out = (t.len() as u16).to_le_bytes().to_vec();
+    out.extend_from_slice(t);
+    out
+}
+
+/// Accepts one connection before `deadline` (the listener is non-blocking).
+fn accept_until(
+    listener: &TcpListener,
+    deadline: Instant,
+) -> std::io::Result<Option<(TcpStream, SocketAddr)>> {
+    loop {
+        match listener.accept() {
+            Ok(c) => return Ok(Some(c)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects to `at`, retrying until `deadline` while nothing listens there yet.
+fn connect_until(at: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&at, left.clamp(Duration::from_millis(1), RETRY * 10)) {
+            Ok(s) => return Ok(s),
+            Err(_) if Instant::now() + RETRY < deadline => std::thread::sleep(RETRY),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl TcpRendezvous {
     /// Forms the group: rank 0 listens at `addr` and waits for the other `ranks - 1`; any other
-    /// rank connects to it (retrying while rank 0 is not up yet). Both give up after `timeout`.
+    /// rank connects to it (retrying while rank 0 is not up yet), then to the ranks below it,
+    /// and accepts the ranks above it. Everyone gives up after `timeout`.
     pub(crate) fn join(
         addr: &str,
         rank: u32,
@@ -99,24 +157,27 @@ impl TcpRendezvous {
         timeout: Duration,
     ) -> Result<TcpRendezvous, RendezvousError> {
         let at = resolve(addr)?;
-        let role = if rank == 0 {
-            Self::listen(at, ranks, group, timeout)?
+        let deadline = Instant::now() + timeout;
+        let peers = if rank == 0 {
+            Self::host(at, ranks, group, timeout, deadline)?
         } else {
-            Self::connect(at, rank, ranks, group, timeout)?
+            Self::member(at, rank, ranks, group, timeout, deadline)?
         };
         Ok(TcpRendezvous {
-            role,
+            peers,
             seq: 0,
             timeout,
         })
     }
 
-    fn listen(
+    /// Rank 0: admits every other rank, then tells each where the others listen.
+    fn host(
         at: SocketAddr,
         ranks: u32,
         group: &str,
         timeout: Duration,
-    ) -> Result<Role, RendezvousError> {
+        deadline: Instant,
+    ) -> Result<Vec<Peer>, RendezvousError> {
         let listener = TcpListener::bind(at).map_err(|e| {
             RendezvousError::Address(format!(
                 "--rendezvous {at}: rank 0 cannot listen there ({e}); expected a free local address"
@@ -126,251 +187,308 @@ impl TcpRendezvous {
         listener
             .set_nonblocking(true)
             .map_err(|e| setup(e.to_string()))?;
-        let deadline = Instant::now() + timeout;
-        let mut peers: Vec<Peer> = Vec::new();
-        while peers.len() + 1 < ranks as usize {
-            let (mut stream, addr) = match listener.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<String> = (1..ranks)
-                            .filter(|r| !peers.iter().any(|p| p.rank == *r))
-                            .map(|r| r.to_string())
-                            .collect();
-                        return Err(setup(format!(
-                            "only {} of {} ranks joined within {}s (missing ranks {})",
-                            peers.len() + 1,
-                            ranks,
-                            timeout.as_secs_f64(),
-                            missing.join(", ")
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
+        // (peer, the port it listens on for the ranks above it)
+        let mut joined: Vec<(Peer, u16)> = Vec::new();
+        while joined.len() + 1 < ranks as usize {
+            let Some((mut stream, addr)) =
+                accept_until(&listener, deadline).map_err(|e| setup(format!("accept: {e}")))?
+            else {
+                let missing: Vec<String> = (1..ranks)
+                    .filter(|r| !joined.iter().any(|(p, _)| p.rank == *r))
+                    .map(|r| r.to_string())
+                    .collect();
+                return Err(setup(format!(
+                    "only {} of {} ranks joined within {}s (missing ranks {})",
+                    joined.len() + 1,
+                    ranks,
+                    timeout.as_secs_f64(),
+                    missing.join(", ")
+                )));
+            };
+            configure(&stream, timeout).map_err(|e| setup(format!("{addr}: {e}")))?;
+            let hello = (|| -> std::io::Result<(bool, u32, u32, u16, String)> {
+                let mut magic = [0u8; 5];
+                stream.read_exact(&mut magic)?;
+                let (r, n, port) = (
+                    read_u32(&mut stream)?,
+                    read_u32(&mut stream)?,
+                    read_u16(&mut stream)?,
+                );
+                let g = read_text(&mut stream)?;
+                Ok((&magic == MAGIC, r, n, port, g))
+            })();
+            let (their_rank, port, refusal) = match hello {
+                Err(e) => {
+                    eprintln!(
+                        "phasetrace: rendezvous: ignoring a connection from {addr} ({})",
+                        describe(&e, timeout)
+                    );
                     continue;
                 }
-                Err(e) => return Err(setup(format!("accept failed: {e}"))),
-            };
-            let ready = stream
-                .set_nonblocking(false)
-                .and_then(|()| configure(&stream, timeout));
-            if let Err(e) = ready {
-                return Err(setup(format!("{addr}: {e}")));
-            }
-            let mut hello = [0u8; 14];
-            if let Err(e) = stream.read_exact(&mut hello) {
-                eprintln!(
-                    "phasetrace: rendezvous: ignoring a connection from {addr} ({})",
-                    describe(&e, timeout)
-                );
-                continue;
-            }
-            let mut name = vec![0u8; usize::from(hello[13])];
-            let read_name = stream.read_exact(&mut name);
-            let their_rank = u32::from_le_bytes([hello[5], hello[6], hello[7], hello[8]]);
-            let their_ranks = u32::from_le_bytes([hello[9], hello[10], hello[11], hello[12]]);
-            let their_group = String::from_utf8_lossy(&name).into_owned();
-            let refusal = if &hello[..5] != MAGIC || read_name.is_err() {
-                Some(format!("{addr} is not a phasetrace demo rank"))
-            } else if their_ranks != ranks {
-                Some(format!(
-                    "rank {their_rank} at {addr} was started with --ranks {their_ranks}, rank 0 with --ranks {ranks}"
-                ))
-            } else if their_group != group {
-                Some(format!(
-                    "rank {their_rank} at {addr} is in group {their_group:?}, rank 0 in group {group:?}"
-                ))
-            } else if their_rank == 0 || their_rank >= ranks {
-                Some(format!(
-                    "a rank at {addr} says it is rank {their_rank}; expected 1 to {}",
-                    ranks - 1
-                ))
-            } else if let Some(p) = peers.iter().find(|p| p.rank == their_rank) {
-                Some(format!(
-                    "rank {their_rank} joined twice (from {} and {addr})",
-                    p.addr
-                ))
-            } else {
-                None
-            };
-            match refusal {
-                None => {
-                    stream
-                        .write_all(&[0])
-                        .map_err(|e| setup(format!("rank {their_rank} at {addr}: {e}")))?;
-                    peers.push(Peer {
-                        rank: their_rank,
-                        addr,
-                        stream,
-                    });
+                Ok((false, ..)) => (0, 0, Some(format!("{addr} is not a phasetrace demo rank"))),
+                Ok((true, r, n, port, g)) => {
+                    let why = if n != ranks {
+                        Some(format!(
+                            "rank {r} at {addr} was started with --ranks {n}, rank 0 with --ranks {ranks}"
+                        ))
+                    } else if g != group {
+                        Some(format!(
+                            "rank {r} at {addr} is in group {g:?}, rank 0 in group {group:?}"
+                        ))
+                    } else if r == 0 || r >= ranks {
+                        Some(format!(
+                            "a rank at {addr} says it is rank {r}; expected 1 to {}",
+                            ranks - 1
+                        ))
+                    } else if let Some((p, _)) = joined.iter().find(|(p, _)| p.rank == r) {
+                        Some(format!(
+                            "rank {r} joined twice (from {} and {addr})",
+                            p.addr
+                        ))
+                    } else {
+                        None
+                    };
+                    (r, port, why)
                 }
-                Some(why) => {
-                    let mut msg = vec![1u8];
-                    msg.extend_from_slice(&(why.len() as u16).to_le_bytes());
-                    msg.extend_from_slice(why.as_bytes());
-                    let _ = stream.write_all(&msg);
-                    return Err(setup(why));
-                }
+            };
+            if let Some(why) = refusal {
+                let mut msg = vec![1u8];
+                msg.extend(text(&why));
+                let _ = stream.write_all(&msg);
+                return Err(setup(why));
             }
+            joined.push((
+                Peer {
+                    rank: their_rank,
+                    addr,
+                    stream,
+                },
+                port,
+            ));
         }
-        peers.sort_by_key(|p| p.rank);
-        Ok(Role::Root { peers })
+        joined.sort_by_key(|(p, _)| p.rank);
+        // Every rank learns where every other listens: the address rank 0 sees it at.
+        let mut table = vec![0u8];
+        for (p, port) in &joined {
+            table.extend(text(&p.addr.ip().to_string()));
+            table.extend_from_slice(&port.to_le_bytes());
+        }
+        let mut peers = Vec::new();
+        for (mut p, _) in joined {
+            p.stream.write_all(&table).map_err(|e| {
+                RendezvousError::LostPeer(format!(
+                    "rank {} ({}): {}",
+                    p.rank,
+                    p.addr,
+                    describe(&e, timeout)
+                ))
+            })?;
+            peers.push(p);
+        }
+        Ok(peers)
     }
 
-    fn connect(
+    /// Rank r > 0: joins rank 0, then the ranks below it, and admits the ranks above it.
+    fn member(
         at: SocketAddr,
         rank: u32,
         ranks: u32,
         group: &str,
         timeout: Duration,
-    ) -> Result<Role, RendezvousError> {
+        deadline: Instant,
+    ) -> Result<Vec<Peer>, RendezvousError> {
         let setup = |m: String| RendezvousError::Setup(format!("rank {rank}: {m}"));
         if rank >= ranks {
             return Err(setup(format!("expected a rank below --ranks {ranks}")));
         }
-        let deadline = Instant::now() + timeout;
-        let mut stream = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match TcpStream::connect_timeout(&at, left.clamp(Duration::from_millis(1), RETRY * 10))
-            {
-                Ok(s) => break s,
-                Err(e) if Instant::now() + RETRY < deadline => {
-                    let _ = e;
-                    std::thread::sleep(RETRY);
-                }
-                Err(e) => {
-                    return Err(setup(format!(
-                        "cannot reach rank 0 at {at} within {}s ({e})",
-                        timeout.as_secs_f64()
-                    )));
-                }
-            }
-        };
-        configure(&stream, timeout).map_err(|e| setup(e.to_string()))?;
-        let name = group.as_bytes();
-        let mut hello = Vec::with_capacity(14 + name.len());
-        hello.extend_from_slice(MAGIC);
-        hello.extend_from_slice(&rank.to_le_bytes());
-        hello.extend_from_slice(&ranks.to_le_bytes());
-        // Group names are at most 64 bytes (the library checks them).
-        hello.push(name.len().min(255) as u8);
-        hello.extend_from_slice(&name[..name.len().min(255)]);
-        let lost = |e: std::io::Error| {
+        let mut root = connect_until(at, deadline).map_err(|e| {
+            setup(format!(
+                "cannot reach rank 0 at {at} within {}s ({e})",
+                timeout.as_secs_f64()
+            ))
+        })?;
+        configure(&root, timeout).map_err(|e| setup(e.to_string()))?;
+        // Listen where rank 0 reached us: the ranks above us come the same way.
+        let local = root.local_addr().map_err(|e| setup(e.to_string()))?;
+        let listener = TcpListener::bind((local.ip(), 0))
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|e| {
+                setup(format!(
+                    "cannot listen on {} for the other ranks ({e})",
+                    local.ip()
+                ))
+            })?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| setup(e.to_string()))?
+            .port();
+        let lost0 = |e: std::io::Error| {
             RendezvousError::LostPeer(format!("rank 0 ({at}): {}", describe(&e, timeout)))
         };
-        stream.write_all(&hello).map_err(lost)?;
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&rank.to_le_bytes());
+        hello.extend_from_slice(&ranks.to_le_bytes());
+        hello.extend_from_slice(&port.to_le_bytes());
+        hello.extend(text(group));
+        root.write_all(&hello).map_err(lost0)?;
         let mut answer = [0u8; 1];
-        stream.read_exact(&mut answer).map_err(lost)?;
+        root.read_exact(&mut answer).map_err(lost0)?;
         if answer[0] != 0 {
-            let why = read_text(&mut stream).unwrap_or_else(|_| "no reason given".into());
+            let why = read_text(&mut root).unwrap_or_else(|_| "no reason given".into());
             return Err(setup(format!(
                 "rank 0 at {at} refused to form the group: {why}"
             )));
         }
-        Ok(Role::Member {
-            root: stream,
+        let mut table = Vec::new();
+        for r in 1..ranks {
+            let ip = read_text(&mut root).map_err(lost0)?;
+            let port = read_u16(&mut root).map_err(lost0)?;
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| setup(format!("rank 0 sent a bad address for rank {r}: {ip:?}")))?;
+            table.push(SocketAddr::new(ip, port));
+        }
+        let mut peers = vec![Peer {
+            rank: 0,
             addr: at,
-        })
+            stream: root,
+        }];
+        for s in 1..rank {
+            let addr = table[s as usize - 1];
+            let mut stream = connect_until(addr, deadline)
+                .map_err(|e| setup(format!("cannot reach rank {s} at {addr} ({e})")))?;
+            configure(&stream, timeout).map_err(|e| setup(e.to_string()))?;
+            let mut join = MAGIC.to_vec();
+            join.extend_from_slice(&rank.to_le_bytes());
+            stream.write_all(&join).map_err(|e| {
+                RendezvousError::LostPeer(format!("rank {s} ({addr}): {}", describe(&e, timeout)))
+            })?;
+            peers.push(Peer {
+                rank: s,
+                addr,
+                stream,
+            });
+        }
+        while peers.len() < ranks as usize - 1 {
+            let Some((mut stream, addr)) =
+                accept_until(&listener, deadline).map_err(|e| setup(format!("accept: {e}")))?
+            else {
+                let missing: Vec<String> = (rank + 1..ranks)
+                    .filter(|r| !peers.iter().any(|p| p.rank == *r))
+                    .map(|r| r.to_string())
+                    .collect();
+                return Err(setup(format!(
+                    "ranks {} did not connect within {}s",
+                    missing.join(", "),
+                    timeout.as_secs_f64()
+                )));
+            };
+            configure(&stream, timeout).map_err(|e| setup(e.to_string()))?;
+            let mut magic = [0u8; 5];
+            let r = stream
+                .read_exact(&mut magic)
+                .and_then(|()| read_u32(&mut stream));
+            match r {
+                Ok(r)
+                    if &magic == MAGIC
+                        && r > rank
+                        && r < ranks
+                        && !peers.iter().any(|p| p.rank == r) =>
+                {
+                    // Where it listens (not the ephemeral port it came from), for messages.
+                    let addr = SocketAddr::new(addr.ip(), table[r as usize - 1].port());
+                    peers.push(Peer {
+                        rank: r,
+                        addr,
+                        stream,
+                    });
+                }
+                _ => eprintln!("phasetrace: rendezvous: ignoring a connection from {addr}"),
+            }
+        }
+        peers.sort_by_key(|p| p.rank);
+        Ok(peers)
     }
 
     /// One rendezvous of the whole group: returns once every rank has arrived. `stop` asks the
-    /// group to stop; the answer is the group's decision (rank 0's, or any rank's request).
+    /// group to stop; the answer is the group's decision (any rank's request), the same on
+    /// every rank.
     pub(crate) fn meet(&mut self, stop: bool) -> Result<bool, RendezvousError> {
         self.seq += 1;
         let seq = self.seq;
         let timeout = self.timeout;
-        match &mut self.role {
-            Role::Member { root, addr } => {
-                let lost = |e: std::io::Error| {
-                    RendezvousError::LostPeer(format!("rank 0 ({addr}): {}", describe(&e, timeout)))
-                };
-                let mut msg = [0u8; 9];
-                msg[0] = if stop { ARRIVE_STOP } else { ARRIVE };
-                msg[1..].copy_from_slice(&seq.to_le_bytes());
-                root.write_all(&msg).map_err(lost)?;
-                let mut kind = [0u8; 1];
-                root.read_exact(&mut kind).map_err(lost)?;
-                if kind[0] == ABORT {
-                    let why = read_text(root).map_err(lost)?;
-                    return Err(RendezvousError::LostPeer(format!(
-                        "{why} (reported by rank 0)"
-                    )));
-                }
-                let mut got = [0u8; 8];
-                root.read_exact(&mut got).map_err(lost)?;
-                let got = u64::from_le_bytes(got);
-                if got != seq || !matches!(kind[0], GO | GO_STOP) {
-                    return Err(RendezvousError::LostPeer(format!(
-                        "rank 0 ({addr}): out of step (collective {got}, expected {seq})"
-                    )));
-                }
-                Ok(kind[0] == GO_STOP)
+        let mut msg = [0u8; 9];
+        msg[0] = if stop { ARRIVE_STOP } else { ARRIVE };
+        msg[1..].copy_from_slice(&seq.to_le_bytes());
+        let mut failed = None;
+        for p in &mut self.peers {
+            if let Err(e) = p.stream.write_all(&msg) {
+                failed = Some(format!(
+                    "rank {} ({}): {}",
+                    p.rank,
+                    p.addr,
+                    describe(&e, timeout)
+                ));
+                break;
             }
-            Role::Root { peers } => {
-                let mut decision = stop;
-                let mut failed = None;
-                for (i, p) in peers.iter_mut().enumerate() {
-                    let mut msg = [0u8; 9];
-                    match p.stream.read_exact(&mut msg) {
-                        Ok(()) => {
-                            let got = u64::from_le_bytes(msg[1..].try_into().unwrap_or_default());
-                            if got != seq || !matches!(msg[0], ARRIVE | ARRIVE_STOP) {
-                                failed = Some((
-                                    i,
-                                    format!(
-                                        "rank {} ({}): out of step (collective {got}, expected {seq})",
-                                        p.rank, p.addr
-                                    ),
-                                ));
-                                break;
-                            }
-                            decision |= msg[0] == ARRIVE_STOP;
-                        }
-                        Err(e) => {
-                            failed = Some((
-                                i,
-                                format!("rank {} ({}): {}", p.rank, p.addr, describe(&e, timeout)),
-                            ));
-                            break;
-                        }
+        }
+        let mut decision = stop;
+        if failed.is_none() {
+            for p in &mut self.peers {
+                let mut kind = [0u8; 1];
+                let got = p.stream.read_exact(&mut kind).and_then(|()| {
+                    if kind[0] == ABORT {
+                        return read_text(&mut p.stream).map(Err);
                     }
-                }
-                if let Some((bad, why)) = failed {
-                    // Tell the others who is gone, so they name it rather than rank 0.
-                    let mut msg = vec![ABORT];
-                    msg.extend_from_slice(&(why.len() as u16).to_le_bytes());
-                    msg.extend_from_slice(why.as_bytes());
-                    for (i, p) in peers.iter_mut().enumerate() {
-                        if i != bad {
-                            let _ = p.stream.write_all(&msg);
-                        }
+                    let mut b = [0u8; 8];
+                    p.stream.read_exact(&mut b)?;
+                    Ok(Ok(u64::from_le_bytes(b)))
+                });
+                match got {
+                    Ok(Ok(s)) if s == seq && matches!(kind[0], ARRIVE | ARRIVE_STOP) => {
+                        decision |= kind[0] == ARRIVE_STOP;
                     }
-                    return Err(RendezvousError::LostPeer(why));
-                }
-                let mut msg = [0u8; 9];
-                msg[0] = if decision { GO_STOP } else { GO };
-                msg[1..].copy_from_slice(&seq.to_le_bytes());
-                for p in peers.iter_mut() {
-                    if let Err(e) = p.stream.write_all(&msg) {
-                        return Err(RendezvousError::LostPeer(format!(
+                    Ok(Ok(s)) => {
+                        failed = Some(format!(
+                            "rank {} ({}): out of step (collective {s}, expected {seq})",
+                            p.rank, p.addr
+                        ));
+                        break;
+                    }
+                    Ok(Err(why)) => {
+                        let why = format!("{why} (reported by rank {})", p.rank);
+                        self.abort(&why);
+                        return Err(RendezvousError::LostPeer(why));
+                    }
+                    Err(e) => {
+                        failed = Some(format!(
                             "rank {} ({}): {}",
                             p.rank,
                             p.addr,
                             describe(&e, timeout)
-                        )));
+                        ));
+                        break;
                     }
                 }
-                Ok(decision)
+            }
+        }
+        match failed {
+            None => Ok(decision),
+            Some(why) => {
+                // Tell the others who is gone, so that none blames this rank when it leaves.
+                self.abort(&why);
+                Err(RendezvousError::LostPeer(why))
             }
         }
     }
-}
 
-fn read_text(s: &mut TcpStream) -> std::io::Result<String> {
-    let mut len = [0u8; 2];
-    s.read_exact(&mut len)?;
-    let mut text = vec![0u8; usize::from(u16::from_le_bytes(len))];
-    s.read_exact(&mut text)?;
-    Ok(String::from_utf8_lossy(&text).into_owned())
+    fn abort(&mut self, why: &str) {
+        let mut msg = vec![ABORT];
+        msg.extend(text(why));
+        for p in &mut self.peers {
+            let _ = p.stream.write_all(&msg);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -412,6 +530,44 @@ mod tests {
     }
 
     #[test]
+    fn every_rank_but_the_straggler_waits_alike() {
+        // Rank 2 arrives 3 ms late at each of 50 meetings: the others each wait about 150 ms
+        // in all, rank 0 included (no hub learns of the last arrival first), rank 2 about 0.
+        let addr = free_addr();
+        let t = Duration::from_secs(20);
+        let ranks: Vec<_> = (0..4)
+            .map(|r| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    let mut rv = TcpRendezvous::join(&addr, r, 4, "g", t).unwrap();
+                    rv.meet(false).unwrap();
+                    let mut waited = Duration::ZERO;
+                    for _ in 0..50 {
+                        if r == 2 {
+                            std::thread::sleep(Duration::from_millis(3));
+                        }
+                        let at = Instant::now();
+                        rv.meet(false).unwrap();
+                        waited += at.elapsed();
+                    }
+                    waited.as_secs_f64()
+                })
+            })
+            .collect();
+        let w: Vec<f64> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        let others = [w[0], w[1], w[3]];
+        let (lo, hi) = others
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        assert!(lo > 0.12, "{w:?}");
+        assert!(hi - lo < 0.5 * lo, "the waiting ranks differ: {w:?}");
+        assert!(
+            w[2] < 0.3 * lo,
+            "the straggler waits as much as the others: {w:?}"
+        );
+    }
+
+    #[test]
     fn a_dead_peer_is_named_by_everyone_left() {
         let addr = free_addr();
         let t = Duration::from_secs(10);
@@ -436,10 +592,11 @@ mod tests {
         let err = root.meet(false).unwrap_err().to_string();
         assert!(err.starts_with("lost peer rank 2 (127.0.0.1:"), "{err}");
         assert!(err.contains("connection closed"), "{err}");
+        // The survivor sees the dead peer on its own connection, or hears it from rank 0.
         let theirs = survivor.join().unwrap();
         assert!(
             theirs.starts_with("lost peer rank 2 (127.0.0.1:")
-                && theirs.ends_with("(reported by rank 0)"),
+                && theirs.contains("connection closed"),
             "{theirs}"
         );
     }
