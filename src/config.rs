@@ -379,8 +379,7 @@ const GROUP_EXPECTED: &str =
 pub(crate) fn parse_group(s: &str) -> Option<String> {
     (!s.is_empty()
         && s.len() <= 64
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':')))
     .then(|| s.to_owned())
 }
@@ -1049,7 +1048,10 @@ mod tests {
             ..Default::default()
         };
         let err = resolve(&bad, &[]).unwrap_err().to_string();
-        assert!(err.starts_with("group=\"\": expected a group name"), "{err}");
+        assert!(
+            err.starts_with("group=\"\": expected a group name"),
+            "{err}"
+        );
     }
 
     #[test]

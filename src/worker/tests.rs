@@ -525,6 +525,10 @@ fn every_measurement_carries_the_group() {
     let log = p.inst[0].log.lock().unwrap();
     assert!(log.len() >= 5, "{log:?}");
     for (name, a, _) in log.iter() {
-        assert_eq!(attr(a, "group"), Some("tp0"), "{name} without its group: {a:?}");
+        assert_eq!(
+            attr(a, "group"),
+            Some("tp0"),
+            "{name} without its group: {a:?}"
+        );
     }
 }
