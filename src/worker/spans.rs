@@ -88,6 +88,7 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
 }
 
 /// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_step(
     tracer: &SdkTracer,
     trace: &StepTrace,

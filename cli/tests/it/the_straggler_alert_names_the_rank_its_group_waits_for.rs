@@ -6,8 +6,8 @@
 //! - Rank threads (one process per group, every group in the same Prometheus job): a 1.2x
 //!   straggler among 4 ranks fires within 5 minutes, a 3x within 2, a 1.2x among 4 ranks of a
 //!   96-layer model (per-layer attribute off) raises exactly one alert; balanced groups of 4
-//!   and 8 rank threads on this machine raise none (`STRAGGLER_TEST_HOLD_S`, default 150 s,
-//!   is how long they are watched).
+//!   and 8 rank threads on this machine never fire (`STRAGGLER_TEST_HOLD_S`, default 150 s,
+//!   is how long they are watched; a straggler group never fires for another rank).
 //! - Ranks as processes, each in its own network namespace and UTS namespace (a host with its
 //!   own address and name; needs root, as CI runs): Prometheus scrapes them across the
 //!   namespaces, the alert names the straggler's rank, instance and host; killing a rank fires
@@ -201,6 +201,10 @@ fn thread_groups_alert_for_their_stragglers_only() {
         .map_or(Duration::from_secs(150), Duration::from_secs);
     let mut fired: BTreeMap<&str, (Duration, Alert)> = BTreeMap::new();
     let mut balanced_max: BTreeMap<String, f64> = BTreeMap::new();
+    // Pending (not firing) alerts where there is no straggler: the first seconds of a run,
+    // when the 2-minute windows hold a few samples, are the noisiest; `for: 1m` is there for
+    // them. Counted and reported, not failures.
+    let mut pending_elsewhere = Vec::new();
     loop {
         let now = start.elapsed();
         for a in alerts(&prom, STRAGGLER) {
@@ -208,6 +212,16 @@ fn thread_groups_alert_for_their_stragglers_only() {
             let ok = expected
                 .and_then(|g| g.straggler)
                 .is_some_and(|(rank, _, _)| rank == a.label("rank"));
+            if !ok && a.state != "firing" {
+                pending_elsewhere.push(format!(
+                    "{}/{} at {:.0} s ({:.3})",
+                    a.label("group"),
+                    a.label("rank"),
+                    now.as_secs_f64(),
+                    a.value
+                ));
+                continue;
+            }
             assert!(
                 ok,
                 "after {now:?}: a straggler alert where there is none: {a:#?}\n{}",
@@ -285,7 +299,8 @@ fn thread_groups_alert_for_their_stragglers_only() {
         }
     }
     eprintln!(
-        "balanced groups watched for {:.0} s: largest time lost to one rank {balanced_max:?} (threshold 0.05)",
+        "balanced groups watched for {:.0} s: largest time lost to one rank {balanced_max:?} \
+         (threshold 0.05); pending, never firing, where there is no straggler: {pending_elsewhere:?}",
         start.elapsed().as_secs_f64()
     );
     for d in &mut demos {
