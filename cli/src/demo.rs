@@ -12,7 +12,7 @@
 //!
 //! Host sleeps stand in for kernels, and a `Barrier` stands in for the all-reduce rendezvous, so
 //! every rank really waits for the slowest one at each collective. With `--rank R --rendezvous
-//! HOST:PORT` this process runs only rank R, and the rendezvous is real: a star barrier over TCP
+//! HOST:PORT` this process runs only rank R, and the rendezvous is real: a barrier over TCP
 //! with the other ranks' processes (`crate::rendezvous`), as tensor-parallel ranks on separate
 //! hosts meet at their all-reduces.
 
