@@ -246,7 +246,7 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   expect_failure "sdk: target not decoded as a Prometheus query" check_dashboards_sdk "$M/d7/decode-sections.json"
   # Dashboard PromQL that does not parse.
   mkdir -p "$M/p1"
-  mutate dashboards/decode-sections.json "$M/p1/decode-sections.json" '0,/sum by (bucket) (rate(/s//sum by (bucket) (rate((/'
+  mutate dashboards/decode-sections.json "$M/p1/decode-sections.json" '0,/sum by (group, bucket) (rate(/s//sum by (group, bucket) (rate((/'
   expect_failure "promtool: unparsable dashboard PromQL" check_dashboard_promql "$M/p1" otel-config/rules
   # Rules: a broken expression; a threshold change that breaks the unit tests.
   mkdir -p "$M/r1" "$M/r2"
