@@ -8,7 +8,7 @@
 #   balanced4  4 ranks;   balanced8  8 ranks.
 # Checks: every expression parses and returns data; PhasetraceRankStraggler fires for
 # group=straggler rank=1 (within 5 minutes); it stays quiet for both balanced groups.
-# The demos shorten nothing but their own knobs (sections 10x longer, sleeping instead of
+# The demos shorten nothing but their own knobs (sections 20x longer, sleeping instead of
 # spinning: 16 rank threads share this machine's cores); scrape and evaluation every 1 s.
 # Uses the debug build of the CLI (built by `cargo test`); everything listens on 127.0.0.1.
 set -euo pipefail
@@ -37,7 +37,7 @@ start_demo() {
   local group="$1"; shift
   local port
   port="$(free_port)"
-  "$DEMO" demo --duration 600 --layers 4 --time-scale 10 --spin-us 0 --trace-every 0 \
+  "$DEMO" demo --duration 600 --layers 4 --time-scale 20 --spin-us 0 --trace-every 0 \
     --group "$group" --prometheus "127.0.0.1:$port" "$@" >"$WORK/$group.log" 2>&1 &
   PIDS+=("$!")
   TARGETS+=("\"127.0.0.1:$port\"")

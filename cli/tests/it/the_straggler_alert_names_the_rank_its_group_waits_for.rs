@@ -16,7 +16,9 @@
 //!
 //! The two tests run in parallel (about 2.5 minutes together). The demos sleep rather than
 //! spin (`--spin-us 0`) except the 8-rank group, which spins as the default demo does: it
-//! brings the scheduling noise of 8 busy threads on few cores.
+//! brings the scheduling noise of 8 busy threads on few cores. Sections are 20x longer than
+//! the default demo's (10x for the 96-layer model), so that a loaded machine's wake-up delays
+//! stay small beside a 1.2x straggler's extra time.
 
 use crate::cli::{self, Demo};
 use crate::support::{Prometheus, repo_root};
@@ -152,7 +154,7 @@ fn thread_groups_alert_for_their_stragglers_only() {
                 "--layers",
                 "96",
                 "--time-scale",
-                "4",
+                "10",
                 "--straggler-rank",
                 "3",
                 "--straggler-factor",
@@ -183,7 +185,7 @@ fn thread_groups_alert_for_their_stragglers_only() {
         // Common settings, unless the group sets its own.
         for (flag, value) in [
             ("--layers", "4"),
-            ("--time-scale", "10"),
+            ("--time-scale", "20"),
             ("--spin-us", "0"),
         ] {
             if !g.args.contains(&flag) {
@@ -451,7 +453,7 @@ fn ranks_on_separate_hosts_are_named_and_a_killed_rank_is_reported() {
             "--layers",
             "4",
             "--time-scale",
-            "10",
+            "20",
             "--spin-us",
             "0",
             "--trace-every",
