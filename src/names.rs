@@ -5,7 +5,7 @@
 //! the Prometheus spelling is the OTel name with dots turned into underscores, the unit appended
 //! (`_seconds`) and `_total` on counters.
 
-/// Metric names and units. Every metric also carries [`super::attr::GROUP`], the collective
+/// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
 /// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
     /// Histogram of one section's duration, attributes `bucket`, `layer`, `site`, `rank`.
