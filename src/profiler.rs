@@ -177,6 +177,15 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The collective group of this process's ranks: the `group` attribute on every series and
+    /// span, so rules and dashboards compare ranks only within their group (two tensor-parallel
+    /// groups of one job both have ranks 0..N). Letters, digits, `_`, `-`, `.`, `:`, at most 64
+    /// bytes. Env: `PHASETRACE_GROUP`; default `default`.
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.cfg.set(&settings::GROUP, group.into());
+        self
+    }
+
     /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
         self.cfg.set(&settings::EXPERT_COUNTER, on);
@@ -419,7 +428,14 @@ impl Start {
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
+            .map(|p| {
+                Instruments::new(
+                    &p.meter("phasetrace"),
+                    cfg.layer_attr,
+                    self.k_max,
+                    &cfg.group,
+                )
+            })
             .collect();
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
@@ -438,6 +454,7 @@ impl Start {
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
+            &cfg.group,
             crate::worker::tail::Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
             exporters.exemplars.clone(),
         );

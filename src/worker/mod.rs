@@ -57,6 +57,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    /// `group` on every span.
+    group: opentelemetry::KeyValue,
     tail: tail::Tail,
     exemplars: Option<Arc<crate::export::ExemplarStore>>,
 }
@@ -70,6 +72,7 @@ impl Pipeline {
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
+        group: &str,
         tail: tail::Tail,
         exemplars: Option<Arc<crate::export::ExemplarStore>>,
     ) -> Pipeline {
@@ -91,6 +94,10 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            group: opentelemetry::KeyValue::new(
+                crate::names::attr::GROUP,
+                opentelemetry::StringValue::from(Arc::<str>::from(group)),
+            ),
             tail,
             exemplars,
         }
@@ -115,6 +122,7 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            group: &self.group,
             tail: &mut self.tail,
             exemplars: self.exemplars.as_deref(),
         };
@@ -237,6 +245,7 @@ impl Pipeline {
                     accepted: r.accepted,
                     start: r.round.start,
                     end: r.end,
+                    group: &self.group,
                     why,
                 },
             ) as u64;

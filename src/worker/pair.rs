@@ -36,6 +36,8 @@ struct Open {
 struct OpenStep {
     start: u64,
     number: u64,
+    /// Time spent at rendezvous probes (and reported waits) so far in this step.
+    wait_ns: u64,
     /// Sections open when the step began; deeper ones left open at its end are stale.
     depth: usize,
     /// One in N, flagged on the hot path.
@@ -162,6 +164,8 @@ pub(crate) struct Sinks<'a> {
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    /// `group` on every span.
+    pub(crate) group: &'a opentelemetry::KeyValue,
     pub(crate) tail: &'a mut Tail,
     pub(crate) exemplars: Option<&'a ExemplarStore>,
 }
@@ -334,6 +338,7 @@ impl LaneState {
             step.start,
             t,
             self.lane.clock.timing(),
+            s.group,
             why,
             |built| {
                 if let (Some(store), Some(inst)) = (exemplars, inst) {
@@ -369,6 +374,7 @@ impl LaneState {
                 self.step = Some(OpenStep {
                     start: t,
                     number: self.steps - 1,
+                    wait_ns: 0,
                     depth: self.stack.len(),
                     sampled,
                     collect: sampled || (s.tracer.is_some() && s.tail.is_on()),
@@ -387,7 +393,7 @@ impl LaneState {
                 }
                 let ns = t.saturating_sub(step.start);
                 for inst in s.inst {
-                    inst.step(rank, ns as f64 * 1e-9);
+                    inst.step(rank, ns as f64 * 1e-9, step.wait_ns as f64 * 1e-9);
                 }
                 s.stats.steps += 1;
                 s.tally.step(rank, ns);
@@ -444,11 +450,15 @@ impl LaneState {
                 };
                 let ns = t.saturating_sub(open.start);
                 let secs = ns as f64 * 1e-9;
+                let probe = open.section.kind() == SectionKind::Probe;
                 for inst in s.inst {
                     inst.section(open.section, open.layer, open.site, rank, secs);
-                    if open.section.kind() == SectionKind::Probe {
+                    if probe {
                         inst.wait(open.site, open.layer, rank, secs);
                     }
+                }
+                if let (true, Some(step)) = (probe, self.step.as_mut()) {
+                    step.wait_ns += ns;
                 }
                 s.stats.sections += 1;
                 s.tally.add(open.section, ns, !self.stack.is_empty());
@@ -457,6 +467,9 @@ impl LaneState {
                 }
             }
             MarkKind::Wait => {
+                if let Some(step) = self.step.as_mut() {
+                    step.wait_ns += m.wait_ns();
+                }
                 for inst in s.inst {
                     inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
                 }
@@ -633,12 +646,12 @@ fn offer_step_exemplars(
         let (kv, n) = inst.section_attrs(sec.section, sec.layer, sec.site, rank);
         store.offer(metric::SECTION_DURATION, &kv[..n], ex(*id, d, e));
         if sec.section.kind() == SectionKind::Probe {
-            let (kv, n) = Instruments::wait_attrs(sec.site, sec.layer, rank);
+            let (kv, n) = inst.wait_attrs(sec.site, sec.layer, rank);
             store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(*id, d, e));
         }
     }
     for w in &trace.waits {
-        let (kv, n) = Instruments::wait_attrs(w.site, w.layer, rank);
+        let (kv, n) = inst.wait_attrs(w.site, w.layer, rank);
         store.offer(
             metric::COLLECTIVE_WAIT,
             &kv[..n],
