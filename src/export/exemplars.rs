@@ -75,7 +75,7 @@ pub(crate) fn bucket_of(value: f64) -> usize {
 
 /// A series' attributes, sorted by key, as `k=v` joined by `\x1f`.
 type SeriesKey = String;
-type Buckets = [Option<Exemplar>; BUCKETS];
+pub(crate) type Buckets = [Option<Exemplar>; BUCKETS];
 
 fn series_key<'a>(attrs: impl Iterator<Item = (&'a str, String)>) -> String {
     let mut kv: Vec<(&str, String)> = attrs.collect();
