@@ -225,6 +225,8 @@ pub struct Config {
     pub spec_summary_every: u64,
     /// The embedded Prometheus endpoint's listen address.
     pub prometheus: Option<SocketAddr>,
+    /// The Prometheus endpoint's web configuration file (TLS, basic auth), read at `build()`.
+    pub prometheus_web_config: Option<PathBuf>,
     /// Per-thread buffer capacity in records.
     pub queue: usize,
     /// This process's rank.
@@ -279,6 +281,7 @@ pub(crate) struct ConfigBuilder {
     pub(crate) summary_every: Option<u64>,
     pub(crate) spec_summary_every: Option<u64>,
     pub(crate) prometheus: Option<Option<String>>,
+    pub(crate) prometheus_web_config: Option<PathBuf>,
     pub(crate) queue: Option<usize>,
     pub(crate) rank: Option<u32>,
     pub(crate) expert_counter: Option<bool>,
@@ -554,6 +557,7 @@ impl ConfigBuilder {
         {
             return Err(invalid(env::PROMETHEUS, s, PROMETHEUS_EXPECTED));
         }
+        let prometheus_web_config = e.str(env::PROMETHEUS_WEB_CONFIG, "a path")?;
         let queue = e.parsed(
             env::QUEUE,
             "a whole number of records from 64 to 16777216",
@@ -686,6 +690,10 @@ impl ConfigBuilder {
         code(env::SUMMARY_EVERY, self.summary_every.is_some());
         code(env::SPEC_SUMMARY_EVERY, self.spec_summary_every.is_some());
         code(env::PROMETHEUS, self.prometheus.is_some());
+        code(
+            env::PROMETHEUS_WEB_CONFIG,
+            self.prometheus_web_config.is_some(),
+        );
         code(env::QUEUE, self.queue.is_some());
         code(env::RANK, self.rank.is_some());
         code(env::EXPERT_COUNTER, self.expert_counter.is_some());
@@ -808,6 +816,10 @@ impl ConfigBuilder {
                 .unwrap_or(summary_default),
             spec_summary_every: self.spec_summary_every.or(spec_summary_every).unwrap_or(0),
             prometheus,
+            prometheus_web_config: self
+                .prometheus_web_config
+                .clone()
+                .or(prometheus_web_config.map(PathBuf::from)),
             queue,
             rank,
             expert_counter: self.expert_counter.or(expert_counter).unwrap_or(false),

@@ -99,6 +99,15 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The Prometheus endpoint's web configuration file: TLS (`tls_server_config`) and basic
+    /// auth (`basic_auth_users`, bcrypt hashes) in the Prometheus exporter-toolkit format. Read
+    /// and checked by `build()`: an unreadable or invalid file is an error naming the file and
+    /// the field. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP, no auth).
+    pub fn with_prometheus_web_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.cfg.prometheus_web_config = Some(path.into());
+        self
+    }
+
     /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
     /// Env: `PHASETRACE_QUEUE`; default 65536 (1.5 MiB per recorder).
     pub fn with_queue(mut self, records: usize) -> Self {
@@ -253,6 +262,11 @@ impl ProfilerBuilder {
         let cfg = self.config()?;
         for w in &cfg.alias_warnings {
             eprintln!("{w}");
+        }
+        // Checked now even when the profiler starts off: a bad file is never found only later,
+        // when an operator turns profiling on.
+        if let (Some(_), Some(path)) = (cfg.prometheus, &cfg.prometheus_web_config) {
+            crate::export::web_config::load(path).map_err(ExportError::from)?;
         }
         let clock: Arc<dyn Clock> = match (cfg.timing, self.clock) {
             (t, None) if self.stream.is_some() => match &self.stream {

@@ -1,9 +1,77 @@
 //! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
+//!
+//! The series budget: histograms with buckets carry only the attributes that quantiles and
+//! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed here on the worker, per
+//! (section, layer, site, rank), and read by observable counters at each collection (a scrape or
+//! an OTLP export): two series per (bucket, layer) instead of a histogram's 25.
 
 use crate::names::{attr, metric};
 use crate::vocab::{Layer, Phase, Section, Site};
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Time (ns) and calls per (section or probe site, layer, site, rank), summed on the worker.
+#[derive(Default)]
+pub(crate) struct LayerTotals {
+    sections: Mutex<HashMap<(Section, u32, Site, u32), (u64, u64)>>,
+    waits: Mutex<HashMap<(Site, u32, u32), (u64, u64)>>,
+}
+
+impl LayerTotals {
+    fn add_section(&self, s: Section, layer: u32, site: Site, rank: u32, ns: u64) {
+        let mut m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry((s, layer, site, rank)).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+
+    fn add_wait(&self, site: Site, layer: u32, rank: u32, ns: u64) {
+        let mut m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry((site, layer, rank)).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+
+    fn section_attrs(s: Section, layer: u32, site: Site, rank: u32) -> Vec<KeyValue> {
+        let mut kv = vec![
+            KeyValue::new(attr::BUCKET, s.as_str()),
+            KeyValue::new(attr::LAYER, i64::from(layer)),
+            Instruments::rank(rank),
+        ];
+        if let Some(site) = site.as_str() {
+            kv.push(KeyValue::new(attr::SITE, site));
+        }
+        kv
+    }
+
+    fn wait_attrs(site: Site, layer: u32, rank: u32) -> Vec<KeyValue> {
+        let mut kv = vec![
+            KeyValue::new(attr::LAYER, i64::from(layer)),
+            Instruments::rank(rank),
+        ];
+        if let Some(site) = site.as_str() {
+            kv.push(KeyValue::new(attr::SITE, site));
+        }
+        kv
+    }
+
+    /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
+    fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+        for (&(s, layer, site, rank), &(ns, calls)) in m.iter() {
+            f(&Self::section_attrs(s, layer, site, rank), ns as f64 * 1e-9, calls);
+        }
+    }
+
+    fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        for (&(site, layer, rank), &(ns, calls)) in m.iter() {
+            f(&Self::wait_attrs(site, layer, rank), ns as f64 * 1e-9, calls);
+        }
+    }
+}
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
@@ -19,6 +87,10 @@ pub(crate) struct Instruments {
     draft_tokens: Counter<u64>,
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
+    layers: Arc<LayerTotals>,
+    /// The per-layer observable counters: registered callbacks, kept with the instruments.
+    _layer_counters: [ObservableCounter<f64>; 2],
+    _layer_calls: [ObservableCounter<u64>; 2],
     layer_attr: bool,
     /// Every measurement, for unit tests of the pipeline.
     #[cfg(test)]
@@ -55,7 +127,59 @@ impl Instruments {
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
+        let layers = Arc::new(LayerTotals::default());
+        let time = |name: &'static str, desc: &'static str, waits: bool| {
+            let l = layers.clone();
+            meter
+                .f64_observable_counter(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let obs = |kv: &[KeyValue], secs: f64, _: u64| o.observe(secs, kv);
+                    if waits { l.each_wait(obs) } else { l.each_section(obs) }
+                })
+                .build()
+        };
+        let calls = |name: &'static str, desc: &'static str, waits: bool| {
+            let l = layers.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_unit(metric::UNIT_CALLS)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let obs = |kv: &[KeyValue], _: f64, n: u64| o.observe(n, kv);
+                    if waits { l.each_wait(obs) } else { l.each_section(obs) }
+                })
+                .build()
+        };
+        let layer_counters = [
+            time(
+                metric::SECTION_LAYER_TIME,
+                "Time spent in one decode section per layer",
+                false,
+            ),
+            time(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                "Time this rank waited at a collective's rendezvous probe, per layer",
+                true,
+            ),
+        ];
+        let layer_calls = [
+            calls(
+                metric::SECTION_LAYER_CALLS,
+                "Calls of one decode section per layer",
+                false,
+            ),
+            calls(
+                metric::COLLECTIVE_LAYER_WAIT_CALLS,
+                "Rendezvous waits at a collective per layer",
+                true,
+            ),
+        ];
         Instruments {
+            layers,
+            _layer_counters: layer_counters,
+            _layer_calls: layer_calls,
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
             step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
             steps: meter
@@ -116,43 +240,54 @@ impl Instruments {
         KeyValue::new(attr::RANK, i64::from(rank))
     }
 
-    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 4] = [
+    /// One section of `ns` nanoseconds: the histogram (bucket, site, rank) and, with the layer
+    /// attribute on, the per-layer totals.
+    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, ns: u64) {
+        let secs = ns as f64 * 1e-9;
+        let mut kv: [KeyValue; 3] = [
             KeyValue::new(attr::BUCKET, s.as_str()),
             Self::rank(rank),
             KeyValue::new(attr::RANK, 0),
-            KeyValue::new(attr::RANK, 0),
         ];
         let mut n = 2;
-        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
-            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
-            n += 1;
-        }
         if let Some(site) = site.as_str() {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
         self.note(metric::SECTION_DURATION, &kv[..n], secs);
         self.section.record(secs, &kv[..n]);
+        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
+            self.layers.add_section(s, l, site, rank, ns);
+            #[cfg(test)]
+            self.note(
+                metric::SECTION_LAYER_TIME,
+                &LayerTotals::section_attrs(s, l, site, rank),
+                secs,
+            );
+        }
     }
 
-    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 3] = [
-            Self::rank(rank),
-            KeyValue::new(attr::RANK, 0),
-            KeyValue::new(attr::RANK, 0),
-        ];
+    /// One rendezvous wait of `ns` nanoseconds: the histogram (site, rank) and the per-layer
+    /// totals (kept with the layer attribute off too: the skew is compared per layer).
+    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, ns: u64) {
+        let secs = ns as f64 * 1e-9;
+        let mut kv: [KeyValue; 2] = [Self::rank(rank), KeyValue::new(attr::RANK, 0)];
         let mut n = 1;
         if let Some(site) = site.as_str() {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
-        if let Some(l) = layer.get() {
-            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
-            n += 1;
-        }
         self.note(metric::COLLECTIVE_WAIT, &kv[..n], secs);
         self.wait.record(secs, &kv[..n]);
+        if let Some(l) = layer.get() {
+            self.layers.add_wait(site, l, rank, ns);
+            #[cfg(test)]
+            self.note(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                &LayerTotals::wait_attrs(site, l, rank),
+                secs,
+            );
+        }
     }
 
     pub(crate) fn step(&self, rank: u32, secs: f64) {

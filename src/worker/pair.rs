@@ -352,11 +352,10 @@ impl LaneState {
                     return;
                 };
                 let ns = t.saturating_sub(open.start);
-                let secs = ns as f64 * 1e-9;
                 for inst in s.inst {
-                    inst.section(open.section, open.layer, open.site, rank, secs);
+                    inst.section(open.section, open.layer, open.site, rank, ns);
                     if open.section.kind() == SectionKind::Probe {
-                        inst.wait(open.site, open.layer, rank, secs);
+                        inst.wait(open.site, open.layer, rank, ns);
                     }
                 }
                 s.stats.sections += 1;
@@ -371,12 +370,7 @@ impl LaneState {
             }
             MarkKind::Wait => {
                 for inst in s.inst {
-                    inst.wait(
-                        Site::from_id(m.site),
-                        Layer(m.layer),
-                        rank,
-                        m.token as f64 * 1e-9,
-                    );
+                    inst.wait(Site::from_id(m.site), Layer(m.layer), rank, m.token);
                 }
             }
             MarkKind::Route => {
