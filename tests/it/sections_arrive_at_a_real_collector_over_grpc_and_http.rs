@@ -86,11 +86,11 @@ fn complete(p: &ParsedOutput) -> bool {
         .is_some_and(|v| v == STEPS as f64);
     let sections_done = p
         .latest_point(
-            metric::SECTION_DURATION,
+            metric::SECTION_LAYER_CALLS,
             &[(attr::BUCKET, "moe_experts"), (attr::LAYER, "1")],
         )
-        .and_then(|pt| pt.count)
-        == Some(STEPS);
+        .and_then(|pt| pt.value)
+        == Some(STEPS as f64);
     steps_done && sections_done && p.spans.len() >= SAMPLED.len() * spans_per_sampled_step()
 }
 
@@ -256,7 +256,22 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
         ("reduce_attn_enq", "attn"),
         ("moe_experts", "mlp"),
     ] {
-        let mut total = 0;
+        // The histogram: per (bucket, site, rank), every layer together.
+        let labels = [(attr::BUCKET, bucket), (attr::SITE, site), (attr::RANK, "3")];
+        let pt = sections
+            .point(&labels)
+            .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
+        assert_eq!(pt.attributes.len(), 3, "no layer on the histogram: {pt:#?}");
+        assert_eq!(pt.count, Some(STEPS * u64::from(LAYERS)), "{labels:?}: {pt:#?}");
+        assert_eq!(pt.explicit_bounds, bounds);
+        assert_eq!(
+            pt.bucket_counts.iter().sum::<u64>(),
+            STEPS * u64::from(LAYERS),
+            "{pt:#?}"
+        );
+        // The per-layer detail: time and calls per (bucket, layer, site, rank).
+        let mut total = 0.0;
+        let mut time = 0.0;
         for layer in 0..LAYERS {
             let layer = layer.to_string();
             let labels = [
@@ -265,16 +280,23 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 (attr::SITE, site),
                 (attr::RANK, "3"),
             ];
-            let pt = sections
-                .point(&labels)
-                .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
-            assert_eq!(pt.attributes.len(), 4, "{pt:#?}");
-            assert_eq!(pt.count, Some(STEPS), "{labels:?}: {pt:#?}");
-            assert_eq!(pt.explicit_bounds, bounds);
-            assert_eq!(pt.bucket_counts.iter().sum::<u64>(), STEPS, "{pt:#?}");
-            total += pt.count.unwrap();
+            let calls = p
+                .latest_point(metric::SECTION_LAYER_CALLS, &labels)
+                .unwrap_or_else(|| panic!("no calls {labels:?}; {}", context()));
+            assert_eq!(calls.attributes.len(), 4, "{calls:#?}");
+            assert_eq!(calls.value, Some(STEPS as f64), "{labels:?}: {calls:#?}");
+            total += calls.value.unwrap();
+            time += p
+                .latest_point(metric::SECTION_LAYER_TIME, &labels)
+                .and_then(|t| t.value)
+                .unwrap_or_else(|| panic!("no time {labels:?}; {}", context()));
         }
-        assert_eq!(total, STEPS * u64::from(LAYERS), "{bucket}");
+        assert_eq!(total, (STEPS * u64::from(LAYERS)) as f64, "{bucket}");
+        let sum = pt.sum.unwrap_or_default();
+        assert!(
+            (time - sum).abs() <= 1e-9 * STEPS as f64,
+            "{bucket}: per-layer time {time} vs histogram sum {sum}"
+        );
     }
     let buckets: std::collections::BTreeSet<&str> = sections
         .points

@@ -216,7 +216,7 @@ fn prometheus_scrapes_the_demos_embedded_endpoint() {
     );
     assert_eq!(
         per_rank(
-            "count by (rank) (count by (rank, layer) (phasetrace_section_duration_seconds_count))"
+            "count by (rank) (count by (rank, layer) (phasetrace_section_layer_calls_total))"
         ),
         expected(f64::from(LAYERS))
     );
