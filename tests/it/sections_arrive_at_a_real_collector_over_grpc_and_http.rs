@@ -320,22 +320,39 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
 
     // Collective waits: one per probe section (site attn) and one per explicit wait (site mlp).
     let waits = p.last_metric(metric::COLLECTIVE_WAIT).unwrap();
+    let probe = waits
+        .point(&[(attr::SITE, "attn")])
+        .unwrap_or_else(|| panic!("no attn wait point; {}", context()));
+    assert_eq!(probe.count, Some(STEPS * u64::from(LAYERS)), "{probe:#?}");
+    assert_eq!(probe.attr(attr::RANK), Some("3"));
+    assert_eq!(probe.attr(attr::LAYER), None, "{probe:#?}");
+    let explicit = waits
+        .point(&[(attr::SITE, "mlp")])
+        .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
+    assert_eq!(explicit.count, Some(STEPS * u64::from(LAYERS)), "{explicit:#?}");
+    let sum = explicit.sum.unwrap();
+    let expected = EXPLICIT_WAIT.as_secs_f64() * (STEPS * u64::from(LAYERS)) as f64;
+    assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
+    assert_eq!(explicit.min, Some(EXPLICIT_WAIT.as_secs_f64()));
+    assert_eq!(explicit.max, Some(EXPLICIT_WAIT.as_secs_f64()));
     for layer in 0..LAYERS {
         let layer = layer.to_string();
-        let probe = waits
-            .point(&[(attr::SITE, "attn"), (attr::LAYER, layer.as_str())])
-            .unwrap_or_else(|| panic!("no attn wait point; {}", context()));
-        assert_eq!(probe.count, Some(STEPS), "{probe:#?}");
-        assert_eq!(probe.attr(attr::RANK), Some("3"));
-        let explicit = waits
-            .point(&[(attr::SITE, "mlp"), (attr::LAYER, layer.as_str())])
-            .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
-        assert_eq!(explicit.count, Some(STEPS), "{explicit:#?}");
-        let sum = explicit.sum.unwrap();
+        for site in ["attn", "mlp"] {
+            let labels = [(attr::SITE, site), (attr::LAYER, layer.as_str()), (attr::RANK, "3")];
+            let calls = p
+                .latest_point(metric::COLLECTIVE_LAYER_WAIT_CALLS, &labels)
+                .unwrap_or_else(|| panic!("no per-layer waits {labels:?}; {}", context()));
+            assert_eq!(calls.value, Some(STEPS as f64), "{calls:#?}");
+        }
+        let time = p
+            .latest_point(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                &[(attr::SITE, "mlp"), (attr::LAYER, layer.as_str())],
+            )
+            .and_then(|t| t.value)
+            .expect("per-layer wait time");
         let expected = EXPLICIT_WAIT.as_secs_f64() * STEPS as f64;
-        assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
-        assert_eq!(explicit.min, Some(EXPLICIT_WAIT.as_secs_f64()));
-        assert_eq!(explicit.max, Some(EXPLICIT_WAIT.as_secs_f64()));
+        assert!((time - expected).abs() < 1e-12, "{time} != {expected}");
     }
     let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
     assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));
