@@ -7,7 +7,6 @@ use clap::Args;
 use phasetrace::config::masked_headers;
 use phasetrace::names::env;
 use phasetrace::{Config, Origin, Profiler};
-use std::net::TcpListener;
 use std::time::Duration;
 
 /// `phasetrace check` flags.
@@ -46,6 +45,12 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
         (
             env::PROMETHEUS,
             cfg.prometheus.map_or("off".into(), |a| a.to_string()),
+        ),
+        (
+            env::PROMETHEUS_WEB_CONFIG,
+            cfg.prometheus_web_config
+                .as_ref()
+                .map_or("(none: plain HTTP, no auth)".into(), |p| p.display().to_string()),
         ),
         (env::QUEUE, cfg.queue.to_string()),
         (env::RANK, cfg.rank.to_string()),
@@ -166,18 +171,17 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         out += "  -     OTLP: no endpoint configured (set OTEL_EXPORTER_OTLP_ENDPOINT)\n";
     }
     if let Some(addr) = cfg.prometheus {
-        match TcpListener::bind(addr) {
-            Ok(_) => {
-                out += &format!("  ok    Prometheus: {addr} is free to listen on\n");
-                if !addr.ip().is_loopback() {
-                    out += "        note: not a loopback address: anyone who reaches it can read the engine's timings\n";
+        match cfg.probe_prometheus(timeout) {
+            Ok(m) => {
+                out += &format!("  ok    Prometheus: {m}\n");
+                if !addr.ip().is_loopback() && cfg.prometheus_web_config.is_none() {
+                    out += &format!(
+                        "        note: not a loopback address, and no TLS or basic auth ({}): anyone who reaches it can read the engine's timings\n",
+                        env::PROMETHEUS_WEB_CONFIG
+                    );
                 }
             }
-            Err(e) => {
-                let m = format!(
-                    "{}={addr}: cannot listen there ({e}); pick a free port or off",
-                    env::PROMETHEUS
-                );
+            Err(m) => {
                 out += &format!("  FAIL  Prometheus: {m}\n");
                 problems.push(m);
             }

@@ -21,6 +21,10 @@ pub(crate) struct ProfilerFlags {
     /// Prometheus listen address (host:port) or off [env: PHASETRACE_PROMETHEUS]
     #[arg(long)]
     pub(crate) prometheus: Option<String>,
+    /// The Prometheus endpoint's web configuration file (TLS, basic auth; the exporter-toolkit
+    /// format) [env: PHASETRACE_PROMETHEUS_WEB_CONFIG]
+    #[arg(long)]
+    pub(crate) prometheus_web_config: Option<std::path::PathBuf>,
     /// OTLP endpoint, http(s)://host:port [env: OTEL_EXPORTER_OTLP_ENDPOINT]
     #[arg(long)]
     pub(crate) otlp_endpoint: Option<String>,
@@ -89,6 +93,9 @@ impl ProfilerFlags {
         }
         if let Some(p) = &self.prometheus {
             b = b.with_prometheus((!p.eq_ignore_ascii_case("off")).then_some(p.as_str()));
+        }
+        if let Some(w) = &self.prometheus_web_config {
+            b = b.with_prometheus_web_config(w.clone());
         }
         if let Some(e) = &self.otlp_endpoint {
             b = b.with_otlp_endpoint(Some(e));
