@@ -50,7 +50,9 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
             env::PROMETHEUS_WEB_CONFIG,
             cfg.prometheus_web_config
                 .as_ref()
-                .map_or("(none: plain HTTP, no auth)".into(), |p| p.display().to_string()),
+                .map_or("(none: plain HTTP, no auth)".into(), |p| {
+                    p.display().to_string()
+                }),
         ),
         (env::QUEUE, cfg.queue.to_string()),
         (env::RANK, cfg.rank.to_string()),

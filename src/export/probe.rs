@@ -192,8 +192,8 @@ impl crate::Config {
         };
         let free = std::net::TcpListener::bind(addr).is_ok();
         let (answer, where_) = if free {
-            let (reader, server) = super::prometheus::start(addr, web.clone())
-                .map_err(|e| e.to_string())?;
+            let (reader, server) =
+                super::prometheus::start(addr, web.clone()).map_err(|e| e.to_string())?;
             // An empty provider, so that the probe's scrape collects something.
             let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
                 .with_reader(reader)
@@ -262,7 +262,9 @@ fn probe_scrape(
         }
     };
     let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    let sent = stream.write_all(req.as_bytes()).and_then(|()| stream.flush());
+    let sent = stream
+        .write_all(req.as_bytes())
+        .and_then(|()| stream.flush());
     let mut buf = Vec::new();
     let read = sent.and_then(|()| stream.take(1 << 20).read_to_end(&mut buf));
     let head = String::from_utf8_lossy(&buf);
@@ -271,7 +273,8 @@ fn probe_scrape(
     match (cert_required, auth, status.as_str()) {
         (true, _, "") => Ok(format!(
             "a client without a certificate is refused ({})",
-            read.err().map_or("connection closed".to_owned(), |e| e.to_string())
+            read.err()
+                .map_or("connection closed".to_owned(), |e| e.to_string())
         )),
         (true, _, s) => Err(format!(
             "a client without a certificate was answered {s}, although client_auth_type requires one"
@@ -280,7 +283,8 @@ fn probe_scrape(
         (false, false, "200") => Ok(format!("GET /metrics answered 200 ({} bytes)", buf.len())),
         (_, _, "") => Err(format!(
             "no HTTP answer ({})",
-            read.err().map_or("connection closed".to_owned(), |e| e.to_string())
+            read.err()
+                .map_or("connection closed".to_owned(), |e| e.to_string())
         )),
         (_, _, s) => Err(format!("GET /metrics without credentials answered {s}")),
     }

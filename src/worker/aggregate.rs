@@ -61,14 +61,22 @@ impl LayerTotals {
     fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
         let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
         for (&(s, layer, site, rank), &(ns, calls)) in m.iter() {
-            f(&Self::section_attrs(s, layer, site, rank), ns as f64 * 1e-9, calls);
+            f(
+                &Self::section_attrs(s, layer, site, rank),
+                ns as f64 * 1e-9,
+                calls,
+            );
         }
     }
 
     fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
         let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
         for (&(site, layer, rank), &(ns, calls)) in m.iter() {
-            f(&Self::wait_attrs(site, layer, rank), ns as f64 * 1e-9, calls);
+            f(
+                &Self::wait_attrs(site, layer, rank),
+                ns as f64 * 1e-9,
+                calls,
+            );
         }
     }
 }
@@ -136,7 +144,11 @@ impl Instruments {
                 .with_description(desc)
                 .with_callback(move |o| {
                     let obs = |kv: &[KeyValue], secs: f64, _: u64| o.observe(secs, kv);
-                    if waits { l.each_wait(obs) } else { l.each_section(obs) }
+                    if waits {
+                        l.each_wait(obs)
+                    } else {
+                        l.each_section(obs)
+                    }
                 })
                 .build()
         };
@@ -148,7 +160,11 @@ impl Instruments {
                 .with_description(desc)
                 .with_callback(move |o| {
                     let obs = |kv: &[KeyValue], _: f64, n: u64| o.observe(n, kv);
-                    if waits { l.each_wait(obs) } else { l.each_section(obs) }
+                    if waits {
+                        l.each_wait(obs)
+                    } else {
+                        l.each_section(obs)
+                    }
                 })
                 .build()
         };

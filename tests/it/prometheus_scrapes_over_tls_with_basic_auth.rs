@@ -162,15 +162,29 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
     p.flush();
     let addr = p.prometheus_addr().expect("endpoint");
 
-    assert_eq!(tls_get(addr, dir.path(), true, Some(("prometheus", PASSWORD))), Ok(200));
-    assert_eq!(tls_get(addr, dir.path(), true, Some(("prometheus", "wrong"))), Ok(401));
-    assert_eq!(tls_get(addr, dir.path(), true, Some(("nobody", PASSWORD))), Ok(401));
+    assert_eq!(
+        tls_get(addr, dir.path(), true, Some(("prometheus", PASSWORD))),
+        Ok(200)
+    );
+    assert_eq!(
+        tls_get(addr, dir.path(), true, Some(("prometheus", "wrong"))),
+        Ok(401)
+    );
+    assert_eq!(
+        tls_get(addr, dir.path(), true, Some(("nobody", PASSWORD))),
+        Ok(401)
+    );
     assert_eq!(tls_get(addr, dir.path(), true, None), Ok(401));
     let no_cert = tls_get(addr, dir.path(), false, Some(("prometheus", PASSWORD)));
-    assert!(no_cert.is_err(), "a client without a certificate got {no_cert:?}");
+    assert!(
+        no_cert.is_err(),
+        "a client without a certificate got {no_cert:?}"
+    );
     // Plain HTTP on the TLS port gets no HTTP answer.
     let mut plain = TcpStream::connect(addr).unwrap();
-    plain.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     plain
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
@@ -185,7 +199,8 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
     prometheus.wait_for_query(
         "up",
         |s| {
-            s.iter().any(|(l, v)| l.get("job").map(String::as_str) == Some("tls-ok") && *v == 1.0)
+            s.iter()
+                .any(|(l, v)| l.get("job").map(String::as_str) == Some("tls-ok") && *v == 1.0)
                 && s.iter().any(|(l, v)| {
                     l.get("job").map(String::as_str) == Some("tls-wrong-password") && *v == 0.0
                 })
@@ -198,7 +213,10 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
         Duration::from_secs(30),
     );
     let targets = prometheus.targets().to_string();
-    assert!(targets.contains("401"), "the wrong password's scrape error: {targets}");
+    assert!(
+        targets.contains("401"),
+        "the wrong password's scrape error: {targets}"
+    );
     let log = prometheus.output();
     assert!(!log.contains(PASSWORD));
     p.shutdown();

@@ -257,12 +257,20 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
         ("moe_experts", "mlp"),
     ] {
         // The histogram: per (bucket, site, rank), every layer together.
-        let labels = [(attr::BUCKET, bucket), (attr::SITE, site), (attr::RANK, "3")];
+        let labels = [
+            (attr::BUCKET, bucket),
+            (attr::SITE, site),
+            (attr::RANK, "3"),
+        ];
         let pt = sections
             .point(&labels)
             .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
         assert_eq!(pt.attributes.len(), 3, "no layer on the histogram: {pt:#?}");
-        assert_eq!(pt.count, Some(STEPS * u64::from(LAYERS)), "{labels:?}: {pt:#?}");
+        assert_eq!(
+            pt.count,
+            Some(STEPS * u64::from(LAYERS)),
+            "{labels:?}: {pt:#?}"
+        );
         assert_eq!(pt.explicit_bounds, bounds);
         assert_eq!(
             pt.bucket_counts.iter().sum::<u64>(),
@@ -329,7 +337,11 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
     let explicit = waits
         .point(&[(attr::SITE, "mlp")])
         .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
-    assert_eq!(explicit.count, Some(STEPS * u64::from(LAYERS)), "{explicit:#?}");
+    assert_eq!(
+        explicit.count,
+        Some(STEPS * u64::from(LAYERS)),
+        "{explicit:#?}"
+    );
     let sum = explicit.sum.unwrap();
     let expected = EXPLICIT_WAIT.as_secs_f64() * (STEPS * u64::from(LAYERS)) as f64;
     assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
@@ -338,7 +350,11 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
     for layer in 0..LAYERS {
         let layer = layer.to_string();
         for site in ["attn", "mlp"] {
-            let labels = [(attr::SITE, site), (attr::LAYER, layer.as_str()), (attr::RANK, "3")];
+            let labels = [
+                (attr::SITE, site),
+                (attr::LAYER, layer.as_str()),
+                (attr::RANK, "3"),
+            ];
             let calls = p
                 .latest_point(metric::COLLECTIVE_LAYER_WAIT_CALLS, &labels)
                 .unwrap_or_else(|| panic!("no per-layer waits {labels:?}; {}", context()));

@@ -96,10 +96,16 @@ fn methods_paths_formats_and_gzip_get_the_right_answer() {
 
     let (status, head, classic) = get(addr, "GET", "/metrics?x=1", "");
     assert_eq!(status, 200);
-    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
     let classic = String::from_utf8(classic).expect("utf-8");
     assert!(!classic.contains("# EOF"));
-    assert!(!classic.contains("otel_scope_name=\"phasetrace\","), "scope once only");
+    assert!(
+        !classic.contains("otel_scope_name=\"phasetrace\","),
+        "scope once only"
+    );
 
     let (status, head, body) = get(addr, "HEAD", "/metrics", "");
     assert_eq!(status, 200);
@@ -114,7 +120,11 @@ fn methods_paths_formats_and_gzip_get_the_right_answer() {
     assert_eq!(get(addr, "GET", "/", "").0, 200);
 
     let big = format!("X-Big: {}\r\n", "a".repeat(20 * 1024));
-    assert_eq!(get(addr, "GET", "/metrics", &big).0, 431, "an oversized head");
+    assert_eq!(
+        get(addr, "GET", "/metrics", &big).0,
+        431,
+        "an oversized head"
+    );
 
     let accept = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\n";
     let (status, head, om) = get(addr, "GET", "/metrics", accept);

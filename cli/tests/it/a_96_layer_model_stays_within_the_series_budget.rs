@@ -21,8 +21,18 @@ fn a_96_layer_model_serves_at_most_5000_series_and_600_kb_and_otlp_keeps_the_bud
     let target = format!("127.0.0.1:{}", free_port());
     let mut demo = cli::Demo::spawn(
         &[
-            "--ranks", "1", "--layers", "96", "--dense-layers", "3", "--steps", "60",
-            "--prometheus", &target, "--linger", "30",
+            "--ranks",
+            "1",
+            "--layers",
+            "96",
+            "--dense-layers",
+            "3",
+            "--steps",
+            "60",
+            "--prometheus",
+            &target,
+            "--linger",
+            "30",
         ],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &rotel.grpc_endpoint()),
@@ -41,14 +51,20 @@ fn a_96_layer_model_serves_at_most_5000_series_and_600_kb_and_otlp_keeps_the_bud
         .collect();
     let mut by_name: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &series {
-        *by_name.entry(s.split(['{', ' ']).next().unwrap()).or_default() += 1;
+        *by_name
+            .entry(s.split(['{', ' ']).next().unwrap())
+            .or_default() += 1;
     }
     eprintln!(
         "96 layers, 1 rank: {} series, {} bytes per scrape: {by_name:#?}",
         series.len(),
         body.len()
     );
-    assert!(series.len() <= SERIES_BUDGET, "{} series: {by_name:#?}", series.len());
+    assert!(
+        series.len() <= SERIES_BUDGET,
+        "{} series: {by_name:#?}",
+        series.len()
+    );
     assert!(body.len() <= BYTES_BUDGET, "{} bytes", body.len());
     // The per-layer detail is all there: time and calls for every layer.
     let layers: std::collections::BTreeSet<&str> = series

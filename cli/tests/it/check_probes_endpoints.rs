@@ -290,7 +290,10 @@ fn check_probes_the_prometheus_endpoint_with_its_tls_and_basic_auth() {
             "RequireAndVerifyClientCert",
             "a client without a certificate is refused",
         ),
-        ("NoClientCert", "a scrape without credentials is refused with 401"),
+        (
+            "NoClientCert",
+            "a scrape without credentials is refused with 401",
+        ),
     ] {
         let web = web_config(dir.path(), auth, &hash);
         let web_s = web.display().to_string();
@@ -315,7 +318,7 @@ fn check_probes_the_prometheus_endpoint_with_its_tls_and_basic_auth() {
         );
         assert!(run.stdout.contains(&line), "{auth}: {run}");
         assert!(!run.stdout.contains(&hash) && !run.stderr.contains(&hash));
-        assert!(!run.stdout.contains("prometheus:") , "no user names: {run}");
+        assert!(!run.stdout.contains("prometheus:"), "no user names: {run}");
     }
 
     // An invalid file fails the check, naming the file and the field.
@@ -327,7 +330,10 @@ fn check_probes_the_prometheus_endpoint_with_its_tls_and_basic_auth() {
     .unwrap();
     let run = phasetrace(
         &["check", "--prometheus", "127.0.0.1:0"],
-        &[("PHASETRACE_PROMETHEUS_WEB_CONFIG", &bad.display().to_string())],
+        &[(
+            "PHASETRACE_PROMETHEUS_WEB_CONFIG",
+            &bad.display().to_string(),
+        )],
         RUN,
     );
     assert_eq!(run.code, Some(4), "{run}");

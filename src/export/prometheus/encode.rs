@@ -99,7 +99,12 @@ pub(crate) fn encode(
     }
     let mut scopes = rm.scope_metrics().peekable();
     if scopes.peek().is_some() {
-        w.header("otel_scope", "Instrumentation scope metadata", w.info_type(), "");
+        w.header(
+            "otel_scope",
+            "Instrumentation scope metadata",
+            w.info_type(),
+            "",
+        );
     }
     for sm in rm.scope_metrics() {
         let scope = sm.scope();
@@ -499,7 +504,10 @@ mod tests {
     fn classic_text_names_units_counters_and_escapes() {
         let mut out = String::new();
         let e = encode(&collected(), Format::Classic, None, &mut out);
-        assert!(out.contains("# TYPE phasetrace_section_duration_seconds histogram\n"), "{out}");
+        assert!(
+            out.contains("# TYPE phasetrace_section_duration_seconds histogram\n"),
+            "{out}"
+        );
         assert!(out.contains(
             "# HELP phasetrace_section_duration_seconds Duration of one\\nsection \\\\ \"x\"\n"
         ));
@@ -509,14 +517,21 @@ mod tests {
         assert!(out.contains(
             "phasetrace_section_duration_seconds_bucket{bucket=\"kda\\\"mixer\",le=\"+Inf\"} 2\n"
         ));
-        assert!(out.contains("phasetrace_section_duration_seconds_count{bucket=\"kda\\\"mixer\"} 2\n"));
-        assert!(out.contains("# TYPE phasetrace_steps_total counter\nphasetrace_steps_total{rank=\"0\"} 3\n"));
+        assert!(
+            out.contains("phasetrace_section_duration_seconds_count{bucket=\"kda\\\"mixer\"} 2\n")
+        );
+        assert!(out.contains(
+            "# TYPE phasetrace_steps_total counter\nphasetrace_steps_total{rank=\"0\"} 3\n"
+        ));
         assert!(out.contains("phasetrace_section_layer_time_seconds_total{layer=\"7\"} 0.25\n"));
         assert!(out.contains("# TYPE target_info gauge\n"));
         assert!(out.contains("host_name=\"h1\""));
         assert!(out.contains("service_name=\"svc \\\"q\\\"\""));
         assert!(out.contains("otel_scope_info{otel_scope_name=\"phasetrace\"} 1\n"));
-        assert!(!out.contains("otel_scope_name=\"phasetrace\","), "scope once");
+        assert!(
+            !out.contains("otel_scope_name=\"phasetrace\","),
+            "scope once"
+        );
         assert!(!out.contains("# EOF"));
         // target_info, scope, 3 buckets + sum + count, the counter, the layer time
         assert_eq!(e.series, 1 + 1 + 5 + 1 + 1);

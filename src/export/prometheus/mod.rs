@@ -111,11 +111,8 @@ pub(super) fn start(
     web: Option<WebConfig>,
 ) -> Result<(PrometheusReader, PrometheusServer), ExportError> {
     let reader = PrometheusReader(Arc::new(ManualReader::builder().build()));
-    let listener =
-        std::net::TcpListener::bind(addr).map_err(|source| ExportError::PrometheusBind {
-            addr,
-            source,
-        })?;
+    let listener = std::net::TcpListener::bind(addr)
+        .map_err(|source| ExportError::PrometheusBind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
     listener
         .set_nonblocking(true)
@@ -296,10 +293,7 @@ impl Endpoint {
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("cannot collect metrics: {why}\n"),
             ),
-            Err(_) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the scrape failed\n",
-            ),
+            Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "the scrape failed\n"),
         }
     }
 
@@ -372,7 +366,11 @@ impl<I> WriteDeadline<I> {
         WriteDeadline { io, stalled: None }
     }
 
-    fn check<T>(&mut self, cx: &mut Context<'_>, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
         if r.is_ready() {
             self.stalled = None;
             return r;
@@ -425,10 +423,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
         self.check(cx, r)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let r = Pin::new(&mut self.io).poll_shutdown(cx);
         self.check(cx, r)
     }

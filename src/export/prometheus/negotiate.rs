@@ -131,7 +131,9 @@ mod tests {
             Format::Classic
         );
         assert_eq!(
-            format(Some("application/openmetrics-text;version=2.0.0, text/plain;q=0.1")),
+            format(Some(
+                "application/openmetrics-text;version=2.0.0, text/plain;q=0.1"
+            )),
             Format::Classic
         );
         // A malformed weight drops only its element.

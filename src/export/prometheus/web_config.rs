@@ -18,8 +18,8 @@
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,10 @@ impl ClientAuth {
         ("NoClientCert", ClientAuth::NoClientCert),
         ("RequestClientCert", ClientAuth::RequestClientCert),
         ("RequireAnyClientCert", ClientAuth::RequireAnyClientCert),
-        ("VerifyClientCertIfGiven", ClientAuth::VerifyClientCertIfGiven),
+        (
+            "VerifyClientCertIfGiven",
+            ClientAuth::VerifyClientCertIfGiven,
+        ),
         (
             "RequireAndVerifyClientCert",
             ClientAuth::RequireAndVerifyClientCert,
@@ -277,7 +280,10 @@ fn tls(
         .map_err(|e| {
             bad(
                 "tls_server_config.cert_file",
-                format!("{}: cannot read a PEM certificate ({e})", cert_file.display()),
+                format!(
+                    "{}: cannot read a PEM certificate ({e})",
+                    cert_file.display()
+                ),
             )
         })?;
     if certs.is_empty() {
@@ -289,7 +295,10 @@ fn tls(
     let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
         bad(
             "tls_server_config.key_file",
-            format!("{}: cannot read a PEM private key ({e})", key_file.display()),
+            format!(
+                "{}: cannot read a PEM private key ({e})",
+                key_file.display()
+            ),
         )
     })?;
 
@@ -381,14 +390,12 @@ fn tls(
             "above max_version: expected min_version <= max_version".into(),
         ));
     }
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> = [
-        (12, &rustls::version::TLS12),
-        (13, &rustls::version::TLS13),
-    ]
-    .into_iter()
-    .filter(|(v, _)| (min..=max).contains(v))
-    .map(|(_, p)| p)
-    .collect();
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
+        [(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
+            .into_iter()
+            .filter(|(v, _)| (min..=max).contains(v))
+            .map(|(_, p)| p)
+            .collect();
     let mut server = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&versions)
         .map_err(|e| bad("tls_server_config.min_version", e.to_string()))?
@@ -485,7 +492,6 @@ pub(crate) struct Users {
 
 /// Credentials remembered as verified, at most.
 const VERIFIED_CACHE: usize = 64;
-
 
 fn users(
     v: serde_yaml_ng::Value,
@@ -600,13 +606,41 @@ mod tests {
     fn every_bad_field_is_named_and_no_hash_is_echoed() {
         let hash = "$2y$04$8TOHE6wLwOTUBh1Dl8FOXOVlb3FnE4vQ/R1yFpPvtB6ZbphbjW7o6";
         let cases: &[(&str, &str, &str)] = &[
-            ("tls_server_config:\n  key_file: k.pem\n", "tls_server_config.cert_file", "missing"),
-            ("tls_server_config:\n  cert_file: nope.pem\n  key_file: k.pem\n", "tls_server_config.cert_file", "nope.pem"),
-            ("tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  cipher_suites: [x]\n", "tls_server_config.cipher_suites", "not supported"),
-            ("tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  colour: red\n", "tls_server_config", "unknown field `colour`"),
-            ("basic_auth_users:\n  alice: notahash-s3cret\n", "basic_auth_users (entry 1)", "not a bcrypt hash"),
-            ("basic_auth_users:\n  - alice\n", "basic_auth_users", "mapping"),
-            ("http_server_config:\n  http2: true\n", "http_server_config", "not supported"),
+            (
+                "tls_server_config:\n  key_file: k.pem\n",
+                "tls_server_config.cert_file",
+                "missing",
+            ),
+            (
+                "tls_server_config:\n  cert_file: nope.pem\n  key_file: k.pem\n",
+                "tls_server_config.cert_file",
+                "nope.pem",
+            ),
+            (
+                "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  cipher_suites: [x]\n",
+                "tls_server_config.cipher_suites",
+                "not supported",
+            ),
+            (
+                "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  colour: red\n",
+                "tls_server_config",
+                "unknown field `colour`",
+            ),
+            (
+                "basic_auth_users:\n  alice: notahash-s3cret\n",
+                "basic_auth_users (entry 1)",
+                "not a bcrypt hash",
+            ),
+            (
+                "basic_auth_users:\n  - alice\n",
+                "basic_auth_users",
+                "mapping",
+            ),
+            (
+                "http_server_config:\n  http2: true\n",
+                "http_server_config",
+                "not supported",
+            ),
             ("weird: 1\n", "(document)", "unknown field `weird`"),
         ];
         for (i, (text, field, detail)) in cases.iter().enumerate() {
@@ -615,9 +649,12 @@ mod tests {
             assert!(e.contains(detail), "{detail}: {e}");
             assert!(!e.contains("s3cret") && !e.contains(hash), "{e}");
         }
-        let missing = load(Path::new("/nonexistent/web.yml")).unwrap_err().to_string();
+        let missing = load(Path::new("/nonexistent/web.yml"))
+            .unwrap_err()
+            .to_string();
         assert!(
-            missing.starts_with("PHASETRACE_PROMETHEUS_WEB_CONFIG=/nonexistent/web.yml: cannot read"),
+            missing
+                .starts_with("PHASETRACE_PROMETHEUS_WEB_CONFIG=/nonexistent/web.yml: cannot read"),
             "{missing}"
         );
     }
@@ -626,7 +663,11 @@ mod tests {
     fn users_verify_by_bcrypt_and_unknown_users_fail() {
         let hash = bcrypt::hash("pw", 4).unwrap();
         let d = tmp("users");
-        let f = write(&d, "web.yml", &format!("basic_auth_users:\n  alice: '{hash}'\n"));
+        let f = write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+        );
         let c = load(&f).unwrap();
         let u = c.users.as_ref().unwrap();
         assert!(u.allows("alice", b"pw"));
