@@ -72,7 +72,8 @@ impl ProfilerBuilder {
         self
     }
 
-    /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
+    /// The per-layer section counters (`phasetrace.section.layer.time` and `.calls`, two series
+    /// per (bucket, layer)). Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
         self.cfg.layer_attr = Some(on);
         self
