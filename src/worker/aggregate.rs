@@ -59,8 +59,12 @@ impl LayerTotals {
 
     /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
     fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
-        for (&(s, layer, site, rank), &(ns, calls)) in m.iter() {
+        // Copied out under the lock, so that the worker waits only for the copy.
+        let snapshot: Vec<_> = {
+            let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        for ((s, layer, site, rank), (ns, calls)) in snapshot {
             f(
                 &Self::section_attrs(s, layer, site, rank),
                 ns as f64 * 1e-9,
@@ -70,8 +74,11 @@ impl LayerTotals {
     }
 
     fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
-        for (&(site, layer, rank), &(ns, calls)) in m.iter() {
+        let snapshot: Vec<_> = {
+            let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        for ((site, layer, rank), (ns, calls)) in snapshot {
             f(
                 &Self::wait_attrs(site, layer, rank),
                 ns as f64 * 1e-9,
