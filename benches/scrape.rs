@@ -24,12 +24,12 @@ const LAYERS: u32 = 96;
 
 /// One decode step of the demo's 96-layer layout; returns the sections recorded.
 fn step(rec: &Recorder) -> u64 {
-    let mut n = 0;
+    let n = std::cell::Cell::new(0u64);
     let _step = rec.step();
     for layer in 0..LAYERS {
-        let mut s = |sec: Section, site: Site| {
+        let s = |sec: Section, site: Site| {
             let _g = rec.section(sec, layer, site);
-            n += 1;
+            n.set(n.get() + 1);
         };
         s(Section::MHC, Site::NONE);
         s(Section::NORM, Site::NONE);
@@ -44,7 +44,7 @@ fn step(rec: &Recorder) -> u64 {
             }
         } else {
             let _mixer = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
-            n += 1;
+            n.set(n.get() + 1);
             for sec in [Section::KDA_FRONT, Section::KDA_RECUR, Section::KDA_BACK] {
                 s(sec, Site::ATTN);
             }
@@ -78,7 +78,7 @@ fn step(rec: &Recorder) -> u64 {
             s(sec, Site::MLP);
         }
     }
-    n
+    n.get()
 }
 
 fn profiler() -> Profiler {

@@ -74,9 +74,10 @@ mod worker;
 
 pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing};
 pub use export::{ExportError, WebConfigError};
+pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
-pub use worker::Stats;
+pub use worker::{Dropped, Stats};
