@@ -12,11 +12,19 @@ use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Time (ns) and calls per (section or probe site, layer, site, rank), summed on the worker.
+/// (total ns, calls)
+type Totals = (u64, u64);
+/// (section, layer, site, rank)
+type SectionKey = (Section, u32, Site, u32);
+/// (site, layer, rank)
+type WaitKey = (Site, u32, u32);
+
+/// Time (ns) and calls per (section, layer, site, rank) and per rendezvous (site, layer, rank),
+/// summed on the worker.
 #[derive(Default)]
 pub(crate) struct LayerTotals {
-    sections: Mutex<HashMap<(Section, u32, Site, u32), (u64, u64)>>,
-    waits: Mutex<HashMap<(Site, u32, u32), (u64, u64)>>,
+    sections: Mutex<HashMap<SectionKey, Totals>>,
+    waits: Mutex<HashMap<WaitKey, Totals>>,
 }
 
 impl LayerTotals {
