@@ -86,7 +86,7 @@ fn profiler() -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(0)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler")
 }

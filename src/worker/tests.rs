@@ -59,6 +59,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), true, 8);
@@ -437,6 +438,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), false, 8);

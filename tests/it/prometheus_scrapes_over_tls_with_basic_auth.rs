@@ -150,7 +150,7 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()
         .expect("profiler with TLS and basic auth");
@@ -265,7 +265,7 @@ fn a_bad_web_config_is_an_error_at_build_naming_the_file_and_the_field() {
         // Off: nothing starts, yet the file is checked.
         let err = Profiler::builder()
             .without_env()
-            .with_prometheus(Some("127.0.0.1:0"))
+            .with_prometheus_at(([127, 0, 0, 1], 0))
             .with_prometheus_web_config(&path)
             .build()
             .map(|_| ())
@@ -279,7 +279,7 @@ fn a_bad_web_config_is_an_error_at_build_naming_the_file_and_the_field() {
     let err = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&missing)
         .build()
         .map(|_| ())

@@ -15,7 +15,7 @@ fn profiler() -> Profiler {
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let rec = p.recorder();
