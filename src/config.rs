@@ -1245,7 +1245,8 @@ mod tests {
             assert!(
                 s.check("\u{1}bogus value\u{1}").is_err()
                     || s.var() == env::OTEL_SERVICE_NAME
-                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE
+                    || s.var() == env::PROMETHEUS_WEB_CONFIG,
                 "{}",
                 s.var()
             );
