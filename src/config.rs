@@ -217,6 +217,8 @@ pub struct Config {
     pub spec_level: SpecLevel,
     /// Build spans for one step (and round) in N; 0 = never.
     pub trace_every: u64,
+    /// Read one CUDA-graph replay in N; 0 = never.
+    pub graph_read_every: u64,
     /// The `layer` attribute on section metrics.
     pub layer_attr: bool,
     /// Console summary every N steps; 0 = off.
@@ -275,6 +277,7 @@ pub(crate) struct ConfigBuilder {
     pub(crate) level: Option<Level>,
     pub(crate) spec_level: Option<SpecLevel>,
     pub(crate) trace_every: Option<u64>,
+    pub(crate) graph_read_every: Option<u64>,
     pub(crate) layer_attr: Option<bool>,
     pub(crate) summary_every: Option<u64>,
     pub(crate) spec_summary_every: Option<u64>,
@@ -535,6 +538,11 @@ impl ConfigBuilder {
             })?
             .unwrap_or(false);
         let trace_every = e.parsed(env::TRACE_EVERY, "a whole number (0 = no spans)", parse_u64)?;
+        let graph_read_every = e.parsed(
+            env::GRAPH_READ_EVERY,
+            "a whole number of replays (1 = every replay, 0 = none)",
+            parse_u64,
+        )?;
         let layer_attr = e.parsed(env::LAYER_ATTR, BOOL_EXPECTED, parse_bool)?;
         let summary_every = e.parsed(
             env::SUMMARY_EVERY,
@@ -682,6 +690,7 @@ impl ConfigBuilder {
         code(env::LEVEL, self.level.is_some());
         code(env::SPEC_LEVEL, self.spec_level.is_some());
         code(env::TRACE_EVERY, self.trace_every.is_some());
+        code(env::GRAPH_READ_EVERY, self.graph_read_every.is_some());
         code(env::LAYER_ATTR, self.layer_attr.is_some());
         code(env::SUMMARY_EVERY, self.summary_every.is_some());
         code(env::SPEC_SUMMARY_EVERY, self.spec_summary_every.is_some());
@@ -801,6 +810,10 @@ impl ConfigBuilder {
             level: self.level.or(level).unwrap_or_default(),
             spec_level: self.spec_level.or(spec_level).unwrap_or_default(),
             trace_every,
+            graph_read_every: self
+                .graph_read_every
+                .or(graph_read_every)
+                .unwrap_or(default::GRAPH_READ_EVERY),
             layer_attr: self.layer_attr.or(layer_attr).unwrap_or(true),
             summary_every: self
                 .summary_every

@@ -112,6 +112,9 @@ pub mod drop_reason {
     pub const SPAN_QUEUE: &str = "span_queue";
     /// Spans lost because their export failed (collector down or refusing).
     pub const SPAN_EXPORT: &str = "span_export";
+    /// Boundaries of a CUDA-graph replay whose events a later launch re-recorded before the
+    /// worker read them (or that could not be read): counted, never attributed to another replay.
+    pub const GRAPH_REPLAY: &str = "graph_replay";
 }
 
 /// Environment variables read by [`crate::Config::from_env`].
@@ -122,6 +125,8 @@ pub mod env {
     pub const SPEC_LEVEL: &str = "PHASETRACE_SPEC_LEVEL";
     /// Trace one step (and one round) in N; `0` builds no spans.
     pub const TRACE_EVERY: &str = "PHASETRACE_TRACE_EVERY";
+    /// Read one CUDA-graph replay in N; `0` reads none.
+    pub const GRAPH_READ_EVERY: &str = "PHASETRACE_GRAPH_READ_EVERY";
     /// `on`/`off`: the `layer` attribute on section metrics.
     pub const LAYER_ATTR: &str = "PHASETRACE_LAYER_ATTR";
     /// Console summary table every N steps; `0` = off.
@@ -181,6 +186,8 @@ pub mod default {
     pub const QUEUE: usize = 65_536;
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;
+    /// Read every CUDA-graph replay.
+    pub const GRAPH_READ_EVERY: u64 = 1;
     /// OTLP export timeout.
     pub const OTLP_TIMEOUT_MS: u64 = 10_000;
     /// Metric export interval.

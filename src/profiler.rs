@@ -72,6 +72,14 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Read one CUDA-graph replay in `n` ([`crate::Recorder::replay`]); 0 = none. Reading a
+    /// replay costs the worker one event query per captured boundary; the others cost the hot
+    /// path one atomic increment. Env: `PHASETRACE_GRAPH_READ_EVERY`; default 1 (every replay).
+    pub fn with_graph_read_every(mut self, n: u64) -> Self {
+        self.cfg.graph_read_every = Some(n);
+        self
+    }
+
     /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
         self.cfg.layer_attr = Some(on);
@@ -286,6 +294,8 @@ impl ProfilerBuilder {
             level: AtomicU8::new(if enabled { cfg.level.as_u8() } else { 0 }),
             spec_level: AtomicU8::new(if enabled { cfg.spec_level.as_u8() } else { 0 }),
             trace_every: cfg.trace_every,
+            graph_read_every: cfg.graph_read_every,
+            graphs: Default::default(),
             expert_counter: cfg.expert_counter,
             queue: cfg.queue,
             rank: cfg.rank,

@@ -37,6 +37,7 @@ fn rows(cfg: &Config) -> Vec<(&'static str, String)> {
             format!("{:?}", cfg.spec_level).to_lowercase(),
         ),
         (env::TRACE_EVERY, cfg.trace_every.to_string()),
+        (env::GRAPH_READ_EVERY, cfg.graph_read_every.to_string()),
         (
             env::LAYER_ATTR,
             if cfg.layer_attr { "on" } else { "off" }.into(),

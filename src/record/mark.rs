@@ -32,6 +32,11 @@ pub(crate) enum MarkKind {
     ParentLo,
     /// See [`MarkKind::ParentHi`].
     ParentSpan,
+    /// A captured graph is launched: `token` = fence before the launch, `layer` = graph id,
+    /// `id`/`site` = launch sequence (high/low 16 bits), `flag` = sampled.
+    ReplayBegin,
+    /// The launch is enqueued: `token` = fence after it; same fields as the begin.
+    ReplayEnd,
 }
 
 /// `flag` bit: the token comes from the host clock, whatever the lane's clock is.

@@ -7,12 +7,14 @@
 //!                                                                      crate::worker
 //! ```
 
+pub(crate) mod graph;
 mod lane;
 pub(crate) mod mark;
 mod recorder;
 mod ring;
 
 pub(crate) use lane::Lane;
+pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
 pub use recorder::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
@@ -36,4 +38,8 @@ pub(crate) struct Shared {
     pub(crate) next_lane: AtomicU16,
     /// Set once a `tracing` layer is installed: sampled steps then carry the current span.
     pub(crate) tracing_parent: AtomicBool,
+    /// Read one CUDA-graph replay in N (`PHASETRACE_GRAPH_READ_EVERY`); 0 reads none.
+    pub(crate) graph_read_every: u64,
+    /// Captured graphs, for the worker.
+    pub(crate) graphs: graph::Registry,
 }

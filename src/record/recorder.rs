@@ -64,6 +64,7 @@ pub struct Recorder {
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
+    capture: super::graph::CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -105,6 +106,7 @@ impl Recorder {
             steps: Cell::new(0),
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
+            capture: Default::default(),
             _not_sync: PhantomData,
         }
     }
@@ -114,8 +116,24 @@ impl Recorder {
         self.lane.rank
     }
 
+    pub(super) fn capture_slot(&self) -> &super::graph::CaptureSlot {
+        &self.capture
+    }
+
+    pub(super) fn lane_clock(&self) -> &Arc<dyn Clock> {
+        &self.lane.clock
+    }
+
+    pub(super) fn shared_state(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub(super) fn count_clock_drop(&self) {
+        self.lane.dropped_clock.fetch_add(1, Relaxed);
+    }
+
     #[inline]
-    fn level(&self) -> u8 {
+    pub(super) fn level(&self) -> u8 {
         if cfg!(feature = "record") {
             self.shared.level.load(Relaxed)
         } else {
@@ -149,7 +167,24 @@ impl Recorder {
 
     /// Pushes a timed mark; on failure gives a deferred token back to its clock.
     #[inline]
-    fn push_timed(&self, kind: MarkKind, id: u16, site: u16, layer: u32, flag: u8) -> bool {
+    pub(super) fn push_timed(
+        &self,
+        kind: MarkKind,
+        id: u16,
+        site: u16,
+        layer: u32,
+        flag: u8,
+    ) -> bool {
+        if self.capture.active() {
+            return self.capture_mark(Mark {
+                token: 0,
+                layer,
+                id,
+                site,
+                kind,
+                flag,
+            });
+        }
         let host = flag & FLAG_HOST != 0;
         let Some((token, tflag)) = self.mark_token(host) else {
             return false;

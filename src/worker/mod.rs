@@ -12,6 +12,7 @@
 
 pub(crate) mod aggregate;
 mod pair;
+mod replay;
 pub(crate) mod spans;
 
 pub use pair::Stats;
@@ -104,6 +105,7 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            graphs: &self.shared.graphs,
         };
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);

@@ -90,6 +90,12 @@ pub struct Stats {
     pub dropped_out_of_range: u64,
     /// Spans not built because the span processor's queue was full (exporter slow or down).
     pub dropped_span_queue: u64,
+    /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
+    pub graph_replays: u64,
+    /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded
+    /// their events before the worker read them, or the graph was dropped first. Their
+    /// boundaries are counted under `reason="graph_replay"`.
+    pub dropped_graph_replays: u64,
 }
 
 /// Everything a lane's marks feed.
@@ -102,6 +108,7 @@ pub(crate) struct Sinks<'a> {
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    pub(crate) graphs: &'a crate::record::graph::Registry,
 }
 
 impl Sinks<'_> {
@@ -140,6 +147,15 @@ pub(crate) struct LaneState {
     parent_parts: u8,
     last_ns: u64,
     seen: [u64; 3],
+    replay: Option<OpenReplay>,
+}
+
+/// A graph launch whose begin fence has resolved.
+struct OpenReplay {
+    graph: u32,
+    seq: u32,
+    start: u64,
+    sampled: bool,
 }
 
 impl LaneState {
@@ -156,6 +172,7 @@ impl LaneState {
             parent_parts: 0,
             last_ns: 0,
             seen: [0; 3],
+            replay: None,
         }
     }
 
@@ -229,6 +246,38 @@ impl LaneState {
             if t != 0 {
                 self.last_ns = t;
             }
+            self.process(m, t, s);
+        }
+    }
+
+    /// Processes the captured boundaries of one graph launch whose end fence completed at `end`,
+    /// or counts the launch when its events are not (or no longer) its own.
+    fn replayed(&mut self, r: &OpenReplay, end: u64, s: &mut Sinks<'_>) {
+        let Some(g) = s.graphs.get(r.graph) else {
+            s.stats.dropped_graph_replays += 1;
+            return;
+        };
+        let Some(times) = super::replay::read(&g, r.seq, r.start, end) else {
+            s.stats.dropped_graph_replays += 1;
+            for inst in s.inst {
+                inst.dropped(
+                    crate::names::drop_reason::GRAPH_REPLAY,
+                    g.template.len() as u64,
+                );
+            }
+            return;
+        };
+        s.stats.graph_replays += 1;
+        for (m, t) in g.template.iter().zip(times) {
+            let mut m = *m;
+            if matches!(m.kind, MarkKind::StepBegin | MarkKind::RoundBegin) {
+                // Sampling is decided per replay, not once at capture.
+                m.flag = (m.flag & !FLAG_SAMPLED) | if r.sampled { FLAG_SAMPLED } else { 0 };
+            }
+            if matches!(m.kind, MarkKind::ReplayBegin | MarkKind::ReplayEnd) {
+                continue;
+            }
+            self.last_ns = t;
             self.process(m, t, s);
         }
     }
@@ -445,6 +494,29 @@ impl LaneState {
                     rank,
                     key,
                 });
+            }
+            MarkKind::ReplayBegin => {
+                if self.replay.take().is_some() {
+                    Self::unbalanced(s, 1);
+                }
+                self.replay = Some(OpenReplay {
+                    graph: m.layer,
+                    seq: (u32::from(m.id) << 16) | u32::from(m.site),
+                    start: t,
+                    sampled: m.flag & FLAG_SAMPLED != 0,
+                });
+            }
+            MarkKind::ReplayEnd => {
+                let seq = (u32::from(m.id) << 16) | u32::from(m.site);
+                let Some(r) = self
+                    .replay
+                    .take()
+                    .filter(|r| r.graph == m.layer && r.seq == seq)
+                else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                self.replayed(&r, t, s);
             }
             MarkKind::PartBegin => {
                 if self.parts_open.len() >= STACK_MAX {

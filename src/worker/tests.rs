@@ -57,6 +57,8 @@ fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) 
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), true, 8);
@@ -427,6 +429,8 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), false, 8);

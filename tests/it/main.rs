@@ -7,6 +7,7 @@ mod a_collector_outage_loses_nothing_silently;
 mod arbitrary_api_call_sequences_never_panic;
 mod exponential_histograms_are_one_setting_away;
 mod gpu_backends_agree;
+mod graph_replays_are_timed_and_overwritten_replays_are_counted;
 mod gzip_compressed_export_arrives;
 mod header_secrets_never_reach_logs;
 mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
