@@ -81,7 +81,7 @@ enum BenchError {
     },
     #[error("{0}")]
     Profiler(#[from] phasetrace::Error),
-    #[error("{arg}: {why} (usage: phasetrace-gpu-bench [--steps N] [--warmup N] [--layers N] [--no-gemm])")]
+    #[error("{arg}: {why} (usage: phasetrace-gpu-bench [--probe] [--steps N] [--warmup N] [--layers N] [--no-gemm])")]
     Args { arg: String, why: &'static str },
 }
 
@@ -101,6 +101,8 @@ fn check_blas(call: &'static str, status: blas::cublasStatus_t) -> Result<(), Be
 }
 
 struct Args {
+    /// Only check for a usable driver and device 0, print the device, and exit.
+    probe: bool,
     steps: u32,
     warmup: u32,
     layers: u32,
@@ -110,6 +112,7 @@ struct Args {
 impl Args {
     fn parse() -> Result<Args, BenchError> {
         let mut a = Args {
+            probe: false,
             steps: 300,
             warmup: 30,
             layers: 16,
@@ -131,6 +134,7 @@ impl Args {
                 "--warmup" => a.warmup = number(&arg)?,
                 "--layers" => a.layers = number(&arg)?,
                 "--no-gemm" => a.gemm = false,
+                "--probe" => a.probe = true,
                 _ => {
                     return Err(BenchError::Args {
                         arg,
@@ -573,8 +577,12 @@ fn run() -> Result<(), BenchError> {
         }
     }
     let ctx = cuda::open_device(0)?;
-    let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+    if a.probe {
+        println!("device 0: {name}");
+        return Ok(());
+    }
+    let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
     let spin = Spin::load(&ctx)?;
     let gemm = if a.gemm { Gemm::new(&stream)? } else { None };
     let e = Engine {
