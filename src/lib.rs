@@ -76,7 +76,8 @@ pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing
 pub use export::ExportError;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
-    CapturedGraph, GraphCapture, PartGuard, Recorder, ReplayGuard, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
+    CapturedGraph, GraphCapture, PartGuard, Recorder, RecorderOptions, ReplayGuard, RoundGuard,
+    RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
 pub use worker::Stats;

@@ -81,7 +81,9 @@ enum BenchError {
     },
     #[error("{0}")]
     Profiler(#[from] phasetrace::Error),
-    #[error("{arg}: {why} (usage: phasetrace-gpu-bench [--probe] [--steps N] [--warmup N] [--layers N] [--no-gemm])")]
+    #[error(
+        "{arg}: {why} (usage: phasetrace-gpu-bench [--probe] [--steps N] [--warmup N] [--layers N] [--no-gemm])"
+    )]
     Args { arg: String, why: &'static str },
 }
 
@@ -383,7 +385,9 @@ impl Engine {
     }
 
     fn sync(&self) -> Result<(), BenchError> {
-        self.stream.synchronize().map_err(drv("cuStreamSynchronize"))
+        self.stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))
     }
 }
 

@@ -21,7 +21,10 @@ fn bench() -> &'static str {
 fn stand_in(path: &Path, marker: &Path) {
     std::fs::write(
         path,
-        format!("#!/bin/sh\necho \"$0 $*\" >> '{}'\nexit 0\n", marker.display()),
+        format!(
+            "#!/bin/sh\necho \"$0 $*\" >> '{}'\nexit 0\n",
+            marker.display()
+        ),
     )
     .unwrap();
     let mut perm = std::fs::metadata(path).unwrap().permissions();
@@ -176,12 +179,20 @@ fn the_prebuilt_check_prints_one_table_of_every_figure() {
             .collect();
         assert_eq!(table.len(), 5, "header, two tests, two figures:\n{stdout}");
         assert!(table[1].starts_with("test timing::cuda::tests::probe") && table[1].contains("ok"));
-        assert!(table.iter().any(|l| l.starts_with("sync vs events, 4x memset")
-            && l.contains("1.01")
-            && l.ends_with("met")));
-        assert!(table.iter().any(|l| l.starts_with("tokens/s graph events clock")
-            && l.contains(">= 0.98x")
-            && l.ends_with(verdict)));
+        assert!(
+            table
+                .iter()
+                .any(|l| l.starts_with("sync vs events, 4x memset")
+                    && l.contains("1.01")
+                    && l.ends_with("met"))
+        );
+        assert!(
+            table
+                .iter()
+                .any(|l| l.starts_with("tokens/s graph events clock")
+                    && l.contains(">= 0.98x")
+                    && l.ends_with(verdict))
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -102,7 +102,8 @@ impl std::fmt::Debug for GraphCapture<'_> {
 impl GraphCapture<'_> {
     /// Boundaries captured so far.
     pub fn marks(&self) -> usize {
-        self.rec.map_or(0, |r| r.capture_slot().marks.borrow().len())
+        self.rec
+            .map_or(0, |r| r.capture_slot().marks.borrow().len())
     }
 
     /// The capture succeeded: the captured boundaries become the graph's template, timed at

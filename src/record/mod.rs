@@ -13,8 +13,8 @@ pub(crate) mod mark;
 mod recorder;
 mod ring;
 
-pub(crate) use lane::Lane;
 pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
+pub(crate) use lane::Lane;
 pub use recorder::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };

@@ -116,7 +116,11 @@ fn captured_sections_come_back_at_every_replay_with_the_replayed_durations() {
     assert_eq!(handle.launches(), K);
     assert_exact_durations(&p, K);
     drop(handle);
-    assert_eq!(clock.in_flight(), 0, "dropping the graph gives its events back");
+    assert_eq!(
+        clock.in_flight(),
+        0,
+        "dropping the graph gives its events back"
+    );
     p.shutdown();
 }
 
@@ -136,7 +140,11 @@ fn a_replay_overwritten_by_the_next_launch_is_counted_not_misattributed() {
     p.flush();
     let s = p.stats();
     assert_eq!((s.graph_replays, s.dropped_graph_replays), (1, 1), "{s:?}");
-    assert_eq!(s.sections, sections_per_replay(), "only launch 2 is attributed");
+    assert_eq!(
+        s.sections,
+        sections_per_replay(),
+        "only launch 2 is attributed"
+    );
 
     // 2. The worker reads launch 3 after it finished, while launch 4 is still queued: launch 3's
     //    events now point at launch 4 and are pending.
@@ -186,9 +194,16 @@ fn abandoned_captures_and_dropped_graphs_leak_no_pool_events() {
     }
     assert_eq!(clock.in_flight(), 8);
     stream.invalidate_capture();
-    assert_eq!(stream.end_capture().err(), Some(SimCaptureError::Invalidated));
+    assert_eq!(
+        stream.end_capture().err(),
+        Some(SimCaptureError::Invalidated)
+    );
     capture.abandon();
-    assert_eq!(clock.in_flight(), 0, "abandon gives the events back at once");
+    assert_eq!(
+        clock.in_flight(),
+        0,
+        "abandon gives the events back at once"
+    );
 
     // A capture dropped without finish (an early return, a panic unwinding) does the same.
     stream.begin_capture().unwrap();
