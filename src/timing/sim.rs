@@ -927,6 +927,56 @@ mod tests {
     }
 
     #[test]
+    fn a_captured_graph_replays_its_work_and_rerecords_its_events_at_launch() {
+        let s = SimStream::new();
+        s.begin_capture().unwrap();
+        assert_eq!(s.begin_capture(), Err(SimCaptureError::AlreadyCapturing));
+        assert!(s.is_capturing());
+        let (a, b, plain) = (SimEvent::new(), SimEvent::new(), SimEvent::new());
+        assert!(s.record_external(&a));
+        s.enqueue(us(1_000));
+        s.record(&plain);
+        assert!(!s.try_record(&plain), "a plain record during capture records nothing");
+        assert!(s.record_external(&b));
+        assert_eq!(s.pending(), 0, "captured work is not scheduled");
+        let g = s.end_capture().unwrap();
+        assert!(!s.is_capturing());
+        assert_eq!(g.work(), us(1_000));
+        assert_eq!(plain.completed_ns(), None);
+        assert_eq!(s.elapsed(&a, &b), None, "not launched yet");
+
+        // Behind queued work, as an engine running ahead: device time is exact.
+        s.enqueue(us(2_000));
+        g.launch(&s);
+        s.synchronize();
+        assert_eq!(s.elapsed(&a, &b), Some(us(1_000)));
+        let first = b.completed_ns().unwrap();
+
+        // A second launch behind queued work: the events now refer to it, pending.
+        s.enqueue(us(5_000));
+        g.launch(&s);
+        assert!(!s.query(&a) && !s.query(&b));
+        s.synchronize();
+        assert_eq!(s.elapsed(&a, &b), Some(us(1_000)));
+        assert!(a.completed_ns().unwrap() >= first + 5_000_000);
+        assert!(!s.record_external(&a), "not capturing");
+    }
+
+    #[test]
+    fn an_invalidated_capture_gives_no_graph() {
+        let s = SimStream::new();
+        assert_eq!(s.end_capture().err(), Some(SimCaptureError::NotCapturing));
+        s.begin_capture().unwrap();
+        s.enqueue(us(10));
+        s.invalidate_capture();
+        assert_eq!(s.end_capture().err(), Some(SimCaptureError::Invalidated));
+        assert!(!s.is_capturing(), "the stream leaves capture mode");
+        s.invalidate_capture();
+        s.begin_capture().unwrap();
+        assert!(s.end_capture().is_ok(), "a later capture is unaffected");
+    }
+
+    #[test]
     fn clock_is_usable_as_a_trait_object_across_threads() {
         let s = SimStream::new();
         let clock: Arc<dyn Clock> = Arc::new(SimEventClock::new(s.clone()));
