@@ -936,7 +936,10 @@ mod tests {
         assert!(s.record_external(&a));
         s.enqueue(us(1_000));
         s.record(&plain);
-        assert!(!s.try_record(&plain), "a plain record during capture records nothing");
+        assert!(
+            !s.try_record(&plain),
+            "a plain record during capture records nothing"
+        );
         assert!(s.record_external(&b));
         assert_eq!(s.pending(), 0, "captured work is not scheduled");
         let g = s.end_capture().unwrap();
