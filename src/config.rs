@@ -870,6 +870,7 @@ mod tests {
         assert_eq!(c.level, Level::Off);
         assert_eq!(c.spec_level, SpecLevel::Off);
         assert_eq!(c.trace_every, 100);
+        assert_eq!(c.graph_read_every, 1, "every CUDA-graph replay is read");
         assert!(c.layer_attr);
         assert_eq!(c.summary_every, 0);
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
@@ -947,6 +948,11 @@ mod tests {
             ("PHASETRACE_LEVEL", "7", "off, 0, full, 1, collectives or 2"),
             ("PHASETRACE_SPEC_LEVEL", "3", "off, 0, 1"),
             ("PHASETRACE_TRACE_EVERY", "-1", "whole number"),
+            (
+                "PHASETRACE_GRAPH_READ_EVERY",
+                "all",
+                "a whole number of replays (1 = every replay, 0 = none)",
+            ),
             ("PHASETRACE_LAYER_ATTR", "maybe", "on, off"),
             ("PHASETRACE_SUMMARY_EVERY", "x", "whole number"),
             ("PHASETRACE_SPEC_SUMMARY_EVERY", "1.5", "whole number"),
