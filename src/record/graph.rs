@@ -252,6 +252,9 @@ impl Recorder {
     ///     graph.0.launch(&stream); // cuGraphLaunch
     ///     replay.end();
     ///     stream.synchronize(); // the host reads the sampled token
+    ///     // A replay is readable until the next launch re-records its events; the background
+    ///     // worker polls every millisecond, `drain` reads it now.
+    ///     profiler.drain();
     /// }
     /// profiler.flush();
     /// assert_eq!(profiler.stats().graph_replays, 3);
