@@ -176,9 +176,8 @@ fn main() {
 
     // CUDA graphs: the step captured once, replayed per token.
     let p_graph = profiler();
-    let rec_graph = p_graph.recorder_with(
-        RecorderOptions::new().clock(Arc::new(SimEventClock::new(stream.clone()))),
-    );
+    let rec_graph = p_graph
+        .recorder_with(RecorderOptions::new().clock(Arc::new(SimEventClock::new(stream.clone()))));
     stream.synchronize();
     stream.begin_capture().expect("capture");
     for d in &work {

@@ -148,6 +148,7 @@ pub(crate) struct LaneState {
     last_ns: u64,
     seen: [u64; 3],
     replay: Option<OpenReplay>,
+    awaiting_replay: bool,
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -173,6 +174,7 @@ impl LaneState {
             last_ns: 0,
             seen: [0; 3],
             replay: None,
+            awaiting_replay: false,
         }
     }
 
@@ -204,8 +206,15 @@ impl LaneState {
         }
     }
 
+    /// Whether the lane waits for the end fence of a graph replay: the worker then polls sooner,
+    /// since the replay is readable only until the engine launches the graph again.
+    pub(crate) fn awaiting_replay(&self) -> bool {
+        self.awaiting_replay
+    }
+
     /// Drains the lane and processes marks in order until one is not resolvable yet.
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+        self.awaiting_replay = false;
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
         let max = self.lane.queue.capacity();
@@ -228,7 +237,10 @@ impl LaneState {
                         self.lane.clock.release(Token(m.token));
                         ns
                     }
-                    Resolved::Pending => break,
+                    Resolved::Pending => {
+                        self.awaiting_replay = m.kind == MarkKind::ReplayEnd;
+                        return;
+                    }
                     Resolved::Failed => {
                         self.lane.clock.release(Token(m.token));
                         self.backlog.pop_front();

@@ -305,6 +305,40 @@ fn plain_marks_during_a_capture_and_clocks_without_graph_support_are_counted() {
     assert_eq!(clock.in_flight(), 0);
 }
 
+#[test]
+fn the_background_worker_reads_replays_without_a_flush() {
+    let stream = SimStream::new();
+    let clock = Arc::new(SimEventClock::with_pool_size(stream.clone(), 256));
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_prometheus(None)
+        .with_timing(Timing::Events)
+        .with_clock(clock.clone())
+        .build()
+        .expect("profiler");
+    let rec = p.recorder();
+    let (graph, handle) = capture_layers(&stream, &rec);
+    for k in 1..=5u64 {
+        replay(&stream, &rec, &graph, &handle);
+        stream.synchronize();
+        // The host's per-token work; the worker (1 ms drain interval) reads the replay meanwhile.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while p.stats().graph_replays < k {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "replay {k} never read: {:?}",
+                p.stats()
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let s = p.stats();
+    assert_eq!((s.graph_replays, s.dropped_graph_replays), (5, 0), "{s:?}");
+    assert_eq!(s.sections, 5 * sections_per_replay());
+    p.shutdown();
+}
+
 mod arbitrary_sequences {
     use super::*;
     use proptest::prelude::*;
