@@ -72,6 +72,11 @@ chmod +x "$DIR"/phasetrace-* "$DIR/gpu-check.sh"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m) with $(rustc --version)"
     echo "cargo flags ${FLAGS[*]}"
     (cd "$DIR" && ls -l phasetrace-* gpu-check.sh | awk '{print $5, $9}')
+    # The binaries link glibc dynamically (dlopen of the CUDA libraries needs it): the GPU
+    # machine's glibc must be at least the newest version they reference.
+    if command -v objdump >/dev/null 2>&1; then
+        echo "needs glibc >= $(objdump -T "$DIR"/phasetrace-* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1 | cut -d_ -f2)"
+    fi
 } >"$DIR/MANIFEST"
 
 kib="$(du -sk "$DIR" | cut -f1)"

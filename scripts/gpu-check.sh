@@ -61,6 +61,15 @@ for bin in phasetrace-lib-tests phasetrace-it-tests phasetrace-gpu-bench; do
     fi
 done
 
+# The binaries need the glibc they were linked against (MANIFEST says which), nothing else.
+need="$(sed -n 's/^needs glibc >= //p' "$DIR/MANIFEST" 2>/dev/null)"
+have="$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)"
+if [ -n "$need" ] && [ -n "$have" ] &&
+    [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1)" != "$need" ]; then
+    log "error: the bundle needs glibc >= $need, this machine has $have (build it on an older distribution)"
+    exit 2
+fi
+
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 

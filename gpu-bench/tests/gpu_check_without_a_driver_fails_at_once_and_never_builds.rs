@@ -37,7 +37,7 @@ fn tools_without_cargo(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     for tool in [
         "bash", "sh", "env", "mktemp", "rm", "mkdir", "ln", "ls", "sort", "tail", "head", "cat",
-        "sed", "grep", "awk", "timeout", "dirname", "printf",
+        "sed", "grep", "awk", "timeout", "dirname", "printf", "cut", "getconf",
     ] {
         for base in ["/usr/bin", "/bin"] {
             let src = Path::new(base).join(tool);
