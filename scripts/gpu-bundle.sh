@@ -38,8 +38,11 @@ trap 'rm -f "$messages"' EXIT
 
 log "building the test executables: cargo test ${FLAGS[*]} --no-run -p phasetrace --lib --test it"
 cargo test "${FLAGS[@]}" --no-run --message-format=json -p phasetrace --lib --test it >"$messages"
-log "building the benchmark: cargo build ${FLAGS[*]} -p phasetrace-gpu-bench"
-cargo build "${FLAGS[@]}" --message-format=json -p phasetrace-gpu-bench >>"$messages"
+# The benchmark package always enables phasetrace's `cuda` feature; it has none of its own.
+# shellcheck disable=SC2206
+BENCH_FLAGS=(--release ${PHASETRACE_CARGO_FLAGS:-})
+log "building the benchmark: cargo build ${BENCH_FLAGS[*]} -p phasetrace-gpu-bench"
+cargo build "${BENCH_FLAGS[@]}" --message-format=json -p phasetrace-gpu-bench >>"$messages"
 
 # One executable per target: the library's test harness, the `it` test, the bench binary.
 exe() {
