@@ -35,6 +35,15 @@ impl Level {
             Level::Collectives => 2,
         }
     }
+
+    /// The inverse of [`Level::as_u8`]; values above 2 read as `Collectives`.
+    pub(crate) const fn from_u8(v: u8) -> Level {
+        match v {
+            0 => Level::Off,
+            1 => Level::Full,
+            _ => Level::Collectives,
+        }
+    }
 }
 
 /// Speculative-decoding detail (`PHASETRACE_SPEC_LEVEL`).
@@ -55,6 +64,15 @@ impl SpecLevel {
             SpecLevel::Off => 0,
             SpecLevel::Phases => 1,
             SpecLevel::VerifySplit => 2,
+        }
+    }
+
+    /// The inverse of [`SpecLevel::as_u8`]; values above 2 read as `VerifySplit`.
+    pub(crate) const fn from_u8(v: u8) -> SpecLevel {
+        match v {
+            0 => SpecLevel::Off,
+            1 => SpecLevel::Phases,
+            _ => SpecLevel::VerifySplit,
         }
     }
 }
@@ -420,7 +438,8 @@ pub(crate) fn parse_endpoint(s: &str) -> Option<String> {
     Some(s.trim_end_matches('/').to_owned())
 }
 
-/// Parses `k=v,k2=v2` (values percent-decoded); `None` names the first bad entry's key only.
+/// Parses `k=v,k2=v2` (values percent-decoded, blank entries skipped). The error names the
+/// first bad entry by its position only, never its text: header values are secrets.
 fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for (i, item) in s.split(',').enumerate() {

@@ -74,10 +74,11 @@ mod worker;
 
 pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing};
 pub use export::ExportError;
+pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
     CapturedGraph, GraphCapture, PartGuard, Recorder, RecorderOptions, ReplayGuard, RoundGuard,
     RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
-pub use worker::Stats;
+pub use worker::{Dropped, Stats};

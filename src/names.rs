@@ -86,6 +86,27 @@ pub mod attr {
     pub const SOURCE_RUN: &str = "source.run";
 }
 
+/// Resource attribute keys (OpenTelemetry semantic conventions) that phasetrace sets.
+///
+/// `telemetry.sdk.*` describe the OpenTelemetry SDK underneath and are the SDK's own;
+/// phasetrace, a distribution of it, names itself in `telemetry.distro.*`.
+pub mod resource {
+    /// The service (`OTEL_SERVICE_NAME`).
+    pub const SERVICE_NAME: &str = "service.name";
+    /// This process's id.
+    pub const PROCESS_PID: &str = "process.pid";
+    /// This process's executable file name.
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    /// The host's name.
+    pub const HOST_NAME: &str = "host.name";
+    /// `phasetrace`.
+    pub const TELEMETRY_DISTRO_NAME: &str = "telemetry.distro.name";
+    /// phasetrace's version.
+    pub const TELEMETRY_DISTRO_VERSION: &str = "telemetry.distro.version";
+    /// The value of [`TELEMETRY_DISTRO_NAME`].
+    pub const DISTRO: &str = "phasetrace";
+}
+
 /// Span names (sections are named by their bucket).
 pub mod span {
     /// One decode step (token).
@@ -98,23 +119,67 @@ pub mod span {
     pub const MOE_ROUTE_EVENT: &str = "moe.route";
 }
 
-/// Values of the `reason` attribute of `phasetrace.records.dropped`.
-pub mod drop_reason {
+/// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
+/// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
+/// `rate()` over it reads 0, not "no data".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum DropReason {
     /// The per-thread buffer was full.
-    pub const QUEUE_FULL: &str = "queue_full";
+    QueueFull,
     /// An end without a begin, or a begin never ended.
-    pub const UNBALANCED: &str = "unbalanced";
+    Unbalanced,
     /// The clock could not give or resolve a timestamp (pool exhausted, event error).
-    pub const CLOCK: &str = "clock";
+    Clock,
     /// A value outside what the record format holds (an expert id above 65535).
-    pub const OUT_OF_RANGE: &str = "out_of_range";
+    OutOfRange,
     /// Spans not built because the span processor's queue was full (collector slow or down).
-    pub const SPAN_QUEUE: &str = "span_queue";
+    SpanQueue,
     /// Spans lost because their export failed (collector down or refusing).
-    pub const SPAN_EXPORT: &str = "span_export";
+    SpanExport,
     /// Boundaries of a CUDA-graph replay whose events a later launch re-recorded before the
-    /// worker read them (or that could not be read): counted, never attributed to another replay.
-    pub const GRAPH_REPLAY: &str = "graph_replay";
+    /// worker read them (or whose graph was dropped first): counted, never attributed to
+    /// another replay.
+    GraphReplay,
+}
+
+impl DropReason {
+    /// How many reasons there are.
+    pub const COUNT: usize = 7;
+    /// Every reason, in the order of [`DropReason::index`].
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::QueueFull,
+        DropReason::Unbalanced,
+        DropReason::Clock,
+        DropReason::OutOfRange,
+        DropReason::SpanQueue,
+        DropReason::SpanExport,
+        DropReason::GraphReplay,
+    ];
+
+    /// The `reason` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::Unbalanced => "unbalanced",
+            DropReason::Clock => "clock",
+            DropReason::OutOfRange => "out_of_range",
+            DropReason::SpanQueue => "span_queue",
+            DropReason::SpanExport => "span_export",
+            DropReason::GraphReplay => "graph_replay",
+        }
+    }
+
+    /// The position in [`DropReason::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Environment variables read by [`crate::Config::from_env`].

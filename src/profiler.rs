@@ -2,13 +2,13 @@
 
 use crate::config::{Config, ConfigBuilder, ConfigError, Level, Protocol, SpecLevel, Timing};
 use crate::export::{ExportError, Exporters};
-use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
 use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -47,7 +47,7 @@ impl std::fmt::Debug for ProfilerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProfilerBuilder")
             .field("cfg", &self.cfg)
-            .field("clock", &self.clock.as_ref().map(|c| c.name()))
+            .field("clock", &self.clock.as_ref().map(|c| c.timing()))
             .finish()
     }
 }
@@ -267,14 +267,14 @@ impl ProfilerBuilder {
                 Some(s) => s.clock(t)?,
                 None => Arc::new(HostClock),
             },
-            (_, Some(c)) if c.name() == cfg.timing.as_str() => c,
+            (_, Some(c)) if c.timing() == cfg.timing => c,
             (Timing::Host, None) => Arc::new(HostClock),
             (t, Some(c)) => {
                 return Err(Error::Timing {
                     timing: t.as_str(),
                     detail: format!(
-                        "the clock given in code is the {:?} backend; expected the {} backend",
-                        c.name(),
+                        "the clock given in code is the {} backend; expected the {} backend",
+                        c.timing().as_str(),
                         t.as_str()
                     ),
                 });
@@ -291,8 +291,12 @@ impl ProfilerBuilder {
         };
         let enabled = cfg.is_enabled();
         let shared = Arc::new(Shared {
-            level: AtomicU8::new(if enabled { cfg.level.as_u8() } else { 0 }),
-            spec_level: AtomicU8::new(if enabled { cfg.spec_level.as_u8() } else { 0 }),
+            level: Gate::new(if enabled { cfg.level } else { Level::Off }),
+            spec_level: Gate::new(if enabled {
+                cfg.spec_level
+            } else {
+                SpecLevel::Off
+            }),
             trace_every: cfg.trace_every,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
@@ -321,6 +325,7 @@ impl ProfilerBuilder {
                 start,
                 running: Mutex::new(running),
                 shut_down: AtomicBool::new(false),
+                stopped: Mutex::new(None),
             }),
         })
     }
@@ -405,6 +410,44 @@ struct Inner {
     start: Start,
     running: Mutex<Option<Running>>,
     shut_down: AtomicBool,
+    /// What a shut-down profiler keeps for `stats()` and `summary()`: the final figures.
+    stopped: Mutex<Option<Figures>>,
+}
+
+/// Where the worker's figures live: its pipeline and the span exporter's counts.
+#[derive(Clone)]
+struct Figures {
+    pipeline: Arc<Mutex<Pipeline>>,
+    span_counts: Arc<crate::export::SpanCounts>,
+}
+
+impl Figures {
+    fn of(r: &Running) -> Figures {
+        Figures {
+            pipeline: r.worker.pipeline.clone(),
+            span_counts: r.exporters.span_counts.clone(),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self
+            .pipeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats();
+        s.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
+        s.spans_failed = self.span_counts.failed.load(Ordering::Relaxed);
+        s
+    }
+
+    fn summary(&self) -> String {
+        crate::worker::summary_table(
+            self.pipeline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .tally(),
+        )
+    }
 }
 
 impl Drop for Inner {
@@ -424,6 +467,7 @@ impl Drop for Inner {
 /// detached thread, which the process exit ends).
 fn finish(r: Running, timeout: Duration, summary: bool) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
     let spawned = std::thread::Builder::new()
         .name("phasetrace-shutdown".into())
         .spawn(move || {
@@ -435,7 +479,9 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
                     eprint!("{}", crate::worker::summary_table(p.tally()));
                 }
             }
-            r.exporters.shutdown();
+            // The exporters get what the worker left of the timeout.
+            r.exporters
+                .shutdown(timeout.saturating_sub(started.elapsed()));
             let _ = tx.send(());
         });
     if spawned.is_ok() {
@@ -509,8 +555,8 @@ impl Profiler {
 
     /// Whether anything is recorded.
     pub fn is_enabled(&self) -> bool {
-        self.inner.shared.level.load(Ordering::Relaxed) != 0
-            || self.inner.shared.spec_level.load(Ordering::Relaxed) != 0
+        self.inner.shared.level.load() != Level::Off
+            || self.inner.shared.spec_level.load() != SpecLevel::Off
     }
 
     /// Changes which sections are recorded, at run time (an operator turning profiling on in
@@ -518,15 +564,18 @@ impl Profiler {
     /// exporters on the first change to a level other than off. Fails after
     /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
     pub fn set_level(&self, level: Level) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.level)
+        self.set(level == Level::Off, || self.inner.shared.level.store(level))
     }
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
     pub fn set_spec_level(&self, level: SpecLevel) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.spec_level)
+        self.set(level == SpecLevel::Off, || {
+            self.inner.shared.spec_level.store(level)
+        })
     }
 
-    fn set(&self, value: u8, gate: &AtomicU8) -> Result<(), Error> {
+    /// Stores a level (`off` when it is off) unless the profiler cannot record.
+    fn set(&self, off: bool, store: impl FnOnce()) -> Result<(), Error> {
         let refuse = |why: &str| {
             Err(Error::Config(ConfigError::Conflict(format!(
                 "cannot change the level: {why}"
@@ -540,10 +589,10 @@ impl Profiler {
         if self.inner.shut_down.load(Ordering::Relaxed) {
             return refuse("the profiler is shut down");
         }
-        if value != 0 && running.is_none() {
+        if !off && running.is_none() {
             *running = Some(self.inner.start.run(&self.inner.shared, &self.inner.cfg)?);
         }
-        gate.store(value, Ordering::Relaxed);
+        store();
         Ok(())
     }
 
@@ -572,34 +621,35 @@ impl Profiler {
         }
     }
 
-    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops.
-    pub fn stats(&self) -> Stats {
+    /// The worker's figures: those of the running worker, or the final ones after
+    /// [`Profiler::shutdown`]; `None` when it never started.
+    fn figures(&self) -> Option<Figures> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or(Stats::default(), |r| {
-            let mut s = r
-                .worker
-                .pipeline
+        match r.as_ref() {
+            Some(r) => Some(Figures::of(r)),
+            None => self
+                .inner
+                .stopped
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .stats();
-            s.spans_exported = r.exporters.span_counts.exported.load(Ordering::Relaxed);
-            s.spans_failed = r.exporters.span_counts.failed.load(Ordering::Relaxed);
-            s
-        })
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
     }
 
-    /// The console summary table of everything recorded so far.
+    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops. After
+    /// [`Profiler::shutdown`], the final figures.
+    ///
+    /// Takes the profiler's lock and then the worker's, which a drain pass holds while it
+    /// processes marks: meant for monitoring and tests, not for every token.
+    pub fn stats(&self) -> Stats {
+        self.figures().map_or_else(Stats::default, |f| f.stats())
+    }
+
+    /// The console summary table of everything recorded so far; after
+    /// [`Profiler::shutdown`], of everything recorded. Takes the same locks as
+    /// [`Profiler::stats`].
     pub fn summary(&self) -> String {
-        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or_else(String::new, |r| {
-            crate::worker::summary_table(
-                r.worker
-                    .pipeline
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tally(),
-            )
-        })
+        self.figures().map_or_else(String::new, |f| f.summary())
     }
 
     /// Stops recording, processes what is left, flushes every exporter and stops them, within
@@ -609,8 +659,12 @@ impl Profiler {
         let running = {
             let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.shut_down.store(true, Ordering::Relaxed);
-            self.inner.shared.level.store(0, Ordering::Relaxed);
-            self.inner.shared.spec_level.store(0, Ordering::Relaxed);
+            self.inner.shared.level.store(Level::Off);
+            self.inner.shared.spec_level.store(SpecLevel::Off);
+            if let Some(r) = r.as_ref() {
+                *self.inner.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Figures::of(r));
+            }
             r.take()
         };
         if let Some(r) = running {
@@ -644,5 +698,65 @@ impl Profiler {
             .tracing_parent
             .store(true, Ordering::Relaxed);
         Some(tracing_opentelemetry::layer().with_tracer(tracer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Section, Site};
+
+    fn profiler() -> Profiler {
+        Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_prometheus(None)
+            .build()
+            .expect("profiler")
+    }
+
+    #[test]
+    fn stats_and_summary_keep_the_final_figures_after_shutdown() {
+        let p = profiler();
+        let rec = p.recorder();
+        for layer in 0..4u32 {
+            let _step = rec.step();
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        drop(rec);
+        p.shutdown();
+        let s = p.stats();
+        assert_eq!((s.steps, s.sections, s.dropped.total()), (4, 4, 0), "{s:?}");
+        let summary = p.summary();
+        assert!(summary.contains("after 4 steps:"), "{summary}");
+        assert!(summary.contains("kda_mixer"), "{summary}");
+    }
+
+    #[test]
+    fn the_summary_header_counts_the_steps_of_each_rank() {
+        let p = profiler();
+        let ranks: Vec<Recorder> = (0..3)
+            .map(|r| p.recorder_with(RecorderOptions::new().rank(r)))
+            .collect();
+        for rec in &ranks {
+            for _ in 0..4 {
+                let _step = rec.step();
+            }
+        }
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 4 steps x 3 ranks (per rank)"),
+            "{summary}"
+        );
+        let _step = ranks[0].step();
+        drop(_step);
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 13 steps over 3 ranks (4 to 5 per rank)"),
+            "{summary}"
+        );
+        p.shutdown();
     }
 }

@@ -677,15 +677,17 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         eprint!("{}", profiler.summary());
     }
     eprintln!(
-        "demo: {steps} steps, {tokens} tokens on {} ranks x {} layers in {wall:.2}s ({:.0} tokens/s); {} sections, {} spans, dropped: {} queue_full, {} clock, {} unbalanced",
+        "demo: {steps} steps, {tokens} tokens on {} ranks x {} layers in {wall:.2}s ({:.0} tokens/s); {} sections, {} spans, dropped:{}",
         a.ranks,
         a.layers,
         tokens as f64 / wall.max(1e-9),
         stats.sections,
         stats.spans,
-        stats.dropped_queue_full,
-        stats.dropped_clock,
-        stats.dropped_unbalanced,
+        stats
+            .dropped
+            .iter()
+            .map(|(reason, n)| format!(" {reason}={n}"))
+            .collect::<String>(),
     );
     if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
         let until = Instant::now() + Duration::from_secs_f64(a.linger);

@@ -15,8 +15,9 @@
 //! [`CapturedGraph`] handle and the worker are done with it; an abandoned capture gives them back
 //! at once.
 
-use super::mark::{FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use super::mark::{Mark, MarkKind};
 use super::recorder::Recorder;
+use crate::config::Level;
 use crate::timing::{Clock, Token};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -56,7 +57,7 @@ pub(crate) struct GraphShared {
 impl Drop for GraphShared {
     fn drop(&mut self) {
         for m in self.template.iter() {
-            self.clock.release(Token(m.token));
+            self.clock.release(Token(m.token()));
         }
     }
 }
@@ -141,7 +142,7 @@ impl Drop for GraphCapture<'_> {
             slot.active.set(false);
             let clock = rec.lane_clock();
             for m in slot.marks.borrow_mut().drain(..) {
-                clock.release(Token(m.token));
+                clock.release(Token(m.token()));
             }
         }
     }
@@ -202,8 +203,7 @@ impl Drop for ReplayGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(rec) = self.rec {
-            let (hi, lo) = ((self.seq >> 16) as u16, self.seq as u16);
-            rec.push_timed(MarkKind::ReplayEnd, hi, lo, self.graph, 0);
+            rec.push_timed(Mark::replay_end(self.graph, self.seq));
         }
     }
 }
@@ -264,7 +264,7 @@ impl Recorder {
     /// ```
     pub fn begin_capture(&self) -> GraphCapture<'_> {
         let slot = self.capture_slot();
-        if self.level() == 0 || slot.active() {
+        if self.level() == Level::Off || slot.active() {
             return GraphCapture { rec: None };
         }
         slot.marks.borrow_mut().clear();
@@ -298,7 +298,7 @@ impl Recorder {
         // Every launch counts, read or not: it re-records the events of earlier replays.
         let seq = g.launched.fetch_add(1, Ordering::SeqCst).wrapping_add(1) as u32;
         let every = self.shared_state().graph_read_every;
-        if self.level() == 0 || every == 0 || u64::from(seq) % every != 1 % every {
+        if self.level() == Level::Off || every == 0 || u64::from(seq) % every != 1 % every {
             return inert;
         }
         if !Arc::ptr_eq(&g.clock, self.lane_clock()) {
@@ -308,14 +308,7 @@ impl Recorder {
         }
         let trace_every = self.shared_state().trace_every;
         let sampled = trace_every != 0 && u64::from(seq) % trace_every == 1 % trace_every;
-        let (hi, lo) = ((seq >> 16) as u16, seq as u16);
-        let ok = self.push_timed(
-            MarkKind::ReplayBegin,
-            hi,
-            lo,
-            g.id,
-            if sampled { FLAG_SAMPLED } else { 0 },
-        );
+        let ok = self.push_timed(Mark::replay_begin(g.id, seq, sampled));
         ReplayGuard {
             rec: ok.then_some(self),
             graph: g.id,
@@ -326,10 +319,10 @@ impl Recorder {
     /// Stores a boundary of an open capture; `false` (counted) when the clock cannot time it
     /// inside a graph.
     #[cold]
-    pub(super) fn capture_mark(&self, mut m: Mark) -> bool {
+    pub(super) fn capture_mark(&self, m: Mark) -> bool {
         let slot = self.capture_slot();
-        if m.flag & FLAG_HOST != 0
-            || matches!(m.kind, MarkKind::ReplayBegin | MarkKind::ReplayEnd)
+        if m.is_host()
+            || matches!(m.kind(), MarkKind::ReplayBegin | MarkKind::ReplayEnd)
             || slot.marks.borrow().len() >= CAPTURE_MARKS_MAX
         {
             self.count_clock_drop();
@@ -339,8 +332,7 @@ impl Recorder {
             self.count_clock_drop();
             return false;
         };
-        m.token = token.0;
-        slot.marks.borrow_mut().push(m);
+        slot.marks.borrow_mut().push(m.at(token.0));
         true
     }
 }

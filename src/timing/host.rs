@@ -20,7 +20,7 @@ impl Clock for HostClock {
         Resolved::At(token.0)
     }
 
-    fn name(&self) -> &'static str {
-        "host"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Host
     }
 }

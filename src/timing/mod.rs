@@ -22,6 +22,7 @@ pub mod cuda;
 pub use host::HostClock;
 pub use sync::{StreamSync, SyncClock};
 
+use crate::config::Timing;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,7 +48,7 @@ pub enum Resolved {
 /// `None` when it cannot produce a token (an event pool is exhausted), and the core then drops the
 /// record and counts it. `resolve` runs on the background worker. Tokens of one clock resolve in
 /// the order they were marked, so the worker stops at the first `Pending` token of a thread.
-pub trait Clock: Send + Sync + 'static {
+pub trait Clock: std::any::Any + Send + Sync {
     /// Takes a timestamp token at a boundary. Must never panic; should never block (the
     /// [`SyncClock`] blocks by design: that is its semantics).
     fn mark(&self) -> Option<Token>;
@@ -76,8 +77,10 @@ pub trait Clock: Send + Sync + 'static {
         false
     }
 
-    /// The backend's name, as `PHASETRACE_TIMING` spells it (`host`, `sync`, `events`).
-    fn name(&self) -> &'static str;
+    /// Which backend this clock is: the `PHASETRACE_TIMING` value it serves and the
+    /// `phasetrace.timing` attribute of the spans it times. A clock given in code must be the
+    /// backend the timing setting selects.
+    fn timing(&self) -> Timing;
 
     /// Records dropped inside the clock so far (pool exhausted, event errors, graph capture).
     fn dropped(&self) -> u64 {

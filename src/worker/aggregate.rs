@@ -1,7 +1,7 @@
 //! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
 
-use crate::names::{attr, metric};
-use crate::vocab::{Layer, Phase, Section, Site};
+use crate::names::{DropReason, attr, metric};
+use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 
@@ -55,6 +55,15 @@ impl Instruments {
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
+        let dropped = meter
+            .u64_counter(metric::RECORDS_DROPPED)
+            .with_unit(metric::UNIT_RECORDS)
+            .with_description("Records dropped, by reason")
+            .build();
+        // Every reason has a series from the start, so that `rate()` reads 0, not "no data".
+        for reason in DropReason::ALL {
+            dropped.add(0, &[KeyValue::new(attr::REASON, reason.as_str())]);
+        }
         Instruments {
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
             step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
@@ -72,11 +81,7 @@ impl Instruments {
                 .with_unit(metric::UNIT_TOKENS)
                 .with_description("Tokens routed to each MoE expert")
                 .build(),
-            dropped: meter
-                .u64_counter(metric::RECORDS_DROPPED)
-                .with_unit(metric::UNIT_RECORDS)
-                .with_description("Records dropped, by reason")
-                .build(),
+            dropped,
             phase: dur(
                 metric::SPEC_PHASE_DURATION,
                 "Duration of one speculative phase in one round",
@@ -171,9 +176,10 @@ impl Instruments {
         self.expert_tokens.add(1, &kv);
     }
 
-    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
+    /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.
+    pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
-            let kv = [KeyValue::new(attr::REASON, reason)];
+            let kv = [KeyValue::new(attr::REASON, reason.as_str())];
             self.note(metric::RECORDS_DROPPED, &kv, n as f64);
             self.dropped.add(n, &kv);
         }
@@ -204,26 +210,87 @@ impl Instruments {
     }
 }
 
+/// One section's totals for the console summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SectionTally {
+    pub(crate) ns: u64,
+    pub(crate) calls: u64,
+    /// Ever recorded inside another section.
+    pub(crate) nested: bool,
+}
+
 /// Per-section totals for the console summary.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tally {
-    /// (total ns, calls, nested) indexed by section id.
-    pub(crate) sections: Vec<(u64, u64, bool)>,
+    /// Indexed by section id.
+    pub(crate) sections: Vec<SectionTally>,
+    /// Steps of all ranks.
     pub(crate) steps: u64,
     pub(crate) step_ns: u64,
-    pub(crate) ranks: std::collections::BTreeSet<u32>,
+    /// Steps per rank.
+    pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Tally {
     pub(crate) fn add(&mut self, s: Section, ns: u64, nested: bool) {
         let i = s.id() as usize;
         if self.sections.len() <= i {
-            self.sections.resize(i + 1, (0, 0, false));
+            self.sections.resize(i + 1, SectionTally::default());
         }
         let e = &mut self.sections[i];
-        e.0 += ns;
-        e.1 += 1;
-        e.2 |= nested;
+        e.ns += ns;
+        e.calls += 1;
+        e.nested |= nested;
+    }
+
+    pub(crate) fn step(&mut self, rank: u32, ns: u64) {
+        self.steps += 1;
+        self.step_ns += ns;
+        *self.ranks.entry(rank).or_default() += 1;
+    }
+}
+
+/// The verify sub-split of one round or a window of rounds, nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct VerifySplit {
+    pub(crate) kda: u64,
+    pub(crate) kda_scan: u64,
+    pub(crate) mla: u64,
+    pub(crate) ffn: u64,
+    /// Verify less kda and mla.
+    pub(crate) rest: u64,
+}
+
+impl VerifySplit {
+    /// The split of a round whose verify phase took `verify` ns, from its parts' totals.
+    pub(crate) fn of(verify: u64, parts: &[u64; VerifyPart::ALL.len()]) -> VerifySplit {
+        let part = |p: VerifyPart| parts[p as usize];
+        VerifySplit {
+            kda: part(VerifyPart::Kda),
+            kda_scan: part(VerifyPart::KdaScan),
+            mla: part(VerifyPart::Mla),
+            ffn: part(VerifyPart::Ffn),
+            rest: verify.saturating_sub(part(VerifyPart::Kda) + part(VerifyPart::Mla)),
+        }
+    }
+
+    /// Each `part` value with its nanoseconds.
+    pub(crate) fn by_name(&self) -> [(&'static str, u64); 5] {
+        [
+            (VerifyPart::Kda.as_str(), self.kda),
+            (VerifyPart::KdaScan.as_str(), self.kda_scan),
+            (VerifyPart::Mla.as_str(), self.mla),
+            (VerifyPart::Ffn.as_str(), self.ffn),
+            (VerifyPart::REST, self.rest),
+        ]
+    }
+
+    fn add(&mut self, o: &VerifySplit) {
+        self.kda += o.kda;
+        self.kda_scan += o.kda_scan;
+        self.mla += o.mla;
+        self.ffn += o.ffn;
+        self.rest += o.rest;
     }
 }
 
@@ -232,7 +299,22 @@ impl Tally {
 pub(crate) struct SpecTally {
     pub(crate) rounds: u64,
     pub(crate) k: u32,
-    pub(crate) phases: [u64; 5],
-    /// kda, kda_scan, mla, ffn, rest
-    pub(crate) parts: [u64; 5],
+    /// Indexed by `Phase`.
+    pub(crate) phases: [u64; Phase::ALL.len()],
+    pub(crate) split: VerifySplit,
+}
+
+impl SpecTally {
+    pub(crate) fn add(&mut self, k: u32, phases: &[u64; Phase::ALL.len()], split: &VerifySplit) {
+        self.rounds += 1;
+        self.k = self.k.max(k);
+        for (acc, v) in self.phases.iter_mut().zip(phases) {
+            *acc += v;
+        }
+        self.split.add(split);
+    }
+
+    pub(crate) fn phase(&self, p: Phase) -> u64 {
+        self.phases[p as usize]
+    }
 }

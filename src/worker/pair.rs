@@ -2,11 +2,12 @@
 //! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
 
 use super::aggregate::{Instruments, Tally};
-use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
-use crate::record::Lane;
-use crate::record::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace};
+use crate::names::DropReason;
+use crate::record::mark::{Mark, MarkKind};
+use crate::record::{Lane, RoundRef};
 use crate::timing::{Resolved, Token};
-use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
+use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,7 +39,7 @@ struct OpenStep {
 pub(crate) struct OpenRound {
     pub(crate) start: u64,
     pub(crate) k: u32,
-    pub(crate) seq: u32,
+    pub(crate) round: RoundRef,
     pub(crate) last: u64,
     pub(crate) phases: [u64; 5],
     pub(crate) trace: Option<RoundTrace>,
@@ -51,14 +52,53 @@ pub(crate) struct EndedRound {
     pub(crate) end: u64,
     pub(crate) accepted: Option<u32>,
     pub(crate) rank: u32,
-    pub(crate) key: (u16, u32),
 }
 
-/// Verify parts gathered for one round: totals (kda, kda_scan, mla, ffn) and intervals.
+/// Verify parts gathered for one round: totals by `VerifyPart` and intervals.
 #[derive(Default)]
 pub(crate) struct PartsAcc {
-    pub(crate) ns: [u64; 4],
-    pub(crate) intervals: Vec<(&'static str, u64, u64)>,
+    pub(crate) ns: [u64; VerifyPart::ALL.len()],
+    pub(crate) intervals: Vec<Interval<VerifyPart>>,
+}
+
+/// An open verify part.
+struct OpenPart {
+    part: VerifyPart,
+    round: RoundRef,
+    start: u64,
+}
+
+/// Records dropped, by reason: `stats.dropped[DropReason::QueueFull]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped([u64; DropReason::COUNT]);
+
+impl Dropped {
+    /// Records dropped for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason.index()]
+    }
+
+    /// Records dropped for any reason.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Every reason with its count, in [`DropReason::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.into_iter().map(|r| (r, self.get(r)))
+    }
+
+    fn add(&mut self, reason: DropReason, n: u64) {
+        self.0[reason.index()] += n;
+    }
+}
+
+impl std::ops::Index<DropReason> for Dropped {
+    type Output = u64;
+
+    fn index(&self, reason: DropReason) -> &u64 {
+        &self.0[reason.index()]
+    }
 }
 
 /// Counters of what the worker saw.
@@ -76,20 +116,13 @@ pub struct Stats {
     pub spans: u64,
     /// Spans the exporter delivered.
     pub spans_exported: u64,
-    /// Spans lost to failed exports (collector down or refusing); counted under
-    /// `reason="span_export"`. Spans built but neither exported nor failed after a flush were
-    /// dropped by the span processor's full queue.
+    /// Spans lost to failed exports (collector down or refusing), read live from the exporter;
+    /// the worker counts them under `reason="span_export"` on its next pass. Spans built but
+    /// neither exported nor failed after a flush were dropped by the span processor's full
+    /// queue.
     pub spans_failed: u64,
-    /// Marks dropped because a buffer was full.
-    pub dropped_queue_full: u64,
-    /// Marks dropped because the clock gave or resolved no time.
-    pub dropped_clock: u64,
-    /// Marks that did not pair (end without begin, begin never ended, wrong nesting).
-    pub dropped_unbalanced: u64,
-    /// Values that did not fit a record (expert id above 65535).
-    pub dropped_out_of_range: u64,
-    /// Spans not built because the span processor's queue was full (exporter slow or down).
-    pub dropped_span_queue: u64,
+    /// Records dropped, by reason (the same counts as `phasetrace.records.dropped{reason}`).
+    pub dropped: Dropped,
     /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
     pub graph_replays: u64,
     /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded
@@ -98,13 +131,25 @@ pub struct Stats {
     pub dropped_graph_replays: u64,
 }
 
+/// Counts `n` records dropped for `reason`: in the stats and in every provider's
+/// `phasetrace.records.dropped`. The one place the worker counts a drop.
+pub(crate) fn count_drop(stats: &mut Stats, inst: &[Instruments], reason: DropReason, n: u64) {
+    if n == 0 {
+        return;
+    }
+    stats.dropped.add(reason, n);
+    for i in inst {
+        i.dropped(reason, n);
+    }
+}
+
 /// Everything a lane's marks feed.
 pub(crate) struct Sinks<'a> {
     pub(crate) inst: &'a [Instruments],
     pub(crate) tracer: Option<&'a SdkTracer>,
     pub(crate) tally: &'a mut Tally,
     pub(crate) stats: &'a mut Stats,
-    pub(crate) parts: &'a mut HashMap<(u16, u32), PartsAcc>,
+    pub(crate) parts: &'a mut HashMap<RoundRef, PartsAcc>,
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
@@ -117,12 +162,14 @@ impl Sinks<'_> {
     pub(crate) fn span_budget(&mut self, n: usize) -> bool {
         let fits = span_budget(self.stats, self.span_counts, n);
         if !fits {
-            self.stats.dropped_span_queue += n as u64;
-            for i in self.inst {
-                i.dropped(crate::names::drop_reason::SPAN_QUEUE, n as u64);
-            }
+            self.drop(DropReason::SpanQueue, n as u64);
         }
         fits
+    }
+
+    /// Counts `n` records dropped for `reason` (see [`count_drop`]).
+    pub(crate) fn drop(&mut self, reason: DropReason, n: u64) {
+        count_drop(self.stats, self.inst, reason, n);
     }
 }
 
@@ -142,11 +189,11 @@ pub(crate) struct LaneState {
     step: Option<OpenStep>,
     steps: u64,
     round: Option<OpenRound>,
-    parts_open: Vec<(Mark, u64)>,
-    parent: [u64; 3],
-    parent_parts: u8,
+    parts_open: Vec<OpenPart>,
+    parent: ParentWords,
     last_ns: u64,
-    seen: [u64; 3],
+    /// The lane's hot-path drop counts already moved into the stats.
+    seen: [u64; DropReason::COUNT],
     replay: Option<OpenReplay>,
     awaiting_replay: bool,
 }
@@ -159,6 +206,25 @@ struct OpenReplay {
     sampled: bool,
 }
 
+/// The parent span context of the next sampled step, as its three marks arrive.
+#[derive(Default)]
+struct ParentWords {
+    trace_hi: Option<u64>,
+    trace_lo: Option<u64>,
+    span: Option<u64>,
+}
+
+impl ParentWords {
+    /// The complete parent, if all three words arrived; starts over either way.
+    fn take(&mut self) -> Option<Parent> {
+        let w = std::mem::take(self);
+        Some(Parent {
+            trace_id: (u128::from(w.trace_hi?) << 64) | u128::from(w.trace_lo?),
+            span_id: w.span?,
+        })
+    }
+}
+
 impl LaneState {
     pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
         LaneState {
@@ -169,10 +235,9 @@ impl LaneState {
             steps: 0,
             round: None,
             parts_open: Vec::new(),
-            parent: [0; 3],
-            parent_parts: 0,
+            parent: ParentWords::default(),
             last_ns: 0,
-            seen: [0; 3],
+            seen: [0; DropReason::COUNT],
             replay: None,
             awaiting_replay: false,
         }
@@ -187,23 +252,12 @@ impl LaneState {
 
     /// Moves the lane's drop counters into the instruments (as deltas).
     pub(crate) fn collect_drops(&mut self, s: &mut Sinks<'_>) {
-        use crate::names::drop_reason;
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = [
-            self.lane.dropped_full.load(Relaxed),
-            self.lane.dropped_clock.load(Relaxed),
-            self.lane.dropped_range.load(Relaxed),
-        ];
-        let d: [u64; 3] = std::array::from_fn(|i| now[i].saturating_sub(self.seen[i]));
-        self.seen = now;
-        s.stats.dropped_queue_full += d[0];
-        s.stats.dropped_clock += d[1];
-        s.stats.dropped_out_of_range += d[2];
-        for inst in s.inst {
-            inst.dropped(drop_reason::QUEUE_FULL, d[0]);
-            inst.dropped(drop_reason::CLOCK, d[1]);
-            inst.dropped(drop_reason::OUT_OF_RANGE, d[2]);
+        let now = self.lane.drops();
+        for reason in DropReason::ALL {
+            let i = reason.index();
+            s.drop(reason, now[i].saturating_sub(self.seen[i]));
         }
+        self.seen = now;
     }
 
     /// Whether the lane waits for the end fence of a graph replay: the worker then polls sooner,
@@ -225,33 +279,29 @@ impl LaneState {
             }
         }
         while let Some(m) = self.backlog.front().copied() {
-            let t = match m.kind {
-                MarkKind::Wait
-                | MarkKind::Route
-                | MarkKind::ParentHi
-                | MarkKind::ParentLo
-                | MarkKind::ParentSpan => 0,
-                _ if m.flag & FLAG_HOST != 0 => m.token,
-                _ => match self.lane.clock.resolve(Token(m.token)) {
+            let t = if m.is_untimed() {
+                0
+            } else if m.is_host() {
+                m.token()
+            } else {
+                let token = Token(m.token());
+                match self.lane.clock.resolve(token) {
                     Resolved::At(ns) => {
-                        self.lane.clock.release(Token(m.token));
+                        self.lane.clock.release(token);
                         ns
                     }
                     Resolved::Pending => {
-                        self.awaiting_replay = m.kind == MarkKind::ReplayEnd;
+                        self.awaiting_replay = m.kind() == MarkKind::ReplayEnd;
                         return;
                     }
                     Resolved::Failed => {
-                        self.lane.clock.release(Token(m.token));
+                        self.lane.clock.release(token);
                         self.backlog.pop_front();
                         s.stats.marks += 1;
-                        s.stats.dropped_clock += 1;
-                        for inst in s.inst {
-                            inst.dropped(crate::names::drop_reason::CLOCK, 1);
-                        }
+                        s.drop(DropReason::Clock, 1);
                         continue;
                     }
-                },
+                }
             };
             self.backlog.pop_front();
             s.stats.marks += 1;
@@ -271,56 +321,38 @@ impl LaneState {
         };
         let Some(times) = super::replay::read(&g, r.seq, r.start, end) else {
             s.stats.dropped_graph_replays += 1;
-            for inst in s.inst {
-                inst.dropped(
-                    crate::names::drop_reason::GRAPH_REPLAY,
-                    g.template.len() as u64,
-                );
-            }
+            s.drop(DropReason::GraphReplay, g.template.len() as u64);
             return;
         };
         s.stats.graph_replays += 1;
         for (m, t) in g.template.iter().zip(times) {
-            let mut m = *m;
-            if matches!(m.kind, MarkKind::StepBegin | MarkKind::RoundBegin) {
+            let m = match m.kind() {
                 // Sampling is decided per replay, not once at capture.
-                m.flag = (m.flag & !FLAG_SAMPLED) | if r.sampled { FLAG_SAMPLED } else { 0 };
-            }
-            if matches!(m.kind, MarkKind::ReplayBegin | MarkKind::ReplayEnd) {
-                continue;
-            }
+                MarkKind::StepBegin | MarkKind::RoundBegin => m.with_sampled(r.sampled),
+                MarkKind::ReplayBegin | MarkKind::ReplayEnd => continue,
+                _ => *m,
+            };
             self.last_ns = t;
             self.process(m, t, s);
         }
     }
 
     fn unbalanced(s: &mut Sinks<'_>, n: u64) {
-        s.stats.dropped_unbalanced += n;
-        for inst in s.inst {
-            inst.dropped(crate::names::drop_reason::UNBALANCED, n);
-        }
+        s.drop(DropReason::Unbalanced, n);
     }
 
     fn process(&mut self, m: Mark, t: u64, s: &mut Sinks<'_>) {
         let rank = self.lane.rank;
-        match m.kind {
-            MarkKind::ParentHi | MarkKind::ParentLo | MarkKind::ParentSpan => {
-                let i = m.kind as usize - MarkKind::ParentHi as usize;
-                self.parent[i] = m.token;
-                self.parent_parts |= 1 << i;
-            }
+        match m.kind() {
+            MarkKind::ParentHi => self.parent.trace_hi = Some(m.token()),
+            MarkKind::ParentLo => self.parent.trace_lo = Some(m.token()),
+            MarkKind::ParentSpan => self.parent.span = Some(m.token()),
             MarkKind::StepBegin => {
                 if self.step.is_some() {
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
-                let parent = (self.parent_parts == 7).then(|| {
-                    (
-                        (u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]),
-                        self.parent[2],
-                    )
-                });
-                self.parent_parts = 0;
+                let sampled = m.is_sampled() && s.tracer.is_some();
+                let parent = self.parent.take();
                 self.steps += 1;
                 self.step = Some(OpenStep {
                     start: t,
@@ -348,9 +380,7 @@ impl LaneState {
                     inst.step(rank, ns as f64 * 1e-9);
                 }
                 s.stats.steps += 1;
-                s.tally.steps += 1;
-                s.tally.step_ns += ns;
-                s.tally.ranks.insert(rank);
+                s.tally.step(rank, ns);
                 if let (Some(trace), Some(tracer)) = (step.trace, s.tracer)
                     && s.span_budget(spans::step_span_count(&trace))
                 {
@@ -361,7 +391,7 @@ impl LaneState {
                         step.number,
                         step.start,
                         t,
-                        self.lane.clock.name(),
+                        self.lane.clock.timing(),
                     ) as u64;
                 }
             }
@@ -370,9 +400,7 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                     return;
                 }
-                let section = Section::from_id(m.id);
-                let site = Site::from_id(m.site);
-                let layer = Layer(m.layer);
+                let (section, site, layer) = (m.section(), m.site(), m.layer());
                 let parent = self.stack.last().and_then(|o| o.span);
                 let span = self
                     .step
@@ -399,7 +427,8 @@ impl LaneState {
                 });
             }
             MarkKind::SectionEnd => {
-                let Some(pos) = self.stack.iter().rposition(|o| o.section.id() == m.id) else {
+                let section = m.section();
+                let Some(pos) = self.stack.iter().rposition(|o| o.section == section) else {
                     Self::unbalanced(s, 1);
                     return;
                 };
@@ -432,32 +461,30 @@ impl LaneState {
             }
             MarkKind::Wait => {
                 for inst in s.inst {
-                    inst.wait(
-                        Site::from_id(m.site),
-                        Layer(m.layer),
-                        rank,
-                        m.token as f64 * 1e-9,
-                    );
+                    inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
                 }
             }
             MarkKind::Route => {
-                let n = (m.site as usize).min(4);
-                let ids: [u16; 4] = std::array::from_fn(|i| (m.token >> (16 * i)) as u16);
-                let continued = m.flag & FLAG_CONTINUED != 0;
+                let (ids, n) = m.expert_ids();
+                let layer = m.layer();
                 if s.expert_counter {
                     for inst in s.inst {
                         for &id in &ids[..n] {
-                            inst.expert(Layer(m.layer), id);
+                            inst.expert(layer, id);
                         }
                     }
                 }
                 let at = self.last_ns;
                 if let Some(tr) = self.step.as_mut().and_then(|st| st.trace.as_mut()) {
                     match tr.routes.last_mut() {
-                        Some((l, v, _)) if continued && *l == Layer(m.layer) => {
-                            v.extend_from_slice(&ids[..n]);
+                        Some(r) if m.is_continued() && r.layer == layer => {
+                            r.ids.extend_from_slice(&ids[..n]);
                         }
-                        _ => tr.routes.push((Layer(m.layer), ids[..n].to_vec(), at)),
+                        _ => tr.routes.push(Route {
+                            layer,
+                            ids: ids[..n].to_vec(),
+                            at,
+                        }),
                     }
                 }
             }
@@ -466,26 +493,32 @@ impl LaneState {
                     // A round never ended: its phases are lost, counted.
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
+                let sampled = m.is_sampled() && s.tracer.is_some();
                 self.round = Some(OpenRound {
                     start: t,
-                    k: m.layer,
-                    seq: (u32::from(m.id) << 16) | u32::from(m.site),
+                    k: m.k(),
+                    round: RoundRef {
+                        lane: self.lane.id,
+                        seq: m.round_seq(),
+                    },
                     last: t,
                     phases: [0; 5],
                     trace: sampled.then(RoundTrace::default),
                 });
             }
             MarkKind::Phase => {
-                let (Some(r), Some(phase)) = (self.round.as_mut(), Phase::from_u8(m.id as u8))
-                else {
+                let (Some(r), Some(phase)) = (self.round.as_mut(), m.phase_of()) else {
                     Self::unbalanced(s, 1);
                     return;
                 };
                 let ns = t.saturating_sub(r.last);
                 r.phases[phase as usize] += ns;
                 if let Some(tr) = r.trace.as_mut() {
-                    tr.phases.push((phase, r.last, t));
+                    tr.phases.push(Interval {
+                        what: phase,
+                        start: r.last,
+                        end: t,
+                    });
                 }
                 r.last = t;
             }
@@ -494,17 +527,15 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                     return;
                 };
-                let accepted = (m.layer != u32::MAX).then_some(m.layer);
+                let accepted = m.accepted();
                 if accepted.is_none() {
                     Self::unbalanced(s, 1);
                 }
-                let key = (self.lane.id, round.seq);
                 s.ended.push(EndedRound {
                     round,
                     end: t,
                     accepted,
                     rank,
-                    key,
                 });
             }
             MarkKind::ReplayBegin => {
@@ -512,18 +543,17 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                 }
                 self.replay = Some(OpenReplay {
-                    graph: m.layer,
-                    seq: (u32::from(m.id) << 16) | u32::from(m.site),
+                    graph: m.graph(),
+                    seq: m.replay_seq(),
                     start: t,
-                    sampled: m.flag & FLAG_SAMPLED != 0,
+                    sampled: m.is_sampled(),
                 });
             }
             MarkKind::ReplayEnd => {
-                let seq = (u32::from(m.id) << 16) | u32::from(m.site);
                 let Some(r) = self
                     .replay
                     .take()
-                    .filter(|r| r.graph == m.layer && r.seq == seq)
+                    .filter(|r| r.graph == m.graph() && r.seq == m.replay_seq())
                 else {
                     Self::unbalanced(s, 1);
                     return;
@@ -536,26 +566,35 @@ impl LaneState {
                     self.parts_open.remove(0);
                     Self::unbalanced(s, 1);
                 }
-                self.parts_open.push((m, t));
+                let Some(part) = m.part() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                self.parts_open.push(OpenPart {
+                    part,
+                    round: m.round(),
+                    start: t,
+                });
             }
             MarkKind::PartEnd => {
+                let (part, round) = (m.part(), m.round());
                 let Some(pos) = self
                     .parts_open
                     .iter()
-                    .rposition(|(b, _)| b.id == m.id && b.site == m.site && b.layer == m.layer)
+                    .rposition(|b| Some(b.part) == part && b.round == round)
                 else {
                     Self::unbalanced(s, 1);
                     return;
                 };
-                let (b, start) = self.parts_open.remove(pos);
-                let Some(part) = VerifyPart::from_u8(b.id as u8) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let acc = s.parts.entry((b.site, b.layer)).or_default();
-                acc.ns[part as usize] += t.saturating_sub(start);
+                let open = self.parts_open.remove(pos);
+                let acc = s.parts.entry(open.round).or_default();
+                acc.ns[open.part as usize] += t.saturating_sub(open.start);
                 if acc.intervals.len() < ROUND_PARTS_MAX {
-                    acc.intervals.push((part.as_str(), start, t));
+                    acc.intervals.push(Interval {
+                        what: open.part,
+                        start: open.start,
+                        end: t,
+                    });
                 }
             }
         }

@@ -22,7 +22,7 @@ use std::sync::atomic::{Ordering, fence};
 pub(crate) fn read(g: &GraphShared, seq: u32, begin: u64, end: u64) -> Option<Vec<u64>> {
     let mut times = Vec::with_capacity(g.template.len());
     for m in g.template.iter() {
-        match g.clock.resolve(Token(m.token)) {
+        match g.clock.resolve(Token(m.token())) {
             Resolved::At(t) => times.push(t),
             Resolved::Pending | Resolved::Failed => return None,
         }

@@ -13,24 +13,32 @@ use super::process::{
 /// How long [`Prometheus::start`] waits for `/-/ready`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `prometheus` binary: `$PHASETRACE_PROMETHEUS_BIN`, then `PATH`.
+/// The `prometheus` binary: `$PHASETRACE_PROMETHEUS_BIN`, then `PATH`. Panics when it is
+/// missing: tests guard with [`crate::require_tools!`] first.
 pub fn prometheus_binary() -> PathBuf {
+    find_prometheus().unwrap_or_else(|| panic!("prometheus not found: run scripts/test.sh"))
+}
+
+/// The `promtool` binary: `$PHASETRACE_PROMTOOL_BIN`, then `PATH`. Panics when it is
+/// missing: tests guard with [`crate::require_tools!`] first.
+pub fn promtool_binary() -> PathBuf {
+    find_promtool().unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
+}
+
+pub(crate) fn find_prometheus() -> Option<PathBuf> {
     locate_binary(
         "PHASETRACE_PROMETHEUS_BIN",
         &[tools_dir().join("bin").join("prometheus")],
         "prometheus",
     )
-    .unwrap_or_else(|| panic!("prometheus not found: run scripts/test.sh"))
 }
 
-/// The `promtool` binary: `$PHASETRACE_PROMTOOL_BIN`, then `PATH`.
-pub fn promtool_binary() -> PathBuf {
+pub(crate) fn find_promtool() -> Option<PathBuf> {
     locate_binary(
         "PHASETRACE_PROMTOOL_BIN",
         &[tools_dir().join("bin").join("promtool")],
         "promtool",
     )
-    .unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
 }
 
 /// What [`PrometheusBuilder::start`] runs.

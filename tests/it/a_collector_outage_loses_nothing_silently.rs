@@ -38,6 +38,7 @@ fn steps_received(o: &support::ParsedOutput) -> f64 {
 
 #[test]
 fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
+    support::require_tools!(Rotel);
     let mut rotel = Rotel::start();
     let p = profiler(&rotel.grpc_endpoint());
     let rec = p.recorder();
@@ -97,6 +98,7 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
 
 #[test]
 fn a_collector_that_is_down_at_start_receives_once_it_is_up() {
+    support::require_tools!(Rotel);
     let mut rotel = Rotel::start();
     rotel.kill();
     let p = profiler(&rotel.grpc_endpoint());

@@ -11,6 +11,7 @@ use support::{MetricKind, Rotel};
 
 #[test]
 fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()

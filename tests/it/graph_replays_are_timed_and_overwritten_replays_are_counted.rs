@@ -7,6 +7,7 @@
 //! readable until the next launch of the same graph re-records its events, so the tests that
 //! expect every replay read flush before the next launch, as the background worker must.
 
+use phasetrace::names::DropReason;
 use phasetrace::timing::Clock;
 use phasetrace::timing::sim::{SimCaptureError, SimEventClock, SimGraph, SimStream};
 use phasetrace::{CapturedGraph, Level, Profiler, Recorder, Section, Site, Stats, Timing};
@@ -112,7 +113,7 @@ fn captured_sections_come_back_at_every_replay_with_the_replayed_durations() {
     assert_eq!(s.dropped_graph_replays, 0, "{s:?}");
     assert_eq!(s.sections, K * sections_per_replay(), "{s:?}");
     assert_eq!(s.steps, K);
-    assert_eq!(s.dropped_clock + s.dropped_unbalanced, 0, "{s:?}");
+    assert_eq!(s.dropped.total(), 0, "{s:?}");
     assert_eq!(handle.launches(), K);
     assert_exact_durations(&p, K);
     drop(handle);
@@ -169,7 +170,7 @@ fn a_replay_overwritten_by_the_next_launch_is_counted_not_misattributed() {
     let s = p.stats();
     assert_eq!((s.graph_replays, s.dropped_graph_replays), (5, 2), "{s:?}");
     assert_eq!(s.sections, 5 * sections_per_replay(), "{s:?}");
-    assert_eq!(s.dropped_unbalanced, 0, "{s:?}");
+    assert_eq!(s.dropped[DropReason::Unbalanced], 0, "{s:?}");
     // Every attributed section has exactly its device time: nothing of another launch.
     assert_exact_durations(&p, 7);
     drop(handle);
@@ -231,7 +232,7 @@ fn abandoned_captures_and_dropped_graphs_leak_no_pool_events() {
     assert_eq!(clock.in_flight(), 0, "{s:?}");
     assert_eq!(s.graph_replays, 0, "{s:?}");
     assert_eq!(s.dropped_graph_replays, 2, "{s:?}");
-    assert_eq!(s.dropped_clock, 0, "{s:?}");
+    assert_eq!(s.dropped[DropReason::Clock], 0, "{s:?}");
 
     // The pool is whole: a capture that needs most of it still fits.
     let (graph, handle) = capture_layers(&stream, &rec);
@@ -290,7 +291,7 @@ fn plain_marks_during_a_capture_and_clocks_without_graph_support_are_counted() {
     guard.end();
     p.flush();
     let s = p.stats();
-    assert_eq!(s.dropped_clock, 1, "{s:?}");
+    assert_eq!(s.dropped[DropReason::Clock], 1, "{s:?}");
     assert_eq!((s.sections, s.graph_replays), (0, 0), "{s:?}");
     p.shutdown();
 

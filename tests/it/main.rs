@@ -5,6 +5,7 @@ use phasetrace_testkit as support;
 
 mod a_collector_outage_loses_nothing_silently;
 mod arbitrary_api_call_sequences_never_panic;
+mod every_drop_reason_reads_zero_before_anything_drops;
 mod exponential_histograms_are_one_setting_away;
 mod gpu_backends_agree;
 mod graph_replays_are_timed_and_overwritten_replays_are_counted;

@@ -8,7 +8,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phasetrace::names::{attr, metric, span};
+use phasetrace::names::{attr, metric, resource, span};
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use support::{MetricKind, ParsedOutput, ReceivedSpan, Rotel};
 
@@ -172,9 +172,22 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
             step.resource.get("service.name").map(String::as_str),
             Some(service)
         );
+        // The SDK keeps its own name; phasetrace names itself as the distribution.
         assert_eq!(
             step.resource.get("telemetry.sdk.name").map(String::as_str),
-            Some("phasetrace")
+            Some("opentelemetry")
+        );
+        assert_eq!(
+            step.resource
+                .get(resource::TELEMETRY_DISTRO_NAME)
+                .map(String::as_str),
+            Some(resource::DISTRO)
+        );
+        assert_eq!(
+            step.resource
+                .get(resource::TELEMETRY_DISTRO_VERSION)
+                .map(String::as_str),
+            Some(env!("CARGO_PKG_VERSION"))
         );
         // Every span of the step is in the step's trace.
         let in_trace = p
@@ -318,16 +331,23 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
     let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
     assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));
 
-    // Nothing was dropped.
-    assert!(
-        p.last_metric(metric::RECORDS_DROPPED).is_none(),
-        "{:#?}",
-        p.last_metric(metric::RECORDS_DROPPED)
-    );
+    // Nothing was dropped, and every reason has its series, at 0, from the start.
+    let dropped = p
+        .last_metric(metric::RECORDS_DROPPED)
+        .unwrap_or_else(|| panic!("no {}; {}", metric::RECORDS_DROPPED, context()));
+    for reason in phasetrace::DropReason::ALL {
+        let point = dropped
+            .points
+            .iter()
+            .find(|pt| pt.attr(attr::REASON) == Some(reason.as_str()))
+            .unwrap_or_else(|| panic!("no {reason} series: {dropped:#?}"));
+        assert_eq!(point.value, Some(0.0), "{reason}: {point:#?}");
+    }
 }
 
 #[test]
 fn sections_arrive_over_grpc() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(rotel.grpc_endpoint(), Protocol::Grpc, "sections-grpc");
     drive(&profiler);
@@ -338,6 +358,7 @@ fn sections_arrive_over_grpc() {
 
 #[test]
 fn sections_arrive_over_http_protobuf() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(
         rotel.http_endpoint(),

@@ -28,8 +28,8 @@ impl Clock for Manual {
     fn resolve(&self, t: Token) -> Resolved {
         Resolved::At(t.0)
     }
-    fn name(&self) -> &'static str {
-        "manual"
+    fn timing(&self) -> phasetrace::Timing {
+        phasetrace::Timing::Host
     }
 }
 
@@ -78,6 +78,7 @@ fn round(rec: &phasetrace::Recorder, clock: &Manual, t0: u64, accepted: u32) -> 
 
 #[test]
 fn round_spans_and_spec_metrics_arrive_at_rotel() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
@@ -175,6 +176,7 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
 
 #[test]
 fn prometheus_computes_the_verify_share_and_acceptance_rate() {
+    support::require_tools!(Prometheus);
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Off)

@@ -17,6 +17,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = Profiler::builder()
         .without_env()

@@ -73,6 +73,7 @@ fn a_dead_endpoint_fails_with_exit_4_and_says_it_is_unreachable() {
 
 #[test]
 fn a_live_collector_passes_over_grpc_and_http() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let cases = [
         ("grpc", rotel.grpc_endpoint(), "gRPC (HTTP/2) endpoint at"),
