@@ -63,7 +63,7 @@ fn profiler(port: u16) -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(10)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&format!("http://127.0.0.1:{port}")))
         .with_metric_export_interval(Duration::from_secs(1))
         .with_shutdown_timeout(Duration::from_secs(3))

@@ -240,7 +240,7 @@ pub mod env {
     pub const OTEL_METRICS_EXPORTER: &str = "OTEL_METRICS_EXPORTER";
 }
 
-/// Defaults, beside the names they belong to.
+/// Defaults, beside the names they belong to; `config::settings` reads them.
 pub mod default {
     /// Service name when `OTEL_SERVICE_NAME` is unset.
     pub const SERVICE_NAME: &str = "phasetrace";

@@ -1,6 +1,10 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
-use crate::config::{Config, ConfigBuilder, ConfigError, Level, Protocol, SpecLevel, Timing};
+use crate::config::settings::{self, AnySetting, Setting, SettingValue};
+use crate::config::{
+    Compression, Config, ConfigBuilder, ConfigError, Level, Listen, Origin, Protocol, SpecLevel,
+    Timing,
+};
 use crate::export::{ExportError, Exporters};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
@@ -55,20 +59,20 @@ impl std::fmt::Debug for ProfilerBuilder {
 impl ProfilerBuilder {
     /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
     pub fn with_level(mut self, level: Level) -> Self {
-        self.cfg.level = Some(level);
+        self.cfg.set(&settings::LEVEL, level);
         self
     }
 
     /// Speculative-decoding detail. Env: `PHASETRACE_SPEC_LEVEL`; default off.
     pub fn with_spec_level(mut self, level: SpecLevel) -> Self {
-        self.cfg.spec_level = Some(level);
+        self.cfg.set(&settings::SPEC_LEVEL, level);
         self
     }
 
     /// Build spans for one step (and one round) in `n`; 0 = none.
     /// Env: `PHASETRACE_TRACE_EVERY`; default 100.
     pub fn with_trace_every(mut self, n: u64) -> Self {
-        self.cfg.trace_every = Some(n);
+        self.cfg.set(&settings::TRACE_EVERY, n);
         self
     }
 
@@ -76,61 +80,105 @@ impl ProfilerBuilder {
     /// replay costs the worker one event query per captured boundary; the others cost the hot
     /// path one atomic increment. Env: `PHASETRACE_GRAPH_READ_EVERY`; default 1 (every replay).
     pub fn with_graph_read_every(mut self, n: u64) -> Self {
-        self.cfg.graph_read_every = Some(n);
+        self.cfg.set(&settings::GRAPH_READ_EVERY, n);
         self
     }
 
     /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
-        self.cfg.layer_attr = Some(on);
+        self.cfg.set(&settings::LAYER_ATTR, on);
         self
     }
 
     /// Console summary table every `n` steps; 0 = off. Env: `PHASETRACE_SUMMARY_EVERY`;
     /// default 0 (100 when `OTEL_METRICS_EXPORTER` includes `console`).
     pub fn with_summary_every(mut self, n: u64) -> Self {
-        self.cfg.summary_every = Some(n);
+        self.cfg.set(&settings::SUMMARY_EVERY, n);
         self
     }
 
     /// Console speculative line every `n` rounds; 0 = off.
     /// Env: `PHASETRACE_SPEC_SUMMARY_EVERY`; default 0.
     pub fn with_spec_summary_every(mut self, n: u64) -> Self {
-        self.cfg.spec_summary_every = Some(n);
+        self.cfg.set(&settings::SPEC_SUMMARY_EVERY, n);
         self
     }
 
-    /// The embedded Prometheus endpoint's listen address (`host:port`), or `None` for off.
-    /// Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464` when no OTLP endpoint is set.
-    pub fn with_prometheus(mut self, addr: Option<&str>) -> Self {
-        self.cfg.prometheus = Some(addr.map(str::to_owned));
+    /// Serves metrics on the embedded Prometheus endpoint at `addr`
+    /// (`([0, 0, 0, 0], 9464)`, a [`SocketAddr`]; port 0 picks a free one, see
+    /// [`Profiler::prometheus_addr`]). Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464`
+    /// when no OTLP endpoint is set, else off. Leave it unset to keep that default.
+    pub fn with_prometheus_at(mut self, addr: impl Into<SocketAddr>) -> Self {
+        self.cfg.set(&settings::PROMETHEUS, Listen::At(addr.into()));
         self
+    }
+
+    /// Turns the embedded Prometheus endpoint off, the default one included (engines that only
+    /// push OTLP, tests). Env: `PHASETRACE_PROMETHEUS=off`.
+    pub fn without_prometheus(mut self) -> Self {
+        self.cfg.set(&settings::PROMETHEUS, Listen::Off);
+        self
+    }
+
+    /// The embedded Prometheus endpoint as its variable spells it: `None` turned it **off**,
+    /// the default endpoint included. Replaced by [`Self::with_prometheus_at`] and
+    /// [`Self::without_prometheus`], which cannot be misread.
+    #[doc(hidden)]
+    #[deprecated(note = "use with_prometheus_at(addr) or without_prometheus()")]
+    pub fn with_prometheus(mut self, addr: Option<&str>) -> Self {
+        match addr {
+            None => self.cfg.set(&settings::PROMETHEUS, Listen::Off),
+            Some(text) => {
+                if let Err(e) = self.cfg.set_text(&settings::PROMETHEUS, text) {
+                    self.cfg.defer(e);
+                }
+            }
+        }
+        self
+    }
+
+    /// Sets any setting in code, typed: `with(&settings::TRACE_EVERY, 10)`. Every setting of
+    /// [`settings::SETTINGS`] can be set this way; the `with_*` setters are shorthands.
+    pub fn with<T: SettingValue>(mut self, setting: &Setting<T>, value: T) -> Self {
+        self.cfg.set(setting, value);
+        self
+    }
+
+    /// Sets a setting in code from text, as its variable would read it (a CLI flag, a config
+    /// file): the same parser and the same error as the environment.
+    pub fn with_text(
+        mut self,
+        setting: &'static dyn AnySetting,
+        text: &str,
+    ) -> Result<Self, ConfigError> {
+        self.cfg.set_text(setting, text)?;
+        Ok(self)
     }
 
     /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
     /// Env: `PHASETRACE_QUEUE`; default 65536 (1.5 MiB per recorder).
     pub fn with_queue(mut self, records: usize) -> Self {
-        self.cfg.queue = Some(records);
+        self.cfg.set(&settings::QUEUE, records);
         self
     }
 
     /// This process's rank. Env: `PHASETRACE_RANK`, then `RANK`, `LOCAL_RANK`,
     /// `OMPI_COMM_WORLD_RANK`; default 0.
     pub fn with_rank(mut self, rank: u32) -> Self {
-        self.cfg.rank = Some(rank);
+        self.cfg.set(&settings::RANK, rank);
         self
     }
 
     /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
-        self.cfg.expert_counter = Some(on);
+        self.cfg.set(&settings::EXPERT_COUNTER, on);
         self
     }
 
     /// The timing backend by name. Env: `PHASETRACE_TIMING`; default `host`. `sync` and
     /// `events` need a clock for the engine's stream: pass it with [`Self::with_clock`].
     pub fn with_timing(mut self, timing: Timing) -> Self {
-        self.cfg.timing = Some(timing);
+        self.cfg.set(&settings::TIMING, timing);
         self
     }
 
@@ -161,33 +209,42 @@ impl ProfilerBuilder {
 
     /// Resource `service.name`. Env: `OTEL_SERVICE_NAME`; default `phasetrace`.
     pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
-        self.cfg.service_name = Some(name.into());
+        self.cfg.set(&settings::SERVICE_NAME, name.into());
         self
     }
 
-    /// The OTLP endpoint, or `None` for no OTLP. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
+    /// The OTLP endpoint (`http(s)://host:port`; checked by `build()`), or `None` for no OTLP
+    /// even when the variable sets one. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
     pub fn with_otlp_endpoint(mut self, endpoint: Option<&str>) -> Self {
-        self.cfg.otlp_endpoint = Some(endpoint.map(str::to_owned));
+        match endpoint {
+            None => self.cfg.set(&settings::OTLP_ENDPOINT, None),
+            Some(text) => {
+                if let Err(e) = self.cfg.set_text(&settings::OTLP_ENDPOINT, text) {
+                    self.cfg.defer(e);
+                }
+            }
+        }
         self
     }
 
     /// The OTLP transport. Env: `OTEL_EXPORTER_OTLP_PROTOCOL`; default `grpc`.
     pub fn with_otlp_protocol(mut self, protocol: Protocol) -> Self {
-        self.cfg.otlp_protocol = Some(protocol);
+        self.cfg.set(&settings::OTLP_PROTOCOL, protocol);
         self
     }
 
     /// OTLP request headers (API keys); values are never printed.
     /// Env: `OTEL_EXPORTER_OTLP_HEADERS`; default none.
     pub fn with_otlp_headers(mut self, headers: Vec<(String, String)>) -> Self {
-        self.cfg.otlp_headers = Some(headers);
+        self.cfg.set(&settings::OTLP_HEADERS, headers);
         self
     }
 
     /// gzip-compress OTLP request bodies. Env: `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`, `none`);
     /// default none.
     pub fn with_otlp_gzip(mut self, on: bool) -> Self {
-        self.cfg.otlp_gzip = Some(on);
+        self.cfg
+            .set(&settings::OTLP_COMPRESSION, Compression::from_gzip(on));
         self
     }
 
@@ -195,21 +252,21 @@ impl ProfilerBuilder {
     /// exponential. Env: `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`; default
     /// explicit. The Prometheus endpoint always keeps explicit buckets.
     pub fn with_otlp_histogram(mut self, aggregation: crate::config::HistogramAggregation) -> Self {
-        self.cfg.otlp_histogram = Some(aggregation);
+        self.cfg.set(&settings::OTLP_HISTOGRAM, aggregation);
         self
     }
 
     /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
     /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
     pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.cfg.otlp_certificate = Some(path.into());
+        self.cfg.set(&settings::OTLP_CERTIFICATE, Some(path.into()));
         self
     }
 
     /// How often metrics are pushed over OTLP. Env: `OTEL_METRIC_EXPORT_INTERVAL` (ms);
     /// default 10 s.
     pub fn with_metric_export_interval(mut self, every: Duration) -> Self {
-        self.cfg.metric_export_interval = Some(every);
+        self.cfg.set(&settings::METRIC_EXPORT_INTERVAL, every);
         self
     }
 
@@ -219,9 +276,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Declares a legacy variable that stands for `PHASETRACE_LEVEL` or
-    /// `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`). Both are honored; the phasetrace name
-    /// wins, and a disagreement is reported once on stderr.
+    /// Declares a legacy variable that stands for a phasetrace variable, usually
+    /// `PHASETRACE_LEVEL` or `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`); it is read with
+    /// that setting's parser. Both are honored; the phasetrace name wins, and a disagreement is
+    /// reported once on stderr. A `target` that is no phasetrace variable fails `build()`.
     pub fn with_legacy_alias(mut self, target: &'static str, alias: impl Into<String>) -> Self {
         self.cfg.aliases.push((alias.into(), target));
         self
@@ -307,6 +365,9 @@ impl ProfilerBuilder {
             lanes: Mutex::new(Vec::new()),
             next_lane: AtomicU16::new(1),
             tracing_parent: AtomicBool::new(false),
+            spec_off_hint: AtomicBool::new(
+                !cfg.sdk_disabled && cfg.origin(crate::names::env::SPEC_LEVEL) == Origin::Default,
+            ),
         });
         let start = Start {
             k_max: self.spec_k_max.unwrap_or(16),
@@ -325,6 +386,7 @@ impl ProfilerBuilder {
                 start,
                 running: Mutex::new(running),
                 shut_down: AtomicBool::new(false),
+                warned_off: AtomicBool::new(false),
                 stopped: Mutex::new(None),
             }),
         })
@@ -340,7 +402,14 @@ struct Start {
 
 impl Start {
     fn run(self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
-        let exporters = crate::export::build(cfg)?;
+        let exporters = crate::export::build(cfg).map_err(|e| match e {
+            ExportError::PrometheusBind { addr, source }
+                if cfg.origin(crate::names::env::PROMETHEUS) == Origin::Default =>
+            {
+                ExportError::PrometheusDefaultBind { addr, source }
+            }
+            e => e,
+        })?;
         let inst = exporters
             .meter_providers
             .iter()
@@ -410,6 +479,8 @@ struct Inner {
     start: Start,
     running: Mutex<Option<Running>>,
     shut_down: AtomicBool,
+    /// The off-by-default warning was given.
+    warned_off: AtomicBool,
     /// What a shut-down profiler keeps for `stats()` and `summary()`: the final figures.
     stopped: Mutex<Option<Figures>>,
 }
@@ -499,7 +570,7 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
 /// let profiler = Profiler::builder()
 ///     .without_env()
 ///     .with_level(Level::Full)
-///     .with_prometheus(None)
+///     .without_prometheus()
 ///     .build()?;
 /// let rec = profiler.recorder();
 /// for _token in 0..3 {
@@ -539,13 +610,37 @@ impl Profiler {
     }
 
     /// A recorder for the calling engine thread, with the profiler's rank and clock.
+    ///
+    /// With no level set anywhere (`PHASETRACE_LEVEL` unset, no `with_level`), the profiler is
+    /// off and its recorders record nothing: the first recorder says so once on stderr.
     pub fn recorder(&self) -> Recorder {
-        Recorder::new(self.inner.shared.clone(), RecorderOptions::default())
+        self.recorder_with(RecorderOptions::default())
     }
 
     /// A recorder with its own rank or clock (ranks as threads; one stream per thread).
     pub fn recorder_with(&self, opts: RecorderOptions) -> Recorder {
+        self.warn_if_off_by_default();
         Recorder::new(self.inner.shared.clone(), opts)
+    }
+
+    fn warn_if_off_by_default(&self) {
+        let cfg = &self.inner.cfg;
+        let unset = |var| cfg.origin(var) == Origin::Default;
+        if !self.is_enabled()
+            && !cfg.sdk_disabled
+            && unset(crate::names::env::LEVEL)
+            && unset(crate::names::env::SPEC_LEVEL)
+            && !self.inner.warned_off.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "phasetrace: recording is off: {} and {} are off by default, so this recorder \
+                 records nothing until one is set ({}=full, ProfilerBuilder::with_level, or \
+                 Profiler::set_level at run time; said once)",
+                crate::names::env::LEVEL,
+                crate::names::env::SPEC_LEVEL,
+                crate::names::env::LEVEL
+            );
+        }
     }
 
     /// The resolved configuration.
@@ -569,6 +664,10 @@ impl Profiler {
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
     pub fn set_spec_level(&self, level: SpecLevel) -> Result<(), Error> {
+        self.inner
+            .shared
+            .spec_off_hint
+            .store(false, Ordering::Relaxed);
         self.set(level == SpecLevel::Off, || {
             self.inner.shared.spec_level.store(level)
         })
@@ -639,15 +738,19 @@ impl Profiler {
     /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops. After
     /// [`Profiler::shutdown`], the final figures.
     ///
-    /// Takes the profiler's lock and then the worker's, which a drain pass holds while it
-    /// processes marks: meant for monitoring and tests, not for every token.
+    /// Locks: takes the profiler's state lock (the one `flush`, `set_level` and `shutdown`
+    /// take), then the worker's pipeline lock, which a drain pass holds while it processes
+    /// marks: it may wait for one pass or a `flush` in progress. Meant for monitoring and tests,
+    /// not for every token; recorders never take either lock.
     pub fn stats(&self) -> Stats {
         self.figures().map_or_else(Stats::default, |f| f.stats())
     }
 
     /// The console summary table of everything recorded so far; after
-    /// [`Profiler::shutdown`], of everything recorded. Takes the same locks as
-    /// [`Profiler::stats`].
+    /// [`Profiler::shutdown`], of everything recorded.
+    ///
+    /// Locks: the same as [`Profiler::stats`], the pipeline lock for as long as the table takes
+    /// to format; recorders never take either.
     pub fn summary(&self) -> String {
         self.figures().map_or_else(String::new, |f| f.summary())
     }
@@ -710,7 +813,7 @@ mod tests {
         Profiler::builder()
             .without_env()
             .with_level(Level::Full)
-            .with_prometheus(None)
+            .without_prometheus()
             .build()
             .expect("profiler")
     }

@@ -554,6 +554,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     let timing = a
         .flags
         .apply(Profiler::builder())
+        .map_err(Failure::config)?
         .config()
         .map_err(Failure::config)?
         .timing;
@@ -563,7 +564,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     if let Some(Some(s)) = streams.first() {
         builder = builder.with_sim_stream(s.clone());
     }
-    let profiler = a.flags.apply(builder).build()?;
+    let profiler = a.flags.apply(builder).map_err(Failure::config)?.build()?;
     if gpu_sim {
         eprintln!(
             "phasetrace: simulated GPU streams, timing backend {}",

@@ -5,6 +5,7 @@
 use crate::Failure;
 use clap::{Args, ValueEnum};
 use phasetrace::Profiler;
+use phasetrace::config::settings::{self, AnySetting as _};
 use phasetrace::import::openmetrics::{OpenMetricsOptions, write_openmetrics};
 use phasetrace::import::otlp::{self, OtlpOptions};
 use phasetrace::import::{ImportOptions, ImportedFile, Summary};
@@ -49,7 +50,7 @@ pub(crate) struct ImportArgs {
     rank: Option<u32>,
     /// OTLP endpoint for --format otlp; must accept OTLP/HTTP (port 4318 by convention)
     /// [env: OTEL_EXPORTER_OTLP_ENDPOINT]
-    #[arg(long)]
+    #[arg(long, value_parser = |text: &str| settings::OTLP_ENDPOINT.check(text).map(|()| text.to_owned()))]
     otlp_endpoint: Option<String>,
     /// No progress bar, even on a terminal.
     #[arg(long)]

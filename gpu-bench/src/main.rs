@@ -450,7 +450,7 @@ fn profiler(e: &Engine, kind: ClockKind) -> Result<Option<Profiler>, BenchError>
     let b = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_trace_every(0);
     let clock: Arc<dyn Clock> = match kind {
         ClockKind::None => return Ok(None),

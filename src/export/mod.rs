@@ -50,6 +50,19 @@ pub enum ExportError {
         /// Why.
         source: std::io::Error,
     },
+    /// The built-in default Prometheus address (nobody set `PHASETRACE_PROMETHEUS`) could not
+    /// be bound: the error says it is the default and how to change it.
+    #[error(
+        "the built-in default Prometheus endpoint {addr} cannot listen ({source}); \
+         PHASETRACE_PROMETHEUS is not set: set it to a free host:port (or host:port+rank) or off, \
+         or call ProfilerBuilder::with_prometheus_at or without_prometheus"
+    )]
+    PrometheusDefaultBind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The Prometheus exporter failed to build.
     #[error("the Prometheus exporter failed to build: {0}")]
     Prometheus(String),

@@ -229,7 +229,7 @@ impl Recorder {
     /// let profiler = Profiler::builder()
     ///     .without_env()
     ///     .with_level(Level::Full)
-    ///     .with_prometheus(None)
+    ///     .without_prometheus()
     ///     .with_timing(Timing::Events)
     ///     .with_sim_stream(stream.clone())
     ///     .build()?;

@@ -91,4 +91,36 @@ pub(crate) struct Shared {
     pub(crate) graph_read_every: u64,
     /// Captured graphs, for the worker.
     pub(crate) graphs: graph::Registry,
+    /// The speculative level is off because nobody set it: the first round recorded says so
+    /// once on stderr (and clears this).
+    pub(crate) spec_off_hint: AtomicBool,
+}
+
+impl Shared {
+    /// A round was begun while the speculative level is off.
+    #[inline]
+    pub(crate) fn round_while_spec_off(&self) {
+        if self
+            .spec_off_hint
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.warn_spec_off();
+        }
+    }
+
+    #[cold]
+    fn warn_spec_off(&self) {
+        if self
+            .spec_off_hint
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            eprintln!(
+                "phasetrace: a speculative round was begun but {} is off (its default), so \
+                 rounds record nothing: set {}=phases or verify, or \
+                 ProfilerBuilder::with_spec_level (said once)",
+                crate::names::env::SPEC_LEVEL,
+                crate::names::env::SPEC_LEVEL
+            );
+        }
+    }
 }

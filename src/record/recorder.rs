@@ -56,9 +56,8 @@ impl RecorderOptions {
 /// this recorder's bounded buffer: no lock, no allocation, no waiting. A full buffer drops the
 /// mark and counts it under `phasetrace.records.dropped{reason="queue_full"}`.
 ///
-/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM): a section begin+end costs 0.4 ns
-/// off and 54 ns on with the host clock; a phase mark 27 ns; the worker drains 6.9 M sections/s.
-/// Details in `BENCHMARKS.md`.
+/// The measured costs of each call, off and on, beside the reference profiler's and a
+/// `tracing-opentelemetry` span, with the command and the machine: [`crate::benchmarks`].
 pub struct Recorder {
     shared: Arc<Shared>,
     lane: Arc<Lane>,
@@ -233,10 +232,10 @@ impl Recorder {
     /// `collectives` only collective and probe sections are recorded. A probe section
     /// (`reduce_attn_bar`) also feeds `phasetrace.collective.wait`.
     ///
-    /// Cost of a begin/end pair, measured (`cargo bench --bench hot_path`, `BENCHMARKS.md`, on a
-    /// 2-vCPU EPYC VM): off, one relaxed load, **0.4 ns**; on with the host clock, two clock
-    /// reads and two ring pushes, **54 ns** (the reference profiler's enabled path: 58 ns; one
-    /// `tracing-opentelemetry` span: 1.2 µs).
+    /// Cost of a begin/end pair: off, one relaxed load; on, two clock marks and two ring
+    /// pushes (with the host clock, about as much as the reference profiler's atomics and a
+    /// small fraction of a `tracing-opentelemetry` span). Measured figures:
+    /// [`crate::benchmarks`] (`cargo bench --bench hot_path`).
     #[inline]
     #[must_use = "the section ends when the guard is dropped"]
     pub fn section(
@@ -343,12 +342,14 @@ impl Recorder {
     /// Begins a speculative round that drafts `k` tokens. Mark each phase as it ends with
     /// [`RoundGuard::phase`], then [`RoundGuard::end`] with the accepted count.
     ///
-    /// Off (`PHASETRACE_SPEC_LEVEL` unset): one relaxed load; a whole disabled round (begin, a
-    /// phase mark, end) measured **1.3 ns**.
+    /// Off (`PHASETRACE_SPEC_LEVEL` off, its default): one relaxed load per call, and nothing is
+    /// recorded (the first such round says so once on stderr when the level was never set).
+    /// Measured: [`crate::benchmarks`].
     #[inline]
     #[must_use = "end the round with RoundGuard::end(accepted)"]
     pub fn round(&self, k: u32) -> RoundGuard<'_> {
         if self.spec_level() == SpecLevel::Off {
+            self.shared.round_while_spec_off();
             return RoundGuard { rec: None, seq: 0 };
         }
         let n = self.rounds.get();
@@ -448,7 +449,8 @@ pub struct RoundGuard<'a> {
 
 impl RoundGuard<'_> {
     /// Marks the end of `phase`: the time since the round began or since the previous phase mark
-    /// belongs to it. Skip phases that did not run. Measured: **27 ns** with the host clock.
+    /// belongs to it. Skip phases that did not run. One clock mark and one ring push; measured:
+    /// [`crate::benchmarks`].
     #[inline]
     pub fn phase(&self, phase: Phase) {
         if let Some(rec) = self.rec {

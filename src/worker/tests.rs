@@ -61,6 +61,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         tracing_parent: AtomicBool::new(false),
         graph_read_every: 1,
         graphs: Default::default(),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), true, 8);
@@ -433,6 +434,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         tracing_parent: AtomicBool::new(false),
         graph_read_every: 1,
         graphs: Default::default(),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
     let inst = Instruments::new(&provider.meter("test"), false, 8);

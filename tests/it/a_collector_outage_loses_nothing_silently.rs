@@ -13,7 +13,7 @@ fn profiler(endpoint: &str) -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(5)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_metric_export_interval(Duration::from_millis(300))
         .with_shutdown_timeout(Duration::from_secs(3))

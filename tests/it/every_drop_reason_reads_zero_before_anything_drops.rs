@@ -10,7 +10,7 @@ fn every_drop_reason_reads_zero_before_anything_drops() {
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let url = format!("http://{}/metrics", p.prometheus_addr().expect("endpoint"));

@@ -447,7 +447,7 @@ fn sections_inside_a_captured_graph_are_timed_at_every_replay() {
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_timing(Timing::Events)
         .with_clock(clock.clone())
         .build()

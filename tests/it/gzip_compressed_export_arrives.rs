@@ -146,7 +146,7 @@ fn run(endpoint: &str, protocol: Protocol) -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_otlp_protocol(protocol)
         .with_otlp_gzip(true)

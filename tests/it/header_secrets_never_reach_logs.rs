@@ -59,7 +59,7 @@ fn run(capture: &Capture, endpoint: &str, protocol: Protocol, path: Path) {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_otlp_protocol(protocol)
         .with_otlp_headers(vec![("x-api-key".into(), SECRET.into())])

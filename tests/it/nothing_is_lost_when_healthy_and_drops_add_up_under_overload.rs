@@ -16,7 +16,7 @@ fn a_million_sections_arrive_exactly() {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1000)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_metric_export_interval(Duration::from_millis(500))
         .build()
@@ -84,7 +84,7 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
         .with_level(Level::Full)
         .with_trace_every(0)
         .with_queue(1024)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let per_thread = 200_000u64;

@@ -115,7 +115,7 @@ fn run(endpoint: &str, ca: Option<&std::path::Path>, protocol: Protocol) -> Prof
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_otlp_headers(vec![("x-api-key".into(), "topsecret".into())])
         .with_shutdown_timeout(Duration::from_secs(3));
@@ -190,7 +190,7 @@ fn a_missing_ca_file_is_a_clear_error() {
     let err = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some("https://localhost:4317"))
         .with_otlp_certificate("/nonexistent/ca.pem")
         .build()

@@ -105,7 +105,7 @@ fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
         .with_timing(Timing::Host)
         .with_clock(Arc::new(ScriptedClock { now: now.clone() }))
         .with_trace_every(0)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("building the profiler");
     let addr = profiler

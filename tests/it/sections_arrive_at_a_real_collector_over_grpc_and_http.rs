@@ -65,7 +65,7 @@ fn profiler(endpoint: String, protocol: Protocol, service: &str) -> Profiler {
         .with_trace_every(TRACE_EVERY)
         .with_rank(RANK)
         .with_service_name(service)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&endpoint))
         .with_otlp_protocol(protocol)
         .with_metric_export_interval(Duration::from_millis(500))

@@ -85,7 +85,7 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
         .with_level(Level::Off)
         .with_spec_level(SpecLevel::VerifySplit)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_service_name("spec-e2e")
         .with_spec_k_max(4)
@@ -182,7 +182,7 @@ fn prometheus_computes_the_verify_share_and_acceptance_rate() {
         .with_level(Level::Off)
         .with_spec_level(SpecLevel::Phases)
         .with_trace_every(0)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let addr = p.prometheus_addr().expect("prometheus endpoint");

@@ -24,7 +24,7 @@ fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
         .with_level(Level::Full)
         .with_trace_every(1)
         .with_service_name("tracing-bridge")
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .build()
         .expect("building the profiler");
@@ -111,7 +111,7 @@ fn without_a_traces_exporter_there_is_no_layer() {
     let profiler = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .build()
         .unwrap();
     let layer = profiler.tracing_layer::<tracing_subscriber::Registry>();

@@ -48,12 +48,18 @@ fn bad_flags_are_usage_errors() {
             &["demo", "--level", "9"],
             "off, 0, full, 1, collectives or 2",
         ),
-        (&["demo", "--spec-level", "3"], "expected off, 0, 1 or 2"),
+        (
+            &["demo", "--spec-level", "3"],
+            "expected off, 0, phases, 1, verify or 2",
+        ),
         (
             &["check", "--otlp-protocol", "http/json"],
             "grpc or http/protobuf",
         ),
-        (&["check", "--expert-counter", "maybe"], "on or off"),
+        (
+            &["check", "--expert-counter", "maybe"],
+            "expected on, off, true, false, 1 or 0",
+        ),
         (&["demo", "--steps", "many"], "--steps"),
         (&["demo", "--no-such-flag"], "--no-such-flag"),
         (&["frobnicate"], "frobnicate"),
@@ -286,6 +292,40 @@ fn header_values_are_never_printed() {
     );
     assert!(!run.all().contains("topsecret"), "{run}");
     assert_no_panic(&run);
+}
+
+#[test]
+fn a_taken_default_port_is_reported_as_the_built_in_default() {
+    // Hold the default port (or find it held by another process: taken either way).
+    let _held = TcpListener::bind("127.0.0.1:9464");
+    let run = phasetrace(
+        &["demo", "--steps", "1", "--ranks", "1", "--layers", "1"],
+        &[],
+        RUN,
+    );
+    assert_eq!(run.code, Some(1), "{run}");
+    assert!(
+        run.stderr
+            .contains("the built-in default Prometheus endpoint 127.0.0.1:9464 cannot listen"),
+        "{run}"
+    );
+    assert!(
+        run.stderr.contains("PHASETRACE_PROMETHEUS is not set"),
+        "{run}"
+    );
+    assert!(
+        !run.stderr.contains("PHASETRACE_PROMETHEUS=127.0.0.1:9464"),
+        "{run}"
+    );
+    assert_no_panic(&run);
+    let check = phasetrace(&["check"], &[], RUN);
+    assert_eq!(check.code, Some(4), "{check}");
+    assert!(
+        check
+            .stdout
+            .contains("FAIL  Prometheus: the built-in default Prometheus endpoint 127.0.0.1:9464"),
+        "{check}"
+    );
 }
 
 #[test]
