@@ -367,7 +367,7 @@ pub static TRACE_EVERY: Setting<u64> = Setting {
 pub static GRAPH_READ_EVERY: Setting<u64> = Setting {
     var: env::GRAPH_READ_EVERY,
     fallbacks: &[],
-    flag: None,
+    flag: Some("graph-read-every"),
     doc: "Read one CUDA-graph replay in N (Recorder::replay)",
     expected: "a whole number of replays (1 = every replay, 0 = none)",
     example: "10",
