@@ -482,6 +482,8 @@ pub struct Config {
     pub queue: usize,
     /// This process's rank.
     pub rank: u32,
+    /// The collective group of this process's ranks (the `group` attribute).
+    pub group: String,
     /// The opt-in per-(layer, expert) token counter.
     pub expert_counter: bool,
     /// Timing backend.
@@ -770,6 +772,7 @@ impl ConfigBuilder {
         let prometheus = src.get(&s::PROMETHEUS)?;
         let queue = src.value(&s::QUEUE)?;
         let rank = src.value(&s::RANK)?;
+        let group = src.value(&s::GROUP)?;
         let expert_counter = src.value(&s::EXPERT_COUNTER)?;
         let timing = src.value(&s::TIMING)?;
         let service_name = src.value(&s::SERVICE_NAME)?;
@@ -847,6 +850,7 @@ impl ConfigBuilder {
             prometheus,
             queue,
             rank,
+            group,
             expert_counter,
             timing,
             sdk_disabled,
@@ -894,6 +898,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.queue, 65_536);
         assert_eq!(c.rank, 0);
+        assert_eq!(c.group, "default");
         assert_eq!(c.timing, Timing::Host);
         assert_eq!(c.service_name, "phasetrace");
         assert!(c.otlp.is_none());
@@ -913,6 +918,7 @@ mod tests {
             ("PHASETRACE_PROMETHEUS", "127.0.0.1:9999"),
             ("PHASETRACE_QUEUE", "1024"),
             ("PHASETRACE_RANK", "3"),
+            ("PHASETRACE_GROUP", "tp-1.node:a_b"),
             ("PHASETRACE_EXPERT_COUNTER", "on"),
             ("PHASETRACE_TIMING", "events"),
             ("OTEL_SERVICE_NAME", "engine"),
@@ -943,6 +949,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.queue, 1024);
         assert_eq!(c.rank, 3);
+        assert_eq!(c.group, "tp-1.node:a_b");
         assert!(c.expert_counter);
         assert_eq!(c.timing, Timing::Events);
         assert_eq!(c.service_name, "engine");
@@ -982,6 +989,8 @@ mod tests {
             ("PHASETRACE_QUEUE", "10", "64 to 16777216"),
             ("PHASETRACE_RANK", "first", "whole number"),
             ("RANK", "-2", "whole number"),
+            ("PHASETRACE_GROUP", "tp 0", "letters, digits"),
+            ("PHASETRACE_GROUP", "tp/0", "letters, digits"),
             ("PHASETRACE_EXPERT_COUNTER", "2", "on, off"),
             ("PHASETRACE_TIMING", "gpu", "host, sync or events"),
             ("OTEL_SDK_DISABLED", "yes", "true or false"),
@@ -1040,10 +1049,21 @@ mod tests {
         let mut b = ConfigBuilder::default();
         b.set(&settings::LEVEL, Level::Full);
         b.set(&settings::RANK, 7);
-        let c = resolve(&b, &[("PHASETRACE_LEVEL", "2"), ("PHASETRACE_RANK", "1")]).unwrap();
+        b.set(&settings::GROUP, "tp1".to_owned());
+        let c = resolve(
+            &b,
+            &[
+                ("PHASETRACE_LEVEL", "2"),
+                ("PHASETRACE_RANK", "1"),
+                ("PHASETRACE_GROUP", "tp0"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.level, Level::Full);
         assert_eq!(c.rank, 7);
+        assert_eq!(c.group, "tp1");
         assert_eq!(c.origins.get("PHASETRACE_LEVEL"), Some(&Origin::Code));
+        assert_eq!(c.origins.get("PHASETRACE_GROUP"), Some(&Origin::Code));
     }
 
     #[test]

@@ -5,12 +5,19 @@
 //! the Prometheus spelling is the OTel name with dots turned into underscores, the unit appended
 //! (`_seconds`) and `_total` on counters.
 
-/// Metric names and units.
+/// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
+/// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
     /// Histogram of one section's duration, attributes `bucket`, `layer`, `site`, `rank`.
     pub const SECTION_DURATION: &str = "phasetrace.section.duration";
-    /// Histogram of one decode step (token), attribute `rank`.
+    /// Histogram of one decode step (token), attributes `rank`, `group`.
     pub const STEP_DURATION: &str = "phasetrace.step.duration";
+    /// Histogram of the time one decode step spent waiting at collective rendezvous probes (the
+    /// sum over the step's probe sections and reported waits), attributes `rank`, `group`.
+    /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
+    /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
+    /// it costs one histogram per rank whatever the model's depth.
+    pub const STEP_COLLECTIVE_WAIT: &str = "phasetrace.step.collective_wait";
     /// Counter of decode steps, attribute `rank`.
     pub const STEPS: &str = "phasetrace.steps";
     /// Histogram of the time a rank waited at a collective's rendezvous probe: its arrival skew.
@@ -60,6 +67,9 @@ pub mod attr {
     pub const SITE: &str = "site";
     /// Rank of the process or thread in the tensor-parallel group.
     pub const RANK: &str = "rank";
+    /// The collective group a rank belongs to (on every series and span): ranks are compared
+    /// only within their group.
+    pub const GROUP: &str = "group";
     /// MoE expert id.
     pub const EXPERT: &str = "expert";
     /// Why a record was dropped.
@@ -204,6 +214,8 @@ pub mod env {
     pub const QUEUE: &str = "PHASETRACE_QUEUE";
     /// This process's rank.
     pub const RANK: &str = "PHASETRACE_RANK";
+    /// The collective group of this process's ranks (the `group` attribute).
+    pub const GROUP: &str = "PHASETRACE_GROUP";
     /// `on`/`off`: the per-(layer, expert) token counter.
     pub const EXPERT_COUNTER: &str = "PHASETRACE_EXPERT_COUNTER";
     /// `host`, `sync` or `events`.
@@ -249,6 +261,8 @@ pub mod default {
     /// Per-thread buffer capacity in records (24 bytes each: 1.5 MiB a thread; rounded up to a
     /// power of two).
     pub const QUEUE: usize = 65_536;
+    /// The `group` attribute when `PHASETRACE_GROUP` is unset.
+    pub const GROUP: &str = "default";
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;
     /// Read every CUDA-graph replay.

@@ -169,6 +169,15 @@ impl ProfilerBuilder {
         self
     }
 
+    /// The collective group of this process's ranks: the `group` attribute on every series and
+    /// span, so rules and dashboards compare ranks only within their group (two tensor-parallel
+    /// groups of one job both have ranks 0..N). Letters, digits, `_`, `-`, `.`, `:`, at most 64
+    /// bytes. Env: `PHASETRACE_GROUP`; default `default`.
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.cfg.set(&settings::GROUP, group.into());
+        self
+    }
+
     /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
         self.cfg.set(&settings::EXPERT_COUNTER, on);
@@ -413,7 +422,14 @@ impl Start {
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
+            .map(|p| {
+                Instruments::new(
+                    &p.meter("phasetrace"),
+                    cfg.layer_attr,
+                    self.k_max,
+                    &cfg.group,
+                )
+            })
             .collect();
         let tracer = (cfg.trace_every > 0)
             .then(|| {
@@ -430,6 +446,7 @@ impl Start {
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
+            &cfg.group,
         );
         let worker = Worker::start(pipeline, self.drain_interval)
             .map_err(|e| Error::Export(ExportError::Thread(e)))?;

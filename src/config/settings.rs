@@ -478,6 +478,34 @@ pub static RANK: Setting<u32> = Setting {
     get: |c| Some(c.rank),
 };
 
+/// The collective group of this process's ranks: the `group` attribute on every series and
+/// span, so that ranks are compared only within their group.
+pub static GROUP: Setting<String> = Setting {
+    var: env::GROUP,
+    fallbacks: &[],
+    flag: Some("group"),
+    doc: "The collective group of this process's ranks (the group attribute on every series and span)",
+    expected: "a group name of letters, digits, '_', '-', '.' or ':' (at most 64 bytes)",
+    example: "tp1",
+    default_note: "",
+    secret: false,
+    default: || default::GROUP.to_owned(),
+    // A label value that rules and dashboards can match verbatim.
+    parse: |s| {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+        if ok {
+            Ok(s.to_owned())
+        } else {
+            Err(String::new())
+        }
+    },
+    show: |s| Some(s.clone()),
+    get: |c| Some(c.group.clone()),
+};
+
 /// The per-(layer, expert) token counter.
 pub static EXPERT_COUNTER: Setting<bool> = Setting {
     var: env::EXPERT_COUNTER,
@@ -752,6 +780,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &PROMETHEUS,
     &QUEUE,
     &RANK,
+    &GROUP,
     &EXPERT_COUNTER,
     &TIMING,
     &SDK_DISABLED,

@@ -11,6 +11,7 @@ pub(crate) struct Instruments {
     step: Histogram<f64>,
     steps: Counter<u64>,
     wait: Histogram<f64>,
+    step_wait: Histogram<f64>,
     expert_tokens: Counter<u64>,
     dropped: Counter<u64>,
     phase: Histogram<f64>,
@@ -20,6 +21,8 @@ pub(crate) struct Instruments {
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
     layer_attr: bool,
+    /// `group` on every series: shared, so that cloning it per record never allocates.
+    group: KeyValue,
     /// Every measurement, for unit tests of the pipeline.
     #[cfg(test)]
     pub(crate) log: std::sync::Mutex<Vec<Measurement>>,
@@ -46,7 +49,7 @@ impl Instruments {
     #[inline]
     fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
 
-    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32) -> Instruments {
+    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32, group: &str) -> Instruments {
         let dur = |name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -60,9 +63,16 @@ impl Instruments {
             .with_unit(metric::UNIT_RECORDS)
             .with_description("Records dropped, by reason")
             .build();
+        let group = KeyValue::new(
+            attr::GROUP,
+            opentelemetry::StringValue::from(std::sync::Arc::<str>::from(group)),
+        );
         // Every reason has a series from the start, so that `rate()` reads 0, not "no data".
         for reason in DropReason::ALL {
-            dropped.add(0, &[KeyValue::new(attr::REASON, reason.as_str())]);
+            dropped.add(
+                0,
+                &[KeyValue::new(attr::REASON, reason.as_str()), group.clone()],
+            );
         }
         Instruments {
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
@@ -75,6 +85,10 @@ impl Instruments {
             wait: dur(
                 metric::COLLECTIVE_WAIT,
                 "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
+            ),
+            step_wait: dur(
+                metric::STEP_COLLECTIVE_WAIT,
+                "Time one decode step of this rank spent waiting at collective rendezvous probes",
             ),
             expert_tokens: meter
                 .u64_counter(metric::MOE_EXPERT_TOKENS)
@@ -112,6 +126,7 @@ impl Instruments {
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             layer_attr,
+            group,
             #[cfg(test)]
             log: std::sync::Mutex::new(Vec::new()),
         }
@@ -122,13 +137,14 @@ impl Instruments {
     }
 
     pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 4] = [
+        let mut kv: [KeyValue; 5] = [
             KeyValue::new(attr::BUCKET, s.as_str()),
             Self::rank(rank),
+            self.group.clone(),
             KeyValue::new(attr::RANK, 0),
             KeyValue::new(attr::RANK, 0),
         ];
-        let mut n = 2;
+        let mut n = 3;
         if let (true, Some(l)) = (self.layer_attr, layer.get()) {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
@@ -142,17 +158,20 @@ impl Instruments {
     }
 
     pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 3] = [
+        let mut kv: [KeyValue; 4] = [
             Self::rank(rank),
+            self.group.clone(),
             KeyValue::new(attr::RANK, 0),
             KeyValue::new(attr::RANK, 0),
         ];
-        let mut n = 1;
+        let mut n = 2;
         if let Some(site) = site.as_str() {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
-        if let Some(l) = layer.get() {
+        // Per-layer waits cost sites x layers series per rank: PHASETRACE_LAYER_ATTR=off folds
+        // them, as for sections (the straggler signal is per step and needs neither).
+        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
         }
@@ -160,17 +179,21 @@ impl Instruments {
         self.wait.record(secs, &kv[..n]);
     }
 
-    pub(crate) fn step(&self, rank: u32, secs: f64) {
-        let kv = [Self::rank(rank)];
+    /// One decode step: its duration and the time it spent waiting at rendezvous probes.
+    pub(crate) fn step(&self, rank: u32, secs: f64, wait_secs: f64) {
+        let kv = [Self::rank(rank), self.group.clone()];
         self.note(metric::STEP_DURATION, &kv, secs);
         self.step.record(secs, &kv);
         self.steps.add(1, &kv);
+        self.note(metric::STEP_COLLECTIVE_WAIT, &kv, wait_secs);
+        self.step_wait.record(wait_secs, &kv);
     }
 
     pub(crate) fn expert(&self, layer: Layer, expert: u16) {
         let kv = [
             KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
             KeyValue::new(attr::EXPERT, i64::from(expert)),
+            self.group.clone(),
         ];
         self.note(metric::MOE_EXPERT_TOKENS, &kv, 1.0);
         self.expert_tokens.add(1, &kv);
@@ -179,26 +202,37 @@ impl Instruments {
     /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.
     pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
-            let kv = [KeyValue::new(attr::REASON, reason.as_str())];
+            let kv = [
+                KeyValue::new(attr::REASON, reason.as_str()),
+                self.group.clone(),
+            ];
             self.note(metric::RECORDS_DROPPED, &kv, n as f64);
             self.dropped.add(n, &kv);
         }
     }
 
     pub(crate) fn phase(&self, phase: Phase, rank: u32, secs: f64) {
-        let kv = [KeyValue::new(attr::PHASE, phase.as_str()), Self::rank(rank)];
+        let kv = [
+            KeyValue::new(attr::PHASE, phase.as_str()),
+            Self::rank(rank),
+            self.group.clone(),
+        ];
         self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
         self.phase.record(secs, &kv);
     }
 
     pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
-        let kv = [KeyValue::new(attr::PART, part), Self::rank(rank)];
+        let kv = [
+            KeyValue::new(attr::PART, part),
+            Self::rank(rank),
+            self.group.clone(),
+        ];
         self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
         self.part.record(secs, &kv);
     }
 
     pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
-        let kv = [Self::rank(rank)];
+        let kv = [Self::rank(rank), self.group.clone()];
         self.rounds.add(1, &kv);
         self.note(metric::SPEC_ROUNDS, &kv, 1.0);
         if let Some(a) = accepted {

@@ -60,6 +60,8 @@ pub(crate) struct Pipeline {
     span_failed_seen: u64,
     /// A lane waits for a graph replay's end fence (see [`pair::LaneState::awaiting_replay`]).
     awaiting_replay: bool,
+    /// `group` on every span.
+    group: opentelemetry::KeyValue,
 }
 
 impl Pipeline {
@@ -70,6 +72,7 @@ impl Pipeline {
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
+        group: &str,
     ) -> Pipeline {
         let expert_counter = shared.expert_counter;
         Pipeline {
@@ -90,6 +93,10 @@ impl Pipeline {
             span_counts,
             span_failed_seen: 0,
             awaiting_replay: false,
+            group: opentelemetry::KeyValue::new(
+                crate::names::attr::GROUP,
+                opentelemetry::StringValue::from(Arc::<str>::from(group)),
+            ),
         }
     }
 
@@ -113,6 +120,7 @@ impl Pipeline {
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
             graphs: &self.shared.graphs,
+            group: &self.group,
         };
         self.awaiting_replay = false;
         for lane in &mut self.lanes {
@@ -219,6 +227,7 @@ impl Pipeline {
                     accepted: r.accepted,
                     start: r.round.start,
                     end: r.end,
+                    group: &self.group,
                 },
             ) as u64;
         }

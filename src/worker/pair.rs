@@ -31,6 +31,8 @@ struct Open {
 struct OpenStep {
     start: u64,
     number: u64,
+    /// Time spent at rendezvous probes (and reported waits) so far in this step.
+    wait_ns: u64,
     /// Sections open when the step began; deeper ones left open at its end are stale.
     depth: usize,
     trace: Option<StepTrace>,
@@ -154,6 +156,8 @@ pub(crate) struct Sinks<'a> {
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
     pub(crate) graphs: &'a crate::record::graph::Registry,
+    /// `group` on every span.
+    pub(crate) group: &'a opentelemetry::KeyValue,
 }
 
 impl Sinks<'_> {
@@ -357,6 +361,7 @@ impl LaneState {
                 self.step = Some(OpenStep {
                     start: t,
                     number: self.steps - 1,
+                    wait_ns: 0,
                     depth: self.stack.len(),
                     trace: sampled.then(|| StepTrace {
                         parent,
@@ -377,7 +382,7 @@ impl LaneState {
                 }
                 let ns = t.saturating_sub(step.start);
                 for inst in s.inst {
-                    inst.step(rank, ns as f64 * 1e-9);
+                    inst.step(rank, ns as f64 * 1e-9, step.wait_ns as f64 * 1e-9);
                 }
                 s.stats.steps += 1;
                 s.tally.step(rank, ns);
@@ -392,6 +397,7 @@ impl LaneState {
                         step.start,
                         t,
                         self.lane.clock.timing(),
+                        s.group,
                     ) as u64;
                 }
             }
@@ -443,11 +449,15 @@ impl LaneState {
                 };
                 let ns = t.saturating_sub(open.start);
                 let secs = ns as f64 * 1e-9;
+                let probe = open.section.kind() == SectionKind::Probe;
                 for inst in s.inst {
                     inst.section(open.section, open.layer, open.site, rank, secs);
-                    if open.section.kind() == SectionKind::Probe {
+                    if probe {
                         inst.wait(open.site, open.layer, rank, secs);
                     }
+                }
+                if let (true, Some(step)) = (probe, self.step.as_mut()) {
+                    step.wait_ns += ns;
                 }
                 s.stats.sections += 1;
                 s.tally.add(open.section, ns, !self.stack.is_empty());
@@ -460,6 +470,9 @@ impl LaneState {
                 }
             }
             MarkKind::Wait => {
+                if let Some(step) = self.step.as_mut() {
+                    step.wait_ns += m.wait_ns();
+                }
                 for inst in s.inst {
                     inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
                 }

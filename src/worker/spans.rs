@@ -79,8 +79,10 @@ fn child(
     parent: &Context,
     name: &'static str,
     start: u64,
-    attrs: Vec<KeyValue>,
+    mut attrs: Vec<KeyValue>,
+    group: &KeyValue,
 ) -> Context {
+    attrs.push(group.clone());
     let s = tracer
         .span_builder(name)
         .with_start_time(to_system_time(start))
@@ -107,6 +109,7 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
 }
 
 /// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_step(
     tracer: &SdkTracer,
     trace: &StepTrace,
@@ -115,6 +118,7 @@ pub(crate) fn build_step(
     start: u64,
     stop: u64,
     timing: Timing,
+    group: &KeyValue,
 ) -> usize {
     let root = child(
         tracer,
@@ -126,6 +130,7 @@ pub(crate) fn build_step(
             KeyValue::new(attr::STEP, step as i64),
             KeyValue::new(attr::TIMING, timing.as_str()),
         ],
+        group,
     );
     let mut built = 1;
     for route in &trace.routes {
@@ -170,6 +175,7 @@ pub(crate) fn build_step(
                 span::LAYER,
                 l.start,
                 vec![KeyValue::new(attr::LAYER, i64::from(l.what.0))],
+                group,
             );
             (l.what, cx, l.end)
         })
@@ -200,7 +206,7 @@ pub(crate) fn build_step(
         if let Some(site) = s.site.as_str() {
             attrs.push(KeyValue::new(attr::SITE, site));
         }
-        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs);
+        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs, group);
         cxs.push(Some(cx.clone()));
         // Ended after its children are started; children end themselves below.
         let _ = end_ns;
@@ -234,6 +240,8 @@ pub(crate) struct RoundSpans<'a> {
     pub(crate) accepted: Option<u32>,
     pub(crate) start: u64,
     pub(crate) end: u64,
+    /// `group` on every span of the round.
+    pub(crate) group: &'a KeyValue,
 }
 
 /// Builds `spec.round -> phase -> part` spans; returns how many spans were built.
@@ -245,7 +253,14 @@ pub(crate) fn build_round(tracer: &SdkTracer, round: &RoundSpans<'_>) -> usize {
     if let Some(a) = round.accepted {
         attrs.push(KeyValue::new(attr::ACCEPTED, i64::from(a)));
     }
-    let root = child(tracer, &Context::new(), span::ROUND, round.start, attrs);
+    let root = child(
+        tracer,
+        &Context::new(),
+        span::ROUND,
+        round.start,
+        attrs,
+        round.group,
+    );
     let mut built = 1;
     for phase in round.phases {
         let name = phase.what.as_str();
@@ -255,6 +270,7 @@ pub(crate) fn build_round(tracer: &SdkTracer, round: &RoundSpans<'_>) -> usize {
             name,
             phase.start,
             vec![KeyValue::new(attr::PHASE, name)],
+            round.group,
         );
         built += 1;
         if phase.what == Phase::Verify {
@@ -266,6 +282,7 @@ pub(crate) fn build_round(tracer: &SdkTracer, round: &RoundSpans<'_>) -> usize {
                     name,
                     part.start,
                     vec![KeyValue::new(attr::PART, name)],
+                    round.group,
                 );
                 end(&p, part.end);
                 built += 1;

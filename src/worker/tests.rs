@@ -64,8 +64,16 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), true, 8);
-    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let inst = Instruments::new(&provider.meter("test"), true, 8, "tp0");
+    let p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        "tp0",
+    );
     (shared, p)
 }
 
@@ -437,8 +445,16 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), false, 8);
-    let mut p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let inst = Instruments::new(&provider.meter("test"), false, 8, "tp0");
+    let mut p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        "tp0",
+    );
     let r = rec(&shared);
     {
         let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
@@ -447,10 +463,80 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     let section = values(&p, crate::names::metric::SECTION_DURATION);
     assert_eq!(attr(&section[0].1, "layer"), None);
     assert_eq!(attr(&section[0].1, "bucket"), Some("reduce_attn_bar"));
+    // Per-layer waits fold too (sites x layers series per rank otherwise); the per-step wait
+    // total, which the straggler alert reads, never had a layer.
     let wait = values(&p, crate::names::metric::COLLECTIVE_WAIT);
-    assert_eq!(
-        attr(&wait[0].1, "layer"),
-        Some("7"),
-        "the skew histogram keeps its layer"
-    );
+    assert_eq!(attr(&wait[0].1, "layer"), None);
+    assert_eq!(attr(&wait[0].1, "site"), Some("attn"));
+}
+
+#[test]
+fn each_step_records_its_total_rendezvous_wait_beside_its_duration() {
+    // step 1 [0, 1000us]: attn probe [100, 400] (300 us), a compute section [400, 500], mlp
+    // probe [500, 550] (50 us), plus a reported wait of 25 us. step 2 [2000, 2100]: no probe.
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        400 * US,
+        400 * US,
+        500 * US,
+        500 * US,
+        550 * US,
+        1000 * US,
+        2000 * US,
+        2100 * US,
+    ]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        {
+            let _b = r.section(Section::REDUCE_ATTN_BAR, 0u32, Site::ATTN);
+        }
+        {
+            let _c = r.section(Section::MOE_EXPERTS, 0u32, Site::MLP);
+        }
+        {
+            let _b = r.section(Section::REDUCE_MLP_BAR, 0u32, Site::MLP);
+        }
+        r.collective_wait(Site::MLP, 1u32, std::time::Duration::from_micros(25));
+    }
+    {
+        let _step = r.step();
+    }
+    p.flush();
+    let waits = values(&p, crate::names::metric::STEP_COLLECTIVE_WAIT);
+    let got: Vec<f64> = waits.iter().map(|(v, _)| (v * 1e6).round()).collect();
+    // The step without a probe records a zero wait: the count is the step count, so the wait
+    // share (wait sum / step duration sum) is never biased by the steps that did not wait.
+    assert_eq!(got, vec![375.0, 0.0]);
+    for (_, a) in &waits {
+        assert_eq!(attr(a, "rank"), Some("3"));
+        assert_eq!(attr(a, "group"), Some("tp0"));
+        assert_eq!(attr(a, "layer"), None, "a per-step total has no layer");
+        assert_eq!(attr(a, "site"), None);
+    }
+    assert_eq!(values(&p, crate::names::metric::STEP_DURATION).len(), 2);
+}
+
+#[test]
+fn every_measurement_carries_the_group() {
+    let clock = Script::new(&[0, 10 * US, 20 * US, 30 * US]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _b = r.section(Section::REDUCE_ATTN_BAR, 2u32, Site::ATTN);
+    }
+    r.moe_route(2u32, &[1, 2]);
+    p.flush();
+    let log = p.inst[0].log.lock().unwrap();
+    assert!(log.len() >= 5, "{log:?}");
+    for (name, a, _) in log.iter() {
+        assert_eq!(
+            attr(a, "group"),
+            Some("tp0"),
+            "{name} without its group: {a:?}"
+        );
+    }
 }

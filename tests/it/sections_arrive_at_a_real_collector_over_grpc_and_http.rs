@@ -19,6 +19,8 @@ const LAYERS: u32 = 2;
 const TRACE_EVERY: u64 = 2;
 const SAMPLED: [u64; 2] = [0, 2];
 const RANK: u32 = 3;
+/// The collective group: on every span and series.
+const GROUP: &str = "tp-a";
 /// Routed expert ids per layer: five ids travel as two records and arrive as one event.
 const EXPERTS: [u32; 5] = [3, 17, 42, 101, 7];
 /// Sections per layer in [`drive`].
@@ -64,6 +66,7 @@ fn profiler(endpoint: String, protocol: Protocol, service: &str) -> Profiler {
         .with_level(Level::Full)
         .with_trace_every(TRACE_EVERY)
         .with_rank(RANK)
+        .with_group(GROUP)
         .with_service_name(service)
         .without_prometheus()
         .with_otlp_endpoint(Some(&endpoint))
@@ -135,6 +138,7 @@ fn assert_section(
         (attr::LAYER, layer.to_string()),
         (attr::SITE, site.to_string()),
         (attr::RANK, RANK.to_string()),
+        (attr::GROUP, GROUP.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -168,6 +172,7 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
         assert_eq!(step.attr(attr::STEP), Some(number.to_string().as_str()));
         assert_eq!(step.attr(attr::RANK), Some(RANK.to_string().as_str()));
         assert_eq!(step.attr(attr::TIMING), Some("host"));
+        assert_eq!(step.attr(attr::GROUP), Some(GROUP));
         assert_eq!(
             step.resource.get("service.name").map(String::as_str),
             Some(service)
@@ -234,6 +239,7 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 layer_span.attr(attr::LAYER),
                 Some(layer.to_string().as_str())
             );
+            assert_eq!(layer_span.attr(attr::GROUP), Some(GROUP));
             assert_within(step, layer_span);
             let mixer = assert_section(&p, layer_span, "kda_mixer", layer, "attn");
             assert_section(&p, layer_span, "reduce_attn_bar", layer, "attn");
@@ -277,11 +283,12 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 (attr::LAYER, layer.as_str()),
                 (attr::SITE, site),
                 (attr::RANK, "3"),
+                (attr::GROUP, GROUP),
             ];
             let pt = sections
                 .point(&labels)
                 .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
-            assert_eq!(pt.attributes.len(), 4, "{pt:#?}");
+            assert_eq!(pt.attributes.len(), 5, "{pt:#?}");
             assert_eq!(pt.count, Some(STEPS), "{labels:?}: {pt:#?}");
             assert_eq!(pt.explicit_bounds, bounds);
             assert_eq!(pt.bucket_counts.iter().sum::<u64>(), STEPS, "{pt:#?}");
@@ -330,6 +337,21 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
     }
     let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
     assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));
+
+    // The per-step wait total: one point per step, summing every probe and explicit wait.
+    let pt = p
+        .latest_point(
+            metric::STEP_COLLECTIVE_WAIT,
+            &[(attr::RANK, "3"), (attr::GROUP, GROUP)],
+        )
+        .unwrap_or_else(|| panic!("no per-step wait; {}", context()));
+    assert_eq!(pt.count, Some(STEPS), "{pt:#?}");
+    let per_probe: f64 = waits.points.iter().filter_map(|pt| pt.sum).sum();
+    let per_step = pt.sum.unwrap_or(f64::NAN);
+    assert!(
+        (per_step - per_probe).abs() <= 1e-9 * per_probe.max(1e-9),
+        "per-step wait total {per_step} != the probes' {per_probe}"
+    );
 
     // Nothing was dropped, and every reason has its series, at 0, from the start.
     let dropped = p

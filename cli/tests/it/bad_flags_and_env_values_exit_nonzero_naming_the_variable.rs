@@ -62,6 +62,13 @@ fn bad_flags_are_usage_errors() {
         ),
         (&["demo", "--steps", "many"], "--steps"),
         (&["demo", "--no-such-flag"], "--no-such-flag"),
+        // Only this rank of the group runs here: it needs the address to meet the others at.
+        (&["demo", "--rank", "1"], "--rendezvous"),
+        (&["demo", "--rendezvous", "127.0.0.1:29500"], "--rank"),
+        (
+            &["demo", "--group", "a/b"],
+            "expected a group name of letters, digits",
+        ),
         (&["frobnicate"], "frobnicate"),
         (&[], "Usage"),
     ];
@@ -126,6 +133,11 @@ fn bad_environment_values_are_configuration_errors_naming_variable_value_and_acc
             "PHASETRACE_TIMING",
             "gpu",
             "PHASETRACE_TIMING=\"gpu\": expected host, sync or events",
+        ),
+        (
+            "PHASETRACE_GROUP",
+            "tp 0",
+            "PHASETRACE_GROUP=\"tp 0\": expected a group name of letters, digits, '_', '-', '.' or ':' (at most 64 bytes)",
         ),
     ];
     // The demo without `--prometheus off`, which would hide a bad PHASETRACE_PROMETHEUS.
@@ -232,6 +244,21 @@ fn other_bad_demo_numbers_are_configuration_errors() {
         (
             &["--duration", "0"],
             "--duration 0: expected a positive number",
+        ),
+        (
+            &["--rank", "1", "--rendezvous", "127.0.0.1:1"],
+            "--rank 1: expected a rank below --ranks 1",
+        ),
+        (
+            &[
+                "--rank",
+                "0",
+                "--rendezvous",
+                "127.0.0.1:1",
+                "--rendezvous-timeout",
+                "0",
+            ],
+            "--rendezvous-timeout 0: expected a positive number of seconds",
         ),
     ];
     for (extra, message) in cases {

@@ -13,3 +13,4 @@ mod console_exporters_need_no_infrastructure;
 mod imported_logs_reach_a_collector_and_backfill_into_prometheus;
 mod the_demo_reaches_a_collector_and_prometheus;
 mod the_demo_times_simulated_kernels_by_the_timing_setting;
+mod the_straggler_alert_names_the_rank_its_group_waits_for;
