@@ -5,6 +5,8 @@
 //!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
+//! - `graph/*`: one `Recorder::replay` guard around a CUDA-graph launch (simulated stream, event
+//!   clock): off, a replay the read-every setting skips, a replay that is read (two fences).
 //!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
@@ -222,5 +224,64 @@ fn worker(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, section, spec, worker);
+/// The replay guard around a launch of a graph of 8 captured sections (the launch itself, the
+/// engine's cost, is not timed).
+fn graph(c: &mut Criterion) {
+    use phasetrace::Timing;
+    use phasetrace::timing::sim::{SimEventClock, SimStream};
+    use std::sync::Arc;
+    let mut g = c.benchmark_group("graph");
+    g.throughput(Throughput::Elements(1));
+    for (name, level, read_every) in [
+        ("replay_off", Level::Off, 1),
+        ("replay_not_read", Level::Full, u64::MAX),
+        ("replay_read", Level::Full, 1),
+    ] {
+        let stream = SimStream::new();
+        let p = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .without_prometheus()
+            .with_trace_every(0)
+            .with_queue(1 << 20)
+            .with_timing(Timing::Events)
+            .with_clock(Arc::new(SimEventClock::new(stream.clone())))
+            .with_graph_read_every(read_every)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler");
+        let rec = p.recorder();
+        stream.begin_capture().expect("capture");
+        let capture = rec.begin_capture();
+        for layer in 0..8u32 {
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        let _graph = stream.end_capture().expect("graph");
+        let handle = capture.finish();
+        p.set_level(level).expect("level");
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(BATCH);
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        let r = rec.replay(black_box(&handle));
+                        r.end();
+                    }
+                    total += t.elapsed();
+                    p.drain();
+                    left -= n;
+                }
+                total
+            })
+        });
+        drop(handle);
+        p.shutdown();
+    }
+    g.finish();
+}
+
+criterion_group!(benches, section, spec, worker, graph);
 criterion_main!(benches);

@@ -468,6 +468,8 @@ pub struct Config {
     pub spec_level: SpecLevel,
     /// Build spans for one step (and round) in N; 0 = never.
     pub trace_every: u64,
+    /// Read one CUDA-graph replay in N; 0 = never.
+    pub graph_read_every: u64,
     /// The `layer` attribute on section metrics.
     pub layer_attr: bool,
     /// Console summary every N steps; 0 = off.
@@ -765,6 +767,7 @@ impl ConfigBuilder {
         let spec_level = src.value(&s::SPEC_LEVEL)?;
         let sdk_disabled = src.value(&s::SDK_DISABLED)?;
         let trace_every = src.value(&s::TRACE_EVERY)?;
+        let graph_read_every = src.value(&s::GRAPH_READ_EVERY)?;
         let layer_attr = src.value(&s::LAYER_ATTR)?;
         let summary_every = src.get(&s::SUMMARY_EVERY)?;
         let spec_summary_every = src.value(&s::SPEC_SUMMARY_EVERY)?;
@@ -842,6 +845,7 @@ impl ConfigBuilder {
             level,
             spec_level,
             trace_every,
+            graph_read_every,
             layer_attr,
             summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
             spec_summary_every,
@@ -891,6 +895,7 @@ mod tests {
         assert_eq!(c.level, Level::Off);
         assert_eq!(c.spec_level, SpecLevel::Off);
         assert_eq!(c.trace_every, 100);
+        assert_eq!(c.graph_read_every, 1, "every CUDA-graph replay is read");
         assert!(c.layer_attr);
         assert_eq!(c.summary_every, 0);
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
@@ -975,6 +980,11 @@ mod tests {
                 "off, 0, phases, 1, verify or 2",
             ),
             ("PHASETRACE_TRACE_EVERY", "-1", "whole number"),
+            (
+                "PHASETRACE_GRAPH_READ_EVERY",
+                "all",
+                "a whole number of replays (1 = every replay, 0 = none)",
+            ),
             ("PHASETRACE_LAYER_ATTR", "maybe", "on, off"),
             ("PHASETRACE_SUMMARY_EVERY", "x", "whole number"),
             ("PHASETRACE_SPEC_SUMMARY_EVERY", "1.5", "whole number"),

@@ -51,7 +51,8 @@ pub use export::{ExportError, WebConfigError};
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
-    PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
+    CapturedGraph, GraphCapture, PartGuard, Recorder, RecorderOptions, ReplayGuard, RoundGuard,
+    RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
 pub use worker::{Dropped, Stats};

@@ -165,11 +165,15 @@ pub enum DropReason {
     SpanQueue,
     /// Spans lost because their export failed (collector down or refusing).
     SpanExport,
+    /// Boundaries of a CUDA-graph replay whose events a later launch re-recorded before the
+    /// worker read them (or whose graph was dropped first): counted, never attributed to
+    /// another replay.
+    GraphReplay,
 }
 
 impl DropReason {
     /// How many reasons there are.
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
     /// Every reason, in the order of [`DropReason::index`].
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::QueueFull,
@@ -178,6 +182,7 @@ impl DropReason {
         DropReason::OutOfRange,
         DropReason::SpanQueue,
         DropReason::SpanExport,
+        DropReason::GraphReplay,
     ];
 
     /// The `reason` attribute value.
@@ -189,6 +194,7 @@ impl DropReason {
             DropReason::OutOfRange => "out_of_range",
             DropReason::SpanQueue => "span_queue",
             DropReason::SpanExport => "span_export",
+            DropReason::GraphReplay => "graph_replay",
         }
     }
 
@@ -212,6 +218,8 @@ pub mod env {
     pub const SPEC_LEVEL: &str = "PHASETRACE_SPEC_LEVEL";
     /// Trace one step (and one round) in N; `0` builds no spans.
     pub const TRACE_EVERY: &str = "PHASETRACE_TRACE_EVERY";
+    /// Read one CUDA-graph replay in N; `0` reads none.
+    pub const GRAPH_READ_EVERY: &str = "PHASETRACE_GRAPH_READ_EVERY";
     /// `on`/`off`: the `layer` attribute on section metrics.
     pub const LAYER_ATTR: &str = "PHASETRACE_LAYER_ATTR";
     /// Console summary table every N steps; `0` = off.
@@ -278,6 +286,8 @@ pub mod default {
     pub const GROUP: &str = "default";
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;
+    /// Read every CUDA-graph replay.
+    pub const GRAPH_READ_EVERY: u64 = 1;
     /// OTLP export timeout.
     pub const OTLP_TIMEOUT_MS: u64 = 10_000;
     /// Metric export interval.

@@ -76,6 +76,14 @@ impl ProfilerBuilder {
         self
     }
 
+    /// Read one CUDA-graph replay in `n` ([`crate::Recorder::replay`]); 0 = none. Reading a
+    /// replay costs the worker one event query per captured boundary; the others cost the hot
+    /// path one atomic increment. Env: `PHASETRACE_GRAPH_READ_EVERY`; default 1 (every replay).
+    pub fn with_graph_read_every(mut self, n: u64) -> Self {
+        self.cfg.set(&settings::GRAPH_READ_EVERY, n);
+        self
+    }
+
     /// The per-layer section counters (`phasetrace.section.layer.time` and `.calls`, two series
     /// per (bucket, layer)). Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
@@ -373,6 +381,8 @@ impl ProfilerBuilder {
                 SpecLevel::Off
             }),
             trace_every: cfg.trace_every,
+            graph_read_every: cfg.graph_read_every,
+            graphs: Default::default(),
             expert_counter: cfg.expert_counter,
             queue: cfg.queue,
             rank: cfg.rank,

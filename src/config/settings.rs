@@ -363,6 +363,22 @@ pub static TRACE_EVERY: Setting<u64> = Setting {
     get: |c| Some(c.trace_every),
 };
 
+/// Read one CUDA-graph replay in N.
+pub static GRAPH_READ_EVERY: Setting<u64> = Setting {
+    var: env::GRAPH_READ_EVERY,
+    fallbacks: &[],
+    flag: Some("graph-read-every"),
+    doc: "Read one CUDA-graph replay in N (Recorder::replay)",
+    expected: "a whole number of replays (1 = every replay, 0 = none)",
+    example: "10",
+    default_note: "",
+    secret: false,
+    default: || default::GRAPH_READ_EVERY,
+    parse: whole,
+    show: shown,
+    get: |c| Some(c.graph_read_every),
+};
+
 /// The `layer` attribute on section metrics.
 pub static LAYER_ATTR: Setting<bool> = Setting {
     var: env::LAYER_ATTR,
@@ -773,6 +789,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &LEVEL,
     &SPEC_LEVEL,
     &TRACE_EVERY,
+    &GRAPH_READ_EVERY,
     &LAYER_ATTR,
     &SUMMARY_EVERY,
     &SPEC_SUMMARY_EVERY,

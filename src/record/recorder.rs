@@ -65,6 +65,7 @@ pub struct Recorder {
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
+    capture: super::graph::CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -107,6 +108,7 @@ impl Recorder {
             steps: Cell::new(0),
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
+            capture: Default::default(),
             _not_sync: PhantomData,
         }
     }
@@ -116,8 +118,24 @@ impl Recorder {
         self.lane.rank
     }
 
+    pub(super) fn capture_slot(&self) -> &super::graph::CaptureSlot {
+        &self.capture
+    }
+
+    pub(super) fn lane_clock(&self) -> &Arc<dyn Clock> {
+        &self.lane.clock
+    }
+
+    pub(super) fn shared_state(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub(super) fn count_clock_drop(&self) {
+        self.lane.count_drop(DropReason::Clock);
+    }
+
     #[inline]
-    fn level(&self) -> Level {
+    pub(super) fn level(&self) -> Level {
         if cfg!(feature = "record") {
             self.shared.level.load()
         } else {
@@ -147,7 +165,10 @@ impl Recorder {
     /// Stamps `mark` with a time from this recorder's clock (the host clock for a host mark)
     /// and pushes it; on failure gives a deferred token back to its clock.
     #[inline]
-    fn push_timed(&self, mark: Mark) -> bool {
+    pub(super) fn push_timed(&self, mark: Mark) -> bool {
+        if self.capture.active() {
+            return self.capture_mark(mark);
+        }
         if mark.is_host() || self.host_clock {
             return self.lane.push(mark.at(now_ns()));
         }

@@ -59,6 +59,19 @@ pub trait Clock: std::any::Any + Send + Sync {
     /// Gives the token's resources back (a pooled event) once the worker is done with it.
     fn release(&self, _token: Token) {}
 
+    /// Takes a token while the engine's stream is being captured into a CUDA graph, for a
+    /// boundary that must be timed every time the graph is replayed.
+    ///
+    /// The event clocks record their pooled event *into the graph* (CUDA:
+    /// `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`), so every launch of the graph
+    /// records it again; the token then stands for "this boundary in the latest replay", and the
+    /// worker reads it once per replay (see [`crate::Recorder::begin_capture`]). Clocks that
+    /// cannot time work inside a graph (host, sync) return `None` (the default), and the
+    /// recorder counts the drop. Must never panic or block.
+    fn mark_captured(&self) -> Option<Token> {
+        None
+    }
+
     /// Whether tokens are handles resolved later (`true`) or already times (`false`).
     fn is_deferred(&self) -> bool {
         false

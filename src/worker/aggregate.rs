@@ -98,11 +98,7 @@ impl LayerTotals {
             m.iter().map(|(k, v)| (*k, *v)).collect()
         };
         for ((site, layer, rank), (ns, calls)) in snapshot {
-            f(
-                &self.wait_attrs(site, layer, rank),
-                ns as f64 * 1e-9,
-                calls,
-            );
+            f(&self.wait_attrs(site, layer, rank), ns as f64 * 1e-9, calls);
         }
     }
 }

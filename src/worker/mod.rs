@@ -12,6 +12,7 @@
 
 pub(crate) mod aggregate;
 mod pair;
+mod replay;
 pub(crate) mod spans;
 
 pub use pair::{Dropped, Stats};
@@ -32,6 +33,8 @@ use std::time::Duration;
 
 /// How far idle passes stretch the drain interval (1 ms -> 16 ms by default).
 const IDLE_BACKOFF: u32 = 16;
+/// How much sooner the worker polls while a graph replay waits to be read (1 ms -> 100 µs).
+const REPLAY_SPEEDUP: u32 = 10;
 
 /// Most rounds with verify parts awaiting their round's end; beyond, they are given up and
 /// counted (bounded memory).
@@ -55,6 +58,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    /// A lane waits for a graph replay's end fence (see [`pair::LaneState::awaiting_replay`]).
+    awaiting_replay: bool,
     /// `group` on every span.
     group: opentelemetry::KeyValue,
 }
@@ -87,6 +92,7 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            awaiting_replay: false,
             group: opentelemetry::KeyValue::new(
                 crate::names::attr::GROUP,
                 opentelemetry::StringValue::from(Arc::<str>::from(group)),
@@ -113,11 +119,14 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            graphs: &self.shared.graphs,
             group: &self.group,
         };
+        self.awaiting_replay = false;
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
             lane.collect_drops(&mut sinks);
+            self.awaiting_replay |= lane.awaiting_replay();
         }
         // Forget lanes whose recorder is gone and whose marks are all processed.
         let before = self.lanes.len();
@@ -385,13 +394,17 @@ impl Worker {
                 // engine costs few wake-ups; the first mark found snaps back to the interval.
                 let mut wait = interval;
                 while !st.load(Ordering::Acquire) {
-                    let busy = {
+                    let (busy, replay) = {
                         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
                         let before = p.stats.marks;
                         p.pass();
-                        p.stats.marks != before
+                        (p.stats.marks != before, p.awaiting_replay)
                     };
-                    wait = if busy {
+                    // A graph replay is readable only until the engine launches the graph
+                    // again: poll sooner while one waits for its end fence.
+                    wait = if replay {
+                        interval / REPLAY_SPEEDUP
+                    } else if busy {
                         interval
                     } else {
                         (wait * 2).min(interval * IDLE_BACKOFF)

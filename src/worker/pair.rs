@@ -125,6 +125,12 @@ pub struct Stats {
     pub spans_failed: u64,
     /// Records dropped, by reason (the same counts as `phasetrace.records.dropped{reason}`).
     pub dropped: Dropped,
+    /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
+    pub graph_replays: u64,
+    /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded
+    /// their events before the worker read them, or the graph was dropped first. Their
+    /// boundaries are counted under `reason="graph_replay"`.
+    pub dropped_graph_replays: u64,
 }
 
 /// Counts `n` records dropped for `reason`: in the stats and in every provider's
@@ -149,6 +155,7 @@ pub(crate) struct Sinks<'a> {
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    pub(crate) graphs: &'a crate::record::graph::Registry,
     /// `group` on every span.
     pub(crate) group: &'a opentelemetry::KeyValue,
 }
@@ -191,6 +198,16 @@ pub(crate) struct LaneState {
     last_ns: u64,
     /// The lane's hot-path drop counts already moved into the stats.
     seen: [u64; DropReason::COUNT],
+    replay: Option<OpenReplay>,
+    awaiting_replay: bool,
+}
+
+/// A graph launch whose begin fence has resolved.
+struct OpenReplay {
+    graph: u32,
+    seq: u32,
+    start: u64,
+    sampled: bool,
 }
 
 /// The parent span context of the next sampled step, as its three marks arrive.
@@ -225,6 +242,8 @@ impl LaneState {
             parent: ParentWords::default(),
             last_ns: 0,
             seen: [0; DropReason::COUNT],
+            replay: None,
+            awaiting_replay: false,
         }
     }
 
@@ -245,8 +264,15 @@ impl LaneState {
         self.seen = now;
     }
 
+    /// Whether the lane waits for the end fence of a graph replay: the worker then polls sooner,
+    /// since the replay is readable only until the engine launches the graph again.
+    pub(crate) fn awaiting_replay(&self) -> bool {
+        self.awaiting_replay
+    }
+
     /// Drains the lane and processes marks in order until one is not resolvable yet.
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+        self.awaiting_replay = false;
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
         let max = self.lane.queue.capacity();
@@ -268,7 +294,10 @@ impl LaneState {
                         self.lane.clock.release(token);
                         ns
                     }
-                    Resolved::Pending => break,
+                    Resolved::Pending => {
+                        self.awaiting_replay = m.kind() == MarkKind::ReplayEnd;
+                        return;
+                    }
                     Resolved::Failed => {
                         self.lane.clock.release(token);
                         self.backlog.pop_front();
@@ -283,6 +312,31 @@ impl LaneState {
             if t != 0 {
                 self.last_ns = t;
             }
+            self.process(m, t, s);
+        }
+    }
+
+    /// Processes the captured boundaries of one graph launch whose end fence completed at `end`,
+    /// or counts the launch when its events are not (or no longer) its own.
+    fn replayed(&mut self, r: &OpenReplay, end: u64, s: &mut Sinks<'_>) {
+        let Some(g) = s.graphs.get(r.graph) else {
+            s.stats.dropped_graph_replays += 1;
+            return;
+        };
+        let Some(times) = super::replay::read(&g, r.seq, r.start, end) else {
+            s.stats.dropped_graph_replays += 1;
+            s.drop(DropReason::GraphReplay, g.template.len() as u64);
+            return;
+        };
+        s.stats.graph_replays += 1;
+        for (m, t) in g.template.iter().zip(times) {
+            let m = match m.kind() {
+                // Sampling is decided per replay, not once at capture.
+                MarkKind::StepBegin | MarkKind::RoundBegin => m.with_sampled(r.sampled),
+                MarkKind::ReplayBegin | MarkKind::ReplayEnd => continue,
+                _ => *m,
+            };
+            self.last_ns = t;
             self.process(m, t, s);
         }
     }
@@ -495,6 +549,28 @@ impl LaneState {
                     accepted,
                     rank,
                 });
+            }
+            MarkKind::ReplayBegin => {
+                if self.replay.take().is_some() {
+                    Self::unbalanced(s, 1);
+                }
+                self.replay = Some(OpenReplay {
+                    graph: m.graph(),
+                    seq: m.replay_seq(),
+                    start: t,
+                    sampled: m.is_sampled(),
+                });
+            }
+            MarkKind::ReplayEnd => {
+                let Some(r) = self
+                    .replay
+                    .take()
+                    .filter(|r| r.graph == m.graph() && r.seq == m.replay_seq())
+                else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                self.replayed(&r, t, s);
             }
             MarkKind::PartBegin => {
                 if self.parts_open.len() >= STACK_MAX {

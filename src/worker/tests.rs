@@ -59,6 +59,8 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
@@ -446,6 +448,8 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();

@@ -9,6 +9,7 @@ mod every_drop_reason_reads_zero_before_anything_drops;
 mod every_example_runs_without_infrastructure;
 mod exponential_histograms_are_one_setting_away;
 mod gpu_backends_agree;
+mod graph_replays_are_timed_and_overwritten_replays_are_counted;
 mod gzip_compressed_export_arrives;
 mod header_secrets_never_reach_logs;
 mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
