@@ -106,6 +106,10 @@ pub(crate) fn resource(cfg: &Config) -> Resource {
         KeyValue::new("telemetry.sdk.name", "phasetrace"),
         KeyValue::new("telemetry.sdk.language", "rust"),
         KeyValue::new("telemetry.sdk.version", env!("CARGO_PKG_VERSION")),
+        KeyValue::new(
+            crate::names::attr::HOST_CLOCK,
+            crate::timing::host_source().source.as_str(),
+        ),
     ];
     if let Some(exe) = std::env::current_exe()
         .ok()

@@ -2,7 +2,7 @@
 
 use super::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
 use super::{Lane, Shared};
-use crate::timing::{Clock, Token, now_ns};
+use crate::timing::{Clock, HostReader, Token};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -61,6 +61,7 @@ pub struct Recorder {
     shared: Arc<Shared>,
     lane: Arc<Lane>,
     host_clock: bool,
+    host: HostReader,
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
@@ -85,7 +86,7 @@ impl Drop for Recorder {
 impl Recorder {
     pub(crate) fn new(shared: Arc<Shared>, opts: RecorderOptions) -> Recorder {
         let clock = opts.clock.unwrap_or_else(|| shared.clock.clone());
-        let host_clock = !clock.is_deferred() && clock.name() == "host";
+        let host_clock = crate::timing::is_host(clock.as_ref());
         let id = shared.next_lane.fetch_add(1, Relaxed);
         let lane = Arc::new(Lane::new(
             id,
@@ -102,6 +103,7 @@ impl Recorder {
             shared,
             lane,
             host_clock,
+            host: HostReader::new(),
             steps: Cell::new(0),
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
@@ -132,11 +134,12 @@ impl Recorder {
         }
     }
 
-    /// A token from this recorder's clock (or the host clock when `host`).
+    /// A token from this recorder's clock (or the host clock when `host`): host readings are raw
+    /// (TSC ticks where the CPU has an invariant TSC), converted on the worker.
     #[inline]
     fn mark_token(&self, host: bool) -> Option<(u64, u8)> {
         if host || self.host_clock {
-            return Some((now_ns(), if host { FLAG_HOST } else { 0 }));
+            return Some((self.host.read(), if host { FLAG_HOST } else { 0 }));
         }
         match self.lane.clock.mark() {
             Some(t) => Some((t.0, 0)),

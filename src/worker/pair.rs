@@ -5,7 +5,7 @@ use super::aggregate::{Instruments, Tally};
 use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
 use crate::record::Lane;
 use crate::record::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
-use crate::timing::{Resolved, Token};
+use crate::timing::{Conversion, Resolved, Token};
 use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
@@ -140,11 +140,15 @@ pub(crate) struct LaneState {
     parent_parts: u8,
     last_ns: u64,
     seen: [u64; 3],
+    /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
+    host: bool,
 }
 
 impl LaneState {
     pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
+        let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
+            host,
             lane,
             backlog: VecDeque::new(),
             stack: Vec::new(),
@@ -198,6 +202,12 @@ impl LaneState {
                 None => break,
             }
         }
+        if self.backlog.is_empty() {
+            return;
+        }
+        // Host readings are raw (TSC ticks where the CPU has an invariant TSC): one snapshot of
+        // the calibration converts this drain's marks.
+        let host = Conversion::current();
         while let Some(m) = self.backlog.front().copied() {
             let t = match m.kind {
                 MarkKind::Wait
@@ -205,7 +215,7 @@ impl LaneState {
                 | MarkKind::ParentHi
                 | MarkKind::ParentLo
                 | MarkKind::ParentSpan => 0,
-                _ if m.flag & FLAG_HOST != 0 => m.token,
+                _ if self.host || m.flag & FLAG_HOST != 0 => host.to_ns(m.token),
                 _ => match self.lane.clock.resolve(Token(m.token)) {
                     Resolved::At(ns) => {
                         self.lane.clock.release(Token(m.token));
