@@ -2,7 +2,8 @@
 //!
 //! - `section/*`: one section begin+end: phasetrace off and on (host clock), against baselines
 //!   that reproduce the reference GLM profiler (a once-read level; clock read + two relaxed
-//!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
+//!   `fetch_add` into static arrays), the physical floor (two TSC reads and two 24-byte stores),
+//!   and one span through `tracing` + `tracing-opentelemetry`.
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
 //!
@@ -90,6 +91,25 @@ fn section(c: &mut Criterion) {
             reference::end(black_box(3), t);
         })
     });
+    // The floor of an enabled section: two TSC reads and two 24-byte stores into a ring.
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut ring = vec![[0u64; 3]; 1 << 12];
+        let mut i = 0usize;
+        g.bench_function("baseline_floor_tsc", |b| {
+            b.iter(|| {
+                // SAFETY: rdtsc has no preconditions on x86-64.
+                #[allow(unused_unsafe)]
+                let t0 = unsafe { std::arch::x86_64::_rdtsc() };
+                ring[i & 0xfff] = [t0, 12, 3];
+                #[allow(unused_unsafe)]
+                let t1 = unsafe { std::arch::x86_64::_rdtsc() };
+                ring[(i + 1) & 0xfff] = [t1, 0, 4];
+                i = i.wrapping_add(2);
+                black_box(&mut ring);
+            })
+        });
+    }
     let on = profiler(Level::Full, SpecLevel::Off);
     let rec_on = on.recorder();
     g.bench_function("phasetrace_on_host_clock", |b| {

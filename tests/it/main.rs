@@ -9,6 +9,8 @@ mod exponential_histograms_are_one_setting_away;
 mod gpu_backends_agree;
 mod gzip_compressed_export_arrives;
 mod header_secrets_never_reach_logs;
+mod host_clock_durations_agree_with_instant;
+mod host_clock_spans_stay_on_the_monotonic_clock;
 mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
 mod levels_change_at_run_time;
 mod nothing_is_lost_when_healthy_and_drops_add_up_under_overload;

@@ -7,6 +7,7 @@ use phasetrace_testkit as support;
 mod a_periodic_straggler_slows_by_the_given_factor;
 mod a_straggler_makes_the_other_ranks_wait;
 mod bad_flags_and_env_values_exit_nonzero_naming_the_variable;
+mod check_names_the_host_clock_source;
 mod check_probes_endpoints;
 mod console_exporters_need_no_infrastructure;
 mod imported_logs_reach_a_collector_and_backfill_into_prometheus;
