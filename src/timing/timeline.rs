@@ -15,7 +15,8 @@
 //! **Calibration.** With the TSC, the hot path stores the raw counter, and converting ticks to
 //! nanoseconds happens off it, on the worker. The mapping is piecewise linear: a segment
 //! `(tsc0, ns0, rate)` maps ticks after `tsc0`. A refresh pairs one TSC reading with one
-//! `Instant` reading (the best of a few tries, bracketed by two TSC reads), estimates the rate
+//! `Instant` reading (the best of a few tries, bracketed by two TSC reads; a pairing disturbed on
+//! every try, by a VM exit or a cache miss, is retried at the next conversion), estimates the rate
 //! over the last few refreshes (up to 16 s apart), and starts a new segment *where the old one
 //! ends*, with a rate that also absorbs the offset it found over the next interval, as NTP slews
 //! a clock: the timeline never steps and never runs backwards, and it stays within a few hundred
@@ -240,8 +241,14 @@ const REFRESH_MAX_NS: u64 = 1_000_000_000;
 const HISTORY: usize = 16;
 /// Tries of one (TSC, Instant) pairing; the tightest bracket is kept.
 const PAIR_TRIES: usize = 7;
-/// A pairing whose best bracket is wider than this (every try preempted) is not used.
+/// A pairing whose best bracket is wider than this (every try preempted) is never used.
 const MAX_BRACKET_NS: f64 = 2_000.0;
+/// A refresh pairing wider than this many times the narrowest of the recent ones (a VM exit or
+/// a cache miss inside every try) is not used either, up to [`MAX_SKIPS`] times in a row: an
+/// `Instant` read anywhere inside a bracket of width `w` puts the pair up to `w / 2` off.
+const WIDTH_FACTOR: u64 = 3;
+/// Refreshes skipped in a row for a wide bracket before one is taken anyway.
+const MAX_SKIPS: u32 = 32;
 /// Largest offset correction, as a fraction of the next interval (NTP slews at most 500 ppm).
 const MAX_SLEW: f64 = 500e-6;
 /// Fixed-point fraction bits of a segment's rate (nanoseconds per tick).
@@ -322,22 +329,40 @@ impl Calib {
 struct Point {
     tsc: u64,
     ns: u64,
+    /// Width of the TSC bracket around the `Instant` read, in ticks.
+    width: u64,
 }
 
 /// Measures one pair: `rdtsc`, `Instant::now()`, `rdtsc`, best of [`PAIR_TRIES`]; the TSC value
-/// is the bracket's midpoint. Returns the pair and the bracket's width in ticks.
-fn pair() -> (Point, u64) {
-    let mut best = (Point { tsc: 0, ns: 0 }, u64::MAX);
+/// is the bracket's midpoint.
+fn pair() -> Point {
+    let mut best = Point {
+        tsc: 0,
+        ns: 0,
+        width: u64::MAX,
+    };
     for _ in 0..PAIR_TRIES {
         let a = tsc::read();
         let ns = monotonic_ns();
         let b = tsc::read();
         let w = b.wrapping_sub(a);
-        if w < best.1 {
-            best = (Point { tsc: a + w / 2, ns }, w);
+        if w < best.width {
+            best = Point {
+                tsc: a + w / 2,
+                ns,
+                width: w,
+            };
         }
     }
     best
+}
+
+/// The narrowest of three [`pair`]s: the start-up calibration's pairs count most.
+fn start_pair() -> Point {
+    let (a, b, c) = (pair(), pair(), pair());
+    [b, c]
+        .into_iter()
+        .fold(a, |x, y| if y.width < x.width { y } else { x })
 }
 
 fn slope(a: Point, b: Point) -> Option<f64> {
@@ -383,6 +408,8 @@ fn next_calib(cur: Calib, oldest: Point, m: Point, interval_ns: u64) -> Option<N
 struct Refresh {
     history: VecDeque<Point>,
     interval_ns: u64,
+    /// Refreshes skipped in a row for a wide bracket.
+    skips: u32,
     refreshes: u64,
     steps: u64,
     last_offset_ns: i64,
@@ -416,11 +443,11 @@ impl Timeline {
 
     /// Calibrates the TSC over two start-up windows; the monotonic clock if its rate moved.
     fn calibrated() -> Timeline {
-        let p0 = pair().0;
+        let p0 = start_pair();
         std::thread::sleep(START_WINDOW);
-        let p1 = pair().0;
+        let p1 = start_pair();
         std::thread::sleep(START_WINDOW);
-        let p2 = pair().0;
+        let p2 = start_pair();
         let (Some(r1), Some(r2), Some(rate)) = (slope(p0, p1), slope(p1, p2), slope(p0, p2)) else {
             return Timeline::monotonic(HostSourceReason::UnsteadyRate { ppm: f64::INFINITY });
         };
@@ -437,7 +464,13 @@ impl Timeline {
         Timeline::with(
             HostSource::Tsc,
             HostSourceReason::InvariantTsc,
-            Some((Calib { cur: seg, prev: seg }, p2.tsc + (baseline as f64 / rate) as u64)),
+            Some((
+                Calib {
+                    cur: seg,
+                    prev: seg,
+                },
+                p2.tsc + (baseline as f64 / rate) as u64,
+            )),
             VecDeque::from([p0, p1, p2]),
             baseline,
         )
@@ -459,6 +492,7 @@ impl Timeline {
             refresh: Mutex::new(Refresh {
                 history,
                 interval_ns,
+                skips: 0,
                 refreshes: 0,
                 steps: 0,
                 last_offset_ns: 0,
@@ -544,17 +578,23 @@ impl Timeline {
         let Ok(mut st) = self.refresh.try_lock() else {
             return;
         };
-        let (m, width) = pair();
+        let m = pair();
         if m.tsc < self.due.load(Ordering::Relaxed) {
             return; // another thread refreshed meanwhile
         }
         let cur = self.load();
-        if width as f64 * cur.cur.rate() > MAX_BRACKET_NS {
-            return; // preempted on every try: try again at the next conversion
-        }
         let Some(&oldest) = st.history.front() else {
             return;
         };
+        let floor = st.history.iter().map(|p| p.width).min().unwrap_or(m.width);
+        if m.width as f64 * cur.cur.rate() > MAX_BRACKET_NS
+            || (m.width > floor.saturating_mul(WIDTH_FACTOR) && st.skips < MAX_SKIPS)
+        {
+            // Disturbed on every try: try again at the next conversion.
+            st.skips += 1;
+            return;
+        }
+        st.skips = 0;
         let interval_ns = st.interval_ns.saturating_mul(2).clamp(1, REFRESH_MAX_NS);
         let Some(next) = next_calib(cur, oldest, m, interval_ns) else {
             // The TSC did not advance against the monotonic clock: keep the calibration, and
@@ -598,6 +638,10 @@ mod tests {
 
     const GHZ3: f64 = 1.0 / 3.0; // ns per tick of a 3 GHz TSC
 
+    fn pt(tsc: u64, ns: u64) -> Point {
+        Point { tsc, ns, width: 0 }
+    }
+
     fn seg(tsc0: u64, ns0: u64, rate: f64) -> Seg {
         Seg {
             tsc0,
@@ -626,11 +670,8 @@ mod tests {
             cur: seg(0, 0, GHZ3),
             prev: seg(0, 0, GHZ3),
         };
-        let oldest = Point { tsc: 0, ns: 0 };
-        let m = Point {
-            tsc: 3_000_000_000,
-            ns: 1_000_001_000,
-        };
+        let oldest = pt(0, 0);
+        let m = pt(3_000_000_000, 1_000_001_000);
         let n = next_calib(c, oldest, m, 1_000_000_000).unwrap();
         assert!(!n.stepped);
         assert_eq!(n.offset_ns, -1_000);
@@ -650,11 +691,8 @@ mod tests {
             cur: seg(0, 0, GHZ3),
             prev: seg(0, 0, GHZ3),
         };
-        let m = Point {
-            tsc: 3_000_000_000,
-            ns: 1_002_000_000,
-        };
-        let n = next_calib(c, Point { tsc: 0, ns: 0 }, m, 1_000_000_000).unwrap();
+        let m = pt(3_000_000_000, 1_002_000_000);
+        let n = next_calib(c, pt(0, 0), m, 1_000_000_000).unwrap();
         assert!(n.stepped);
         assert_eq!(n.calib.cur.to_ns(m.tsc), m.ns);
     }
@@ -665,7 +703,7 @@ mod tests {
             cur: seg(0, 0, GHZ3),
             prev: seg(0, 0, GHZ3),
         };
-        let p = Point { tsc: 10, ns: 10 };
+        let p = pt(10, 10);
         assert_eq!(next_calib(c, p, p, 1_000), None);
     }
 

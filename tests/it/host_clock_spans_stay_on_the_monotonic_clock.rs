@@ -78,7 +78,10 @@ fn host_clock_span_timestamps_stay_within_10us_of_the_monotonic_clock_for_60s() 
     profiler.flush();
 
     let n = steps.len();
-    let p = rotel.wait_for(|p| p.spans_named(span::STEP).len() >= n, Duration::from_secs(30));
+    let p = rotel.wait_for(
+        |p| p.spans_named(span::STEP).len() >= n,
+        Duration::from_secs(30),
+    );
     let by_step: HashMap<u64, _> = p
         .spans_named(span::STEP)
         .into_iter()
@@ -180,6 +183,9 @@ fn host_sections_inside_synchronized_sections_nest_in_time() {
         checked += 1;
     }
     // Per step: the mixer in the step, the host section in the mixer, the front in the host section.
-    assert!(checked >= 3 * steps as usize, "only {checked} parent-child pairs");
+    assert!(
+        checked >= 3 * steps as usize,
+        "only {checked} parent-child pairs"
+    );
     profiler.shutdown();
 }
