@@ -93,7 +93,7 @@ pub struct CapturedChild {
 
 impl CapturedChild {
     /// Spawns `command` with piped stdout/stderr; both streams are appended to `output` in
-    /// whole lines (see [`pump_lines`]), so they never interleave mid-line.
+    /// whole lines (see `pump_lines`), so they never interleave mid-line.
     pub fn spawn(mut command: Command, output: &Arc<Mutex<String>>) -> std::io::Result<Self> {
         command
             .stdin(Stdio::null())
