@@ -54,9 +54,13 @@ impl RecorderOptions {
 /// this recorder's bounded buffer: no lock, no allocation, no waiting. A full buffer drops the
 /// mark and counts it under `phasetrace.records.dropped{reason="queue_full"}`.
 ///
-/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM): a section begin+end costs 0.4 ns
-/// off and 54 ns on with the host clock; a phase mark 27 ns; the worker drains 6.9 M sections/s.
-/// Details in `BENCHMARKS.md`.
+/// With the host clock, a boundary stores a raw TSC reading (where the CPU has an invariant TSC;
+/// see [`crate::timing::host_source`]) and the worker converts it to nanoseconds.
+///
+/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM; ratios from one run, see
+/// `BENCHMARKS.md`): a section begin+end costs 2.3 ns off and 52 ns on with the host clock, at the
+/// floor of two TSC reads and two stores and 0.23x the reference profiler's enabled path; a
+/// phase mark 32 ns.
 pub struct Recorder {
     shared: Arc<Shared>,
     lane: Arc<Lane>,
@@ -233,9 +237,10 @@ impl Recorder {
     /// (`reduce_attn_bar`) also feeds `phasetrace.collective.wait`.
     ///
     /// Cost of a begin/end pair, measured (`cargo bench --bench hot_path`, `BENCHMARKS.md`, on a
-    /// 2-vCPU EPYC VM): off, one relaxed load, **0.4 ns**; on with the host clock, two clock
-    /// reads and two ring pushes, **54 ns** (the reference profiler's enabled path: 58 ns; one
-    /// `tracing-opentelemetry` span: 1.2 µs).
+    /// 2-vCPU EPYC VM): off, one relaxed load, **2.3 ns**; on with the host clock, two raw TSC
+    /// reads and two ring pushes, **52 ns**, **0.23x** the reference profiler's enabled path (its
+    /// two `Instant` reads and atomics: 226 ns) and at the floor of two TSC reads and two stores;
+    /// one `tracing-opentelemetry` span: 8.3 µs.
     #[inline]
     #[must_use = "the section ends when the guard is dropped"]
     pub fn section(
@@ -468,7 +473,8 @@ pub struct RoundGuard<'a> {
 
 impl RoundGuard<'_> {
     /// Marks the end of `phase`: the time since the round began or since the previous phase mark
-    /// belongs to it. Skip phases that did not run. Measured: **27 ns** with the host clock.
+    /// belongs to it. Skip phases that did not run. Measured: **32 ns** with the host clock
+    /// (0.14x the reference profiler's enabled section; `BENCHMARKS.md`).
     #[inline]
     pub fn phase(&self, phase: Phase) {
         if let Some(rec) = self.rec {

@@ -205,7 +205,7 @@ impl Conversion {
     }
 
     #[inline]
-    pub(crate) fn to_ns(&self, raw: u64) -> u64 {
+    pub(crate) fn to_ns(self, raw: u64) -> u64 {
         match self {
             Conversion::Identity => raw,
             Conversion::Tsc(c) => c.to_ns(raw),
@@ -286,7 +286,7 @@ pub(crate) struct Seg {
 
 impl Seg {
     #[inline]
-    fn to_ns(&self, t: u64) -> u64 {
+    fn to_ns(self, t: u64) -> u64 {
         let scale = |ticks: u64| {
             ((u128::from(ticks) * u128::from(self.mult) + (1 << (FRAC - 1))) >> FRAC) as u64
         };
@@ -315,7 +315,7 @@ pub(crate) struct Calib {
 
 impl Calib {
     #[inline]
-    fn to_ns(&self, t: u64) -> u64 {
+    fn to_ns(self, t: u64) -> u64 {
         if t >= self.cur.tsc0 {
             self.cur.to_ns(t)
         } else {
