@@ -72,7 +72,7 @@ fn profiler() -> Profiler {
     Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(None)
         .with_summary_every(0)
         .build()

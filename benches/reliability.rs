@@ -63,7 +63,7 @@ fn profiler(port: u16) -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(10)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&format!("http://127.0.0.1:{port}")))
         .with_metric_export_interval(Duration::from_secs(1))
         .with_shutdown_timeout(Duration::from_secs(3))
@@ -164,8 +164,8 @@ fn main() {
             s.spans,
             s.spans_exported,
             s.spans_failed,
-            s.dropped_span_queue,
-            s.dropped_queue_full
+            s.dropped[phasetrace::DropReason::SpanQueue],
+            s.dropped[phasetrace::DropReason::QueueFull]
         );
     }
     if rows.len() == 2 {
@@ -208,7 +208,9 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     println!(
         "| {n} | {} | {} | {} | {start_rss} | {first} | {last} | {max_rss} |",
-        s.sections, s.dropped_queue_full, s.spans_failed
+        s.sections,
+        s.dropped[phasetrace::DropReason::QueueFull],
+        s.spans_failed
     );
     println!(
         "spans: built {} = exported {} + failed {} + pending {}; not built (processor queue full) {}",
@@ -216,7 +218,7 @@ fn main() {
         s.spans_exported,
         s.spans_failed,
         s.spans - s.spans_exported - s.spans_failed,
-        s.dropped_span_queue
+        s.dropped[phasetrace::DropReason::SpanQueue]
     );
     p.shutdown();
 }

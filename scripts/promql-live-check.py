@@ -25,7 +25,7 @@ every dashboard expression with Prometheus's own parser (scripts/validate-stack.
 
 Grafana variables
 -----------------
-Query variables ($job $rank $layer $site $bucket; ${name} and [[name]] spellings included)
+Query variables ($job $group $rank $layer $site $bucket; ${name} and [[name]] spellings included)
 become `.*`: the dashboards use them in regex matchers (=~) only. Textbox, constant, custom and
 interval variables keep their saved value (e.g. $nested = kda_mixer); unknown names become `.*`.
 $__rate_interval and $__interval become --rate-interval (default 1m); $__range becomes
@@ -40,7 +40,8 @@ Some expressions legitimately return nothing on a healthy run. Built in (see ALL
     straggler, a high wait, drops). Each metric they read must still exist; that is checked;
   * anything reading ALERTS: needs a pending or firing alert;
   * phasetrace_moe_expert_tokens_total: opt-in (PHASETRACE_EXPERT_COUNTER=on);
-  * phasetrace_records_dropped_total: exported only once a record has been dropped.
+  * phasetrace_records_dropped_total: exported only once a record has been dropped;
+  * phasetrace:rank_silent: recorded only while a rank is silent.
 
 Add more with --expect-empty PATTERN (a regular expression searched in the item's name, e.g.
 'speculative-decoding/Verify sub-split', 'record/phasetrace:collective_wait_seconds:p99_5m',
@@ -72,6 +73,7 @@ ALLOW_EMPTY: list[tuple[str, str]] = [
     (r"\bALERTS\b", "needs a pending or firing alert"),
     (r"phasetrace_moe_expert_tokens_total", "opt-in metric (PHASETRACE_EXPERT_COUNTER=on)"),
     (r"phasetrace_records_dropped_total", "exported only after a record was dropped"),
+    (r"phasetrace:rank_silent", "only while a rank is silent (killed, hung, not exporting)"),
 ]
 
 # PromQL words that are not metric names (keywords, aggregation modifiers, literals).

@@ -21,7 +21,8 @@ printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTO
     "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
 
 section "cargo test --workspace --all-features --locked $*"
-cargo test --workspace --all-features --locked "$@"
+# The tools were just installed: a test that cannot find one fails rather than skips.
+PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --all-features --locked "$@"
 
 if [ -f "$ROOT/scripts/validate-stack.sh" ]; then
     section "validating the stack (scripts/validate-stack.sh)"

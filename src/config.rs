@@ -1,19 +1,82 @@
 //! Configuration: defaults, then the environment, then code. One parse, one error type.
 //!
 //! ```text
-//! defaults ──> environment (PHASETRACE_*, OTEL_*, legacy aliases) ──> builder setters ──> Config
+//! settings::SETTINGS (each setting once: variable, accepted values, default, parser, doc)
+//!   defaults ──> environment (PHASETRACE_*, OTEL_*, fallbacks, legacy aliases)
+//!            ──> code (builder setters, CLI flags) ──> Config (+ where each value came from)
 //! ```
 //!
 //! Every invalid value is a [`ConfigError`] naming the variable, the value and what is accepted.
 //! Header values are secrets: they never appear in errors, `Debug` output or `check`.
+//! [`settings`] says how to add a setting.
 
-use crate::names::{default, env};
+pub mod settings;
+
+use crate::names::env;
+use settings::{AnySetting, Setting, SettingValue};
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
+
+/// What a setting accepts: the error of parsing one value, without the variable's name, so that
+/// a flag's error and a variable's error say the same (`expected off, 0, full, 1, ...`).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("expected {0}")]
+pub struct Expected(pub String);
+
+/// The first of a list of literals.
+macro_rules! first {
+    ($a:literal $(, $rest:literal)*) => {
+        $a
+    };
+}
+
+/// `FromStr` (case-insensitive, every spelling listed), `Display` and `as_str` (the first
+/// spelling, which `FromStr` reads back), `ALL` and `EXPECTED` for a closed set of values.
+macro_rules! closed_set {
+    ($ty:ident, $expected:literal, { $($variant:ident => [$($spelling:literal),+]),+ $(,)? }) => {
+        impl $ty {
+            /// Every value.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// What the setting accepts, as errors and `--help` say it.
+            pub const EXPECTED: &'static str = $expected;
+
+            /// The spelling that `Display` writes, `check` prints and `FromStr` reads back.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => first!($($spelling),+)),+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = Expected;
+
+            fn from_str(s: &str) -> Result<Self, Expected> {
+                let s = s.trim();
+                $(
+                    if [$($spelling),+].iter().any(|x| x.eq_ignore_ascii_case(s)) {
+                        return Ok($ty::$variant);
+                    }
+                )+
+                Err(Expected($expected.to_owned()))
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
 
 /// Which sections are recorded (`PHASETRACE_LEVEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -35,7 +98,22 @@ impl Level {
             Level::Collectives => 2,
         }
     }
+
+    /// The inverse of [`Level::as_u8`]; values above 2 read as `Collectives`.
+    pub(crate) const fn from_u8(v: u8) -> Level {
+        match v {
+            0 => Level::Off,
+            1 => Level::Full,
+            _ => Level::Collectives,
+        }
+    }
 }
+
+closed_set!(Level, "off, 0, full, 1, collectives or 2", {
+    Off => ["off", "0"],
+    Full => ["full", "1"],
+    Collectives => ["collectives", "2"],
+});
 
 /// Speculative-decoding detail (`PHASETRACE_SPEC_LEVEL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -57,7 +135,22 @@ impl SpecLevel {
             SpecLevel::VerifySplit => 2,
         }
     }
+
+    /// The inverse of [`SpecLevel::as_u8`]; values above 2 read as `VerifySplit`.
+    pub(crate) const fn from_u8(v: u8) -> SpecLevel {
+        match v {
+            0 => SpecLevel::Off,
+            1 => SpecLevel::Phases,
+            _ => SpecLevel::VerifySplit,
+        }
+    }
 }
+
+closed_set!(SpecLevel, "off, 0, phases, 1, verify or 2 (phases and the verify sub-split)", {
+    Off => ["off", "0"],
+    Phases => ["phases", "1"],
+    VerifySplit => ["verify", "2"],
+});
 
 /// Where boundary times come from (`PHASETRACE_TIMING`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -71,16 +164,11 @@ pub enum Timing {
     Events,
 }
 
-impl Timing {
-    /// The spelling of `PHASETRACE_TIMING`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Timing::Host => "host",
-            Timing::Sync => "sync",
-            Timing::Events => "events",
-        }
-    }
-}
+closed_set!(Timing, "host, sync or events", {
+    Host => ["host"],
+    Sync => ["sync"],
+    Events => ["events"],
+});
 
 /// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,17 +179,13 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
-impl Protocol {
-    /// The spelling of `OTEL_EXPORTER_OTLP_PROTOCOL`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Grpc => "grpc",
-            Protocol::HttpProtobuf => "http/protobuf",
-        }
-    }
-}
+closed_set!(Protocol, "grpc or http/protobuf", {
+    Grpc => ["grpc"],
+    HttpProtobuf => ["http/protobuf"],
+});
 
-/// Histogram aggregation for OTLP metrics.
+/// Histogram aggregation for OTLP metrics
+/// (`OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum HistogramAggregation {
     /// Explicit buckets, 1 µs to 10 s log-spaced.
@@ -109,6 +193,173 @@ pub enum HistogramAggregation {
     Explicit,
     /// Base-2 exponential buckets.
     Exponential,
+}
+
+closed_set!(HistogramAggregation, "explicit_bucket_histogram or base2_exponential_bucket_histogram", {
+    Explicit => ["explicit_bucket_histogram"],
+    Exponential => ["base2_exponential_bucket_histogram"],
+});
+
+/// Compression of OTLP request bodies (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Uncompressed.
+    #[default]
+    None,
+    /// gzip.
+    Gzip,
+}
+
+closed_set!(Compression, "gzip or none", {
+    None => ["none"],
+    Gzip => ["gzip"],
+});
+
+impl Compression {
+    pub(crate) fn from_gzip(gzip: bool) -> Compression {
+        if gzip {
+            Compression::Gzip
+        } else {
+            Compression::None
+        }
+    }
+}
+
+/// Where spans go (`OTEL_TRACES_EXPORTER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TracesExporter {
+    /// OTLP, to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    Otlp,
+    /// One line per span on stderr.
+    Console,
+    /// Nowhere: no spans are built.
+    None,
+}
+
+closed_set!(TracesExporter, "otlp, console or none", {
+    Otlp => ["otlp"],
+    Console => ["console"],
+    None => ["none"],
+});
+
+/// Where metrics go (`OTEL_METRICS_EXPORTER`): a comma list, `none` for the empty set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MetricsExporters {
+    /// Pushed over OTLP.
+    pub otlp: bool,
+    /// Served on the embedded Prometheus endpoint.
+    pub prometheus: bool,
+    /// The console summary table.
+    pub console: bool,
+}
+
+impl MetricsExporters {
+    /// What the setting accepts.
+    pub const EXPECTED: &'static str = "a comma list of otlp, prometheus, console, none";
+}
+
+impl FromStr for MetricsExporters {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<Self, Expected> {
+        let mut m = MetricsExporters::default();
+        for item in s.split(',') {
+            match item.trim().to_ascii_lowercase().as_str() {
+                "otlp" => m.otlp = true,
+                "prometheus" => m.prometheus = true,
+                "console" => m.console = true,
+                "none" => {}
+                _ => return Err(Expected(Self::EXPECTED.to_owned())),
+            }
+        }
+        Ok(m)
+    }
+}
+
+impl fmt::Display for MetricsExporters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<&str> = [
+            (self.otlp, "otlp"),
+            (self.prometheus, "prometheus"),
+            (self.console, "console"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if v.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&v.join(","))
+        }
+    }
+}
+
+/// The embedded Prometheus endpoint's listen address (`PHASETRACE_PROMETHEUS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// No endpoint.
+    Off,
+    /// Listen on this address.
+    At(SocketAddr),
+    /// Listen on this address with the port offset by the rank (`host:port+rank`), so that
+    /// several ranks on one host each get their own endpoint.
+    PerRank(SocketAddr),
+}
+
+impl Listen {
+    /// What the setting accepts.
+    pub const EXPECTED: &'static str =
+        "a listen address host:port (127.0.0.1:9464), host:port+rank (one port per rank), or off";
+
+    /// The built-in default, `127.0.0.1:9464`, used when nothing is pushed over OTLP.
+    pub const fn builtin() -> Listen {
+        Listen::At(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9464))
+    }
+
+    /// The address for `rank`, `None` when off; `Err` when the port plus the rank overflows.
+    fn for_rank(self, rank: u32) -> Result<Option<SocketAddr>, ()> {
+        match self {
+            Listen::Off => Ok(None),
+            Listen::At(a) => Ok(Some(a)),
+            Listen::PerRank(mut a) => {
+                let port = u32::from(a.port()).checked_add(rank).ok_or(())?;
+                a.set_port(u16::try_from(port).map_err(drop)?);
+                Ok(Some(a))
+            }
+        }
+    }
+}
+
+impl FromStr for Listen {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<Self, Expected> {
+        let s = s.trim();
+        let bad = || Expected(Self::EXPECTED.to_owned());
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Listen::Off);
+        }
+        match s.strip_suffix("+rank") {
+            Some(base) => parse_listen(base).map(Listen::PerRank).ok_or_else(bad),
+            None => parse_listen(s).map(Listen::At).ok_or_else(bad),
+        }
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Off => f.write_str("off"),
+            Listen::At(a) => write!(f, "{a}"),
+            Listen::PerRank(a) => write!(f, "{a}+rank"),
+        }
+    }
+}
+
+impl From<SocketAddr> for Listen {
+    fn from(a: SocketAddr) -> Listen {
+        Listen::At(a)
+    }
 }
 
 /// The OTLP exporter's settings.
@@ -130,8 +381,8 @@ pub struct OtlpConfig {
     pub histogram: HistogramAggregation,
 }
 
-impl std::fmt::Debug for OtlpConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for OtlpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OtlpConfig")
             .field("endpoint", &self.endpoint)
             .field("protocol", &self.protocol)
@@ -157,7 +408,7 @@ pub fn masked_headers(h: &[(String, String)]) -> String {
 pub enum Origin {
     /// The built-in default.
     Default,
-    /// An environment variable (or a legacy alias of one).
+    /// An environment variable (or a fallback or legacy alias of one).
     Env,
     /// A builder setter (or a CLI flag).
     Code,
@@ -229,6 +480,8 @@ pub struct Config {
     pub queue: usize,
     /// This process's rank.
     pub rank: u32,
+    /// The collective group of this process's ranks (the `group` attribute).
+    pub group: String,
     /// The opt-in per-(layer, expert) token counter.
     pub expert_counter: bool,
     /// Timing backend.
@@ -251,7 +504,8 @@ pub struct Config {
     pub metric_export_interval: Duration,
     /// How long shutdown may take.
     pub shutdown_timeout: Duration,
-    /// Where each setting came from, keyed by its environment variable name.
+    /// Where each setting came from, keyed by its environment variable name; absent: the
+    /// default ([`Config::origin`]).
     pub origins: BTreeMap<&'static str, Origin>,
     /// Legacy-alias disagreements found while resolving (reported once on stderr by `build`).
     pub alias_warnings: Vec<String>,
@@ -267,51 +521,88 @@ impl Config {
     pub fn is_enabled(&self) -> bool {
         !self.sdk_disabled && (self.level != Level::Off || self.spec_level != SpecLevel::Off)
     }
+
+    /// Where the setting of variable `var` came from.
+    pub fn origin(&self, var: &str) -> Origin {
+        self.origins.get(var).copied().unwrap_or(Origin::Default)
+    }
 }
 
+/// A value set in code, type-erased; its [`Setting`] knows the type.
+type CodeValue = Arc<dyn Any + Send + Sync>;
+
 /// Settings made in code; they beat the environment. Built by [`crate::ProfilerBuilder`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct ConfigBuilder {
-    pub(crate) level: Option<Level>,
-    pub(crate) spec_level: Option<SpecLevel>,
-    pub(crate) trace_every: Option<u64>,
-    pub(crate) layer_attr: Option<bool>,
-    pub(crate) summary_every: Option<u64>,
-    pub(crate) spec_summary_every: Option<u64>,
-    pub(crate) prometheus: Option<Option<String>>,
-    pub(crate) queue: Option<usize>,
-    pub(crate) rank: Option<u32>,
-    pub(crate) expert_counter: Option<bool>,
-    pub(crate) timing: Option<Timing>,
-    pub(crate) service_name: Option<String>,
-    pub(crate) otlp_endpoint: Option<Option<String>>,
-    pub(crate) otlp_protocol: Option<Protocol>,
-    pub(crate) otlp_headers: Option<Vec<(String, String)>>,
-    pub(crate) otlp_certificate: Option<PathBuf>,
-    pub(crate) otlp_gzip: Option<bool>,
-    pub(crate) otlp_histogram: Option<HistogramAggregation>,
-    pub(crate) metric_export_interval: Option<Duration>,
+    /// Values set in code, by variable.
+    code: BTreeMap<&'static str, CodeValue>,
+    /// A value given in code that did not parse, reported by `resolve_with`.
+    deferred: Option<ConfigError>,
     pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
     pub(crate) aliases: Vec<(String, &'static str)>,
 }
 
-struct Env<'a> {
-    get: &'a dyn Fn(&str) -> Option<OsString>,
-    origins: BTreeMap<&'static str, Origin>,
+impl ConfigBuilder {
+    /// Sets `setting` in code.
+    pub(crate) fn set<T: SettingValue>(&mut self, setting: &Setting<T>, value: T) {
+        self.code.insert(setting.var, Arc::new(value));
+    }
+
+    /// Sets a setting in code from its text, as its variable would read it.
+    pub(crate) fn set_text(
+        &mut self,
+        setting: &'static dyn AnySetting,
+        text: &str,
+    ) -> Result<(), ConfigError> {
+        let v = setting.parse_any(text).map_err(|e| ConfigError::Invalid {
+            var: format!("{} set in code", setting.var()),
+            value: text.to_owned(),
+            expected: e.0,
+        })?;
+        self.code.insert(setting.var(), v);
+        Ok(())
+    }
+
+    /// Keeps the first error of a value given in code for `resolve_with`.
+    pub(crate) fn defer(&mut self, e: ConfigError) {
+        self.deferred.get_or_insert(e);
+    }
 }
 
-impl Env<'_> {
-    /// The value of `var`, `None` when unset or empty.
-    fn str(&mut self, var: &'static str, expected: &str) -> Result<Option<String>, ConfigError> {
-        match (self.get)(var) {
+impl fmt::Debug for ConfigBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for (var, v) in &self.code {
+            match settings::find(var) {
+                Some(s) => m.entry(var, &s.show_any(v.as_ref())),
+                None => m.entry(var, &"?"),
+            };
+        }
+        if let Some(t) = self.shutdown_timeout {
+            m.entry(&"shutdown_timeout", &t);
+        }
+        m.finish()
+    }
+}
+
+/// Where values come from while resolving: code, then the environment; records origins.
+struct Sources<'a> {
+    env: &'a dyn Fn(&str) -> Option<OsString>,
+    code: &'a BTreeMap<&'static str, CodeValue>,
+    aliases: &'a [(String, &'static str)],
+    origins: BTreeMap<&'static str, Origin>,
+    alias_warnings: Vec<String>,
+}
+
+impl Sources<'_> {
+    /// The trimmed text of `var`, `None` when unset or empty.
+    fn text(&self, var: &str, expected: &str) -> Result<Option<String>, ConfigError> {
+        match (self.env)(var) {
             None => Ok(None),
             Some(v) => match v.into_string() {
                 Ok(s) if s.trim().is_empty() => Ok(None),
-                Ok(s) => {
-                    self.origins.insert(var, Origin::Env);
-                    Ok(Some(s.trim().to_owned()))
-                }
+                Ok(s) => Ok(Some(s.trim().to_owned())),
                 Err(_) => Err(ConfigError::NotUnicode {
                     var: var.to_owned(),
                     expected: expected.to_owned(),
@@ -320,69 +611,74 @@ impl Env<'_> {
         }
     }
 
-    fn parsed<T>(
-        &mut self,
-        var: &'static str,
-        expected: &str,
-        parse: impl Fn(&str) -> Option<T>,
-    ) -> Result<Option<T>, ConfigError> {
-        match self.str(var, expected)? {
-            None => Ok(None),
-            Some(s) => parse(&s)
-                .map(Some)
-                .ok_or_else(|| invalid(var, &s, expected)),
+    fn parse<T: SettingValue>(s: &Setting<T>, var: &str, text: &str) -> Result<T, ConfigError> {
+        s.parse(text).map_err(|e| ConfigError::Invalid {
+            var: var.to_owned(),
+            // Never echo secrets: header values carry API keys.
+            value: if s.secret {
+                "<masked>".to_owned()
+            } else {
+                text.to_owned()
+            },
+            expected: e.0,
+        })
+    }
+
+    /// The environment's value of `s`: its variable, else its fallbacks in order; legacy
+    /// aliases are honored when the variable is unset, and a disagreement is noted.
+    fn env<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
+        let mut found = None;
+        for var in std::iter::once(&s.var).chain(s.fallbacks) {
+            if let Some(text) = self.text(var, s.expected)? {
+                found = Some((Self::parse(s, var, &text)?, text));
+                break;
+            }
         }
-    }
-}
-
-const LEVEL_EXPECTED: &str = "off, 0, full, 1, collectives or 2";
-const SPEC_LEVEL_EXPECTED: &str = "off, 0, 1 (phases) or 2 (phases and verify sub-split)";
-const BOOL_EXPECTED: &str = "on, off, true, false, 1 or 0";
-
-pub(crate) fn parse_level(s: &str) -> Option<Level> {
-    match s.to_ascii_lowercase().as_str() {
-        "off" | "0" => Some(Level::Off),
-        "full" | "1" => Some(Level::Full),
-        "collectives" | "2" => Some(Level::Collectives),
-        _ => None,
-    }
-}
-
-pub(crate) fn parse_spec_level(s: &str) -> Option<SpecLevel> {
-    match s.to_ascii_lowercase().as_str() {
-        "off" | "0" => Some(SpecLevel::Off),
-        "1" | "phases" => Some(SpecLevel::Phases),
-        "2" | "verify" => Some(SpecLevel::VerifySplit),
-        _ => None,
-    }
-}
-
-fn parse_bool(s: &str) -> Option<bool> {
-    match s.to_ascii_lowercase().as_str() {
-        "on" | "true" | "1" | "yes" => Some(true),
-        "off" | "false" | "0" | "no" => Some(false),
-        _ => None,
-    }
-}
-
-fn parse_u64(s: &str) -> Option<u64> {
-    s.parse().ok()
-}
-
-const PROMETHEUS_EXPECTED: &str =
-    "a listen address host:port (127.0.0.1:9464), host:port+rank (one port per rank), or off";
-
-/// Parses the Prometheus listen address; `host:port+rank` offsets the port by the rank, so that
-/// several ranks on one host each get their own endpoint.
-fn parse_prometheus(s: &str, rank: u32) -> Option<SocketAddr> {
-    match s.strip_suffix("+rank") {
-        Some(base) => {
-            let mut a = parse_listen(base)?;
-            let port = u16::try_from(u32::from(a.port()).checked_add(rank)?).ok()?;
-            a.set_port(port);
-            Some(a)
+        for (alias, target) in self.aliases {
+            if *target != s.var {
+                continue;
+            }
+            let Some(raw) = self.text(alias, s.expected)? else {
+                continue;
+            };
+            let v = Self::parse(s, alias, &raw)?;
+            match &found {
+                None => found = Some((v, raw)),
+                Some((g, text)) if *g != v => self.alias_warnings.push(format!(
+                    "phasetrace: {target}={text} overrides {alias}={raw} (the phasetrace name wins; unset one to silence this)"
+                )),
+                Some(_) => {}
+            }
         }
-        None => parse_listen(s),
+        Ok(found.map(|(v, _)| v))
+    }
+
+    /// The value of `s` set in code, else in the environment (parsed either way: a bad value
+    /// is an error even when code overrides it), `None` when neither sets it.
+    fn get<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
+        let env = self.env(s)?;
+        if let Some(v) = self.code.get(s.var).and_then(|v| v.downcast_ref::<T>()) {
+            s.check_code_value(v).map_err(|e| ConfigError::Invalid {
+                var: format!("{} set in code", s.var),
+                value: if s.secret {
+                    "<masked>".to_owned()
+                } else {
+                    s.show(v)
+                },
+                expected: e.0,
+            })?;
+            self.origins.insert(s.var, Origin::Code);
+            return Ok(Some(v.clone()));
+        }
+        if env.is_some() {
+            self.origins.insert(s.var, Origin::Env);
+        }
+        Ok(env)
+    }
+
+    /// The value of `s`: code, else the environment, else its default.
+    fn value<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<T, ConfigError> {
+        Ok(self.get(s)?.unwrap_or_else(|| s.default_value()))
     }
 }
 
@@ -417,8 +713,9 @@ pub(crate) fn parse_endpoint(s: &str) -> Option<String> {
     Some(s.trim_end_matches('/').to_owned())
 }
 
-/// Parses `k=v,k2=v2` (values percent-decoded); `None` names the first bad entry's key only.
-fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
+/// Parses `k=v,k2=v2` (values percent-decoded, blank entries skipped). The error names the
+/// first bad entry by its position only, never its text: header values are secrets.
+pub(crate) fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for (i, item) in s.split(',').enumerate() {
         if item.trim().is_empty() {
@@ -431,32 +728,10 @@ fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
         if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic() && b != b'=') {
             return Err(format!("entry {} has an empty or invalid key", i + 1));
         }
-        out.push((k.to_owned(), percent_decode(v.trim())));
+        let v = percent_encoding::percent_decode_str(v.trim()).decode_utf8_lossy();
+        out.push((k.to_owned(), v.into_owned()));
     }
     Ok(out)
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
-        {
-            out.push(h * 16 + l);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(c: u8) -> Option<u8> {
-    (c as char).to_digit(16).map(|d| d as u8)
 }
 
 impl ConfigBuilder {
@@ -465,272 +740,61 @@ impl ConfigBuilder {
         &self,
         get: impl Fn(&str) -> Option<OsString>,
     ) -> Result<Config, ConfigError> {
-        let mut e = Env {
-            get: &get,
-            origins: BTreeMap::new(),
-        };
-        let mut alias_warnings = Vec::new();
-
-        // Levels, with legacy aliases: both honored, the phasetrace name wins loudly.
-        let mut level = e.parsed(env::LEVEL, LEVEL_EXPECTED, parse_level)?;
-        let mut spec_level = e.parsed(env::SPEC_LEVEL, SPEC_LEVEL_EXPECTED, parse_spec_level)?;
+        use settings as s;
+        if let Some(e) = &self.deferred {
+            return Err(e.clone());
+        }
         for (alias, target) in &self.aliases {
-            let raw = match get(alias) {
-                None => continue,
-                Some(v) => v.into_string().map_err(|_| ConfigError::NotUnicode {
-                    var: alias.clone(),
-                    expected: LEVEL_EXPECTED.to_owned(),
-                })?,
-            };
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let raw = raw.trim();
-            let (general_raw, differs) = match *target {
-                env::LEVEL => {
-                    let v = parse_level(raw).ok_or_else(|| invalid(alias, raw, LEVEL_EXPECTED))?;
-                    let differs = level.is_some_and(|g| g != v);
-                    if level.is_none() {
-                        level = Some(v);
-                        e.origins.insert(env::LEVEL, Origin::Env);
-                    }
-                    (get(env::LEVEL), differs)
-                }
-                env::SPEC_LEVEL => {
-                    let v = parse_spec_level(raw)
-                        .ok_or_else(|| invalid(alias, raw, SPEC_LEVEL_EXPECTED))?;
-                    let differs = spec_level.is_some_and(|g| g != v);
-                    if spec_level.is_none() {
-                        spec_level = Some(v);
-                        e.origins.insert(env::SPEC_LEVEL, Origin::Env);
-                    }
-                    (get(env::SPEC_LEVEL), differs)
-                }
-                other => {
-                    return Err(ConfigError::Conflict(format!(
-                        "legacy alias {alias} stands for {other}, but only {} and {} take aliases",
-                        env::LEVEL,
-                        env::SPEC_LEVEL
-                    )));
-                }
-            };
-            if differs {
-                let g = general_raw
-                    .and_then(|v| v.into_string().ok())
-                    .unwrap_or_default();
-                alias_warnings.push(format!(
-                    "phasetrace: {target}={} overrides {alias}={raw} (the phasetrace name wins; unset one to silence this)",
-                    g.trim()
-                ));
+            if settings::find(target).is_none() {
+                return Err(ConfigError::Conflict(format!(
+                    "legacy alias {alias} stands for {target}, which is not a phasetrace variable"
+                )));
             }
         }
+        let mut src = Sources {
+            env: &get,
+            code: &self.code,
+            aliases: &self.aliases,
+            origins: BTreeMap::new(),
+            alias_warnings: Vec::new(),
+        };
 
-        let sdk_disabled = e
-            .parsed(env::OTEL_SDK_DISABLED, "true or false", |s| {
-                match s.to_ascii_lowercase().as_str() {
-                    "true" => Some(true),
-                    "false" => Some(false),
-                    _ => None,
-                }
-            })?
-            .unwrap_or(false);
-        let trace_every = e.parsed(env::TRACE_EVERY, "a whole number (0 = no spans)", parse_u64)?;
-        let layer_attr = e.parsed(env::LAYER_ATTR, BOOL_EXPECTED, parse_bool)?;
-        let summary_every = e.parsed(
-            env::SUMMARY_EVERY,
-            "a whole number of steps (0 = off)",
-            parse_u64,
-        )?;
-        let spec_summary_every = e.parsed(
-            env::SPEC_SUMMARY_EVERY,
-            "a whole number of rounds (0 = off)",
-            parse_u64,
-        )?;
-        let prometheus_env = e.str(env::PROMETHEUS, "host:port or off")?;
-        // Checked even when code overrides it: a bad value is never silently ignored.
-        if let Some(s) = &prometheus_env
-            && !s.eq_ignore_ascii_case("off")
-            && parse_prometheus(s, 0).is_none()
-        {
-            return Err(invalid(env::PROMETHEUS, s, PROMETHEUS_EXPECTED));
-        }
-        let queue = e.parsed(
-            env::QUEUE,
-            "a whole number of records from 64 to 16777216",
-            |s| {
-                s.parse::<usize>()
-                    .ok()
-                    .filter(|n| (64..=1 << 24).contains(n))
-            },
-        )?;
-        let rank = match e.parsed(env::RANK, "a whole number", |s| s.parse::<u32>().ok())? {
-            Some(r) => Some(r),
-            None => {
-                let mut found = None;
-                for var in env::RANK_FALLBACKS {
-                    if let Some(s) = e.str(var, "a whole number")? {
-                        found = Some(
-                            s.parse::<u32>()
-                                .map_err(|_| invalid(var, &s, "a whole number"))?,
-                        );
-                        e.origins.insert(env::RANK, Origin::Env);
-                        break;
-                    }
-                }
-                found
-            }
-        };
-        let expert_counter = e.parsed(env::EXPERT_COUNTER, BOOL_EXPECTED, parse_bool)?;
-        let timing = e.parsed(env::TIMING, "host, sync or events", |s| {
-            match s.to_ascii_lowercase().as_str() {
-                "host" => Some(Timing::Host),
-                "sync" => Some(Timing::Sync),
-                "events" => Some(Timing::Events),
-                _ => None,
-            }
-        })?;
-        let service_name = e.str(env::OTEL_SERVICE_NAME, "a service name")?;
-        let resource_attributes = match e.str(env::OTEL_RESOURCE_ATTRIBUTES, "key=value,...")? {
-            None => Vec::new(),
-            Some(s) => parse_kv_list(&s).map_err(|why| {
-                invalid(
-                    env::OTEL_RESOURCE_ATTRIBUTES,
-                    &s,
-                    &format!("key=value pairs separated by commas ({why})"),
-                )
-            })?,
-        };
-        let endpoint_env = e.parsed(
-            env::OTEL_EXPORTER_OTLP_ENDPOINT,
-            "an http:// or https:// URL with a host and an optional port",
-            parse_endpoint,
-        )?;
-        let protocol = e.parsed(
-            env::OTEL_EXPORTER_OTLP_PROTOCOL,
-            "grpc or http/protobuf",
-            |s| match s {
-                "grpc" => Some(Protocol::Grpc),
-                "http/protobuf" => Some(Protocol::HttpProtobuf),
-                _ => None,
-            },
-        )?;
-        let headers = match e.str(env::OTEL_EXPORTER_OTLP_HEADERS, "key=value,...")? {
-            None => Vec::new(),
-            Some(s) => parse_kv_list(&s).map_err(|why| {
-                // Never echo header values: they carry API keys.
-                invalid(
-                    env::OTEL_EXPORTER_OTLP_HEADERS,
-                    "<masked>",
-                    &format!("key=value pairs separated by commas ({why})"),
-                )
-            })?,
-        };
-        let timeout = e.parsed(
-            env::OTEL_EXPORTER_OTLP_TIMEOUT,
-            "a whole number of milliseconds, at least 1",
-            |s| s.parse::<u64>().ok().filter(|&n| n > 0),
-        )?;
-        let gzip = e.parsed(
-            env::OTEL_EXPORTER_OTLP_COMPRESSION,
-            "gzip or none",
-            |s| match s {
-                "gzip" => Some(true),
-                "none" => Some(false),
-                _ => None,
-            },
-        )?;
-        let certificate = e.str(env::OTEL_EXPORTER_OTLP_CERTIFICATE, "a path")?;
-        let histogram = e.parsed(
-            env::OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
-            "explicit_bucket_histogram or base2_exponential_bucket_histogram",
-            |s| match s {
-                "explicit_bucket_histogram" => Some(HistogramAggregation::Explicit),
-                "base2_exponential_bucket_histogram" => Some(HistogramAggregation::Exponential),
-                _ => None,
-            },
-        )?;
-        let interval = e.parsed(
-            env::OTEL_METRIC_EXPORT_INTERVAL,
-            "a whole number of milliseconds, at least 1",
-            |s| s.parse::<u64>().ok().filter(|&n| n > 0),
-        )?;
-        let traces_exporter = e.parsed(
-            env::OTEL_TRACES_EXPORTER,
-            "otlp, console or none",
-            |s| match s {
-                "otlp" | "console" | "none" => Some(s.to_owned()),
-                _ => None,
-            },
-        )?;
-        let metrics_exporters = e.parsed(
-            env::OTEL_METRICS_EXPORTER,
-            "a comma list of otlp, prometheus, console, none",
-            |s| {
-                let v: Vec<String> = s.split(',').map(|x| x.trim().to_owned()).collect();
-                v.iter()
-                    .all(|x| matches!(x.as_str(), "otlp" | "prometheus" | "console" | "none"))
-                    .then_some(v)
-            },
-        )?;
+        let level = src.value(&s::LEVEL)?;
+        let spec_level = src.value(&s::SPEC_LEVEL)?;
+        let sdk_disabled = src.value(&s::SDK_DISABLED)?;
+        let trace_every = src.value(&s::TRACE_EVERY)?;
+        let layer_attr = src.value(&s::LAYER_ATTR)?;
+        let summary_every = src.get(&s::SUMMARY_EVERY)?;
+        let spec_summary_every = src.value(&s::SPEC_SUMMARY_EVERY)?;
+        let prometheus = src.get(&s::PROMETHEUS)?;
+        let queue = src.value(&s::QUEUE)?;
+        let rank = src.value(&s::RANK)?;
+        let group = src.value(&s::GROUP)?;
+        let expert_counter = src.value(&s::EXPERT_COUNTER)?;
+        let timing = src.value(&s::TIMING)?;
+        let service_name = src.value(&s::SERVICE_NAME)?;
+        let resource_attributes = src.value(&s::RESOURCE_ATTRIBUTES)?;
+        let endpoint = src.value(&s::OTLP_ENDPOINT)?;
+        let protocol = src.value(&s::OTLP_PROTOCOL)?;
+        let headers = src.value(&s::OTLP_HEADERS)?;
+        let timeout = src.value(&s::OTLP_TIMEOUT)?;
+        let compression = src.value(&s::OTLP_COMPRESSION)?;
+        let certificate = src.value(&s::OTLP_CERTIFICATE)?;
+        let histogram = src.value(&s::OTLP_HISTOGRAM)?;
+        let metric_export_interval = src.value(&s::METRIC_EXPORT_INTERVAL)?;
+        let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
+        let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
-        let mut origins = e.origins;
-        let mut code = |var: &'static str, set: bool| {
-            if set {
-                origins.insert(var, Origin::Code);
-            }
-        };
-        code(env::LEVEL, self.level.is_some());
-        code(env::SPEC_LEVEL, self.spec_level.is_some());
-        code(env::TRACE_EVERY, self.trace_every.is_some());
-        code(env::LAYER_ATTR, self.layer_attr.is_some());
-        code(env::SUMMARY_EVERY, self.summary_every.is_some());
-        code(env::SPEC_SUMMARY_EVERY, self.spec_summary_every.is_some());
-        code(env::PROMETHEUS, self.prometheus.is_some());
-        code(env::QUEUE, self.queue.is_some());
-        code(env::RANK, self.rank.is_some());
-        code(env::EXPERT_COUNTER, self.expert_counter.is_some());
-        code(env::TIMING, self.timing.is_some());
-        code(env::OTEL_SERVICE_NAME, self.service_name.is_some());
-        code(
-            env::OTEL_EXPORTER_OTLP_ENDPOINT,
-            self.otlp_endpoint.is_some(),
-        );
-        code(
-            env::OTEL_EXPORTER_OTLP_PROTOCOL,
-            self.otlp_protocol.is_some(),
-        );
-        code(
-            env::OTEL_METRIC_EXPORT_INTERVAL,
-            self.metric_export_interval.is_some(),
-        );
-
-        let endpoint = match &self.otlp_endpoint {
-            Some(Some(s)) => Some(parse_endpoint(s).ok_or_else(|| {
-                invalid(
-                    "otlp endpoint",
-                    s,
-                    "an http:// or https:// URL with a host and an optional port",
-                )
-            })?),
-            Some(None) => None,
-            None => endpoint_env,
-        };
         let metrics_explicit = metrics_exporters.is_some();
-        let metrics_exporters = metrics_exporters.unwrap_or_else(|| {
-            let mut v = Vec::new();
-            if endpoint.is_some() {
-                v.push("otlp".to_owned());
-            }
-            v
+        let metrics = metrics_exporters.unwrap_or(MetricsExporters {
+            otlp: endpoint.is_some(),
+            ..MetricsExporters::default()
         });
-        let wants = |name: &str| metrics_exporters.iter().any(|x| x == name);
-        let traces_otlp = match traces_exporter.as_deref() {
-            Some("otlp") => true,
-            Some(_) => false,
+        let traces_otlp = match traces_exporter {
+            Some(t) => t == TracesExporter::Otlp,
             None => endpoint.is_some(),
         };
-        let metrics_otlp = wants("otlp");
-        if (traces_otlp || metrics_otlp) && endpoint.is_none() {
+        if (traces_otlp || metrics.otlp) && endpoint.is_none() {
             return Err(ConfigError::Conflict(format!(
                 "OTLP export is selected ({}/{}) but {} is not set: set it, or select another exporter",
                 env::OTEL_TRACES_EXPORTER,
@@ -740,38 +804,25 @@ impl ConfigBuilder {
         }
 
         // The embedded Prometheus endpoint is the default when nothing is pushed anywhere.
-        let prom_raw: Option<String> = match &self.prometheus {
-            Some(v) => v.clone(),
-            None => match prometheus_env {
-                Some(s) if s.eq_ignore_ascii_case("off") => None,
-                Some(s) => Some(s),
-                None if wants("prometheus") || (!metrics_explicit && endpoint.is_none()) => {
-                    Some(default::PROMETHEUS_ADDR.to_owned())
-                }
-                None => None,
-            },
-        };
-        let rank = self.rank.or(rank).unwrap_or(0);
-        let prometheus = match prom_raw {
-            None => None,
-            Some(s) => Some(
-                parse_prometheus(&s, rank)
-                    .ok_or_else(|| invalid(env::PROMETHEUS, &s, PROMETHEUS_EXPECTED))?,
-            ),
-        };
-        let summary_default = if wants("console") { 100 } else { 0 };
+        let listen = prometheus.unwrap_or_else(|| {
+            if metrics.prometheus || (!metrics_explicit && endpoint.is_none()) {
+                s::PROMETHEUS.default_value()
+            } else {
+                Listen::Off
+            }
+        });
+        let prometheus = listen
+            .for_rank(rank)
+            .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
 
         let otlp = endpoint.map(|endpoint| OtlpConfig {
-            protocol: self.otlp_protocol.or(protocol).unwrap_or(Protocol::Grpc),
+            protocol,
             endpoint,
-            headers: self.otlp_headers.clone().unwrap_or(headers),
-            timeout: Duration::from_millis(timeout.unwrap_or(default::OTLP_TIMEOUT_MS)),
-            gzip: self.otlp_gzip.or(gzip).unwrap_or(false),
-            certificate: self
-                .otlp_certificate
-                .clone()
-                .or(certificate.map(PathBuf::from)),
-            histogram: self.otlp_histogram.or(histogram).unwrap_or_default(),
+            headers,
+            timeout,
+            gzip: compression == Compression::Gzip,
+            certificate,
+            histogram,
         });
         if let Some(o) = &otlp
             && o.certificate.is_some()
@@ -785,52 +836,32 @@ impl ConfigBuilder {
             )));
         }
 
-        let trace_every = self
-            .trace_every
-            .or(trace_every)
-            .unwrap_or(default::TRACE_EVERY);
-        let queue = self.queue.or(queue).unwrap_or(default::QUEUE);
-        if !(64..=1 << 24).contains(&queue) {
-            return Err(invalid(
-                "queue",
-                &queue.to_string(),
-                "a whole number of records from 64 to 16777216",
-            ));
-        }
         Ok(Config {
-            level: self.level.or(level).unwrap_or_default(),
-            spec_level: self.spec_level.or(spec_level).unwrap_or_default(),
+            level,
+            spec_level,
             trace_every,
-            layer_attr: self.layer_attr.or(layer_attr).unwrap_or(true),
-            summary_every: self
-                .summary_every
-                .or(summary_every)
-                .unwrap_or(summary_default),
-            spec_summary_every: self.spec_summary_every.or(spec_summary_every).unwrap_or(0),
+            layer_attr,
+            summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
+            spec_summary_every,
             prometheus,
             queue,
             rank,
-            expert_counter: self.expert_counter.or(expert_counter).unwrap_or(false),
-            timing: self.timing.or(timing).unwrap_or_default(),
+            group,
+            expert_counter,
+            timing,
             sdk_disabled,
-            service_name: self
-                .service_name
-                .clone()
-                .or(service_name)
-                .unwrap_or_else(|| default::SERVICE_NAME.to_owned()),
+            service_name,
             resource_attributes,
             traces_otlp,
-            traces_console: traces_exporter.as_deref() == Some("console"),
-            metrics_otlp,
+            traces_console: traces_exporter == Some(TracesExporter::Console),
+            metrics_otlp: metrics.otlp,
             otlp,
-            metric_export_interval: self.metric_export_interval.unwrap_or(Duration::from_millis(
-                interval.unwrap_or(default::METRIC_EXPORT_INTERVAL_MS),
+            metric_export_interval,
+            shutdown_timeout: self.shutdown_timeout.unwrap_or(Duration::from_millis(
+                crate::names::default::SHUTDOWN_TIMEOUT_MS,
             )),
-            shutdown_timeout: self
-                .shutdown_timeout
-                .unwrap_or(Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS)),
-            origins,
-            alias_warnings,
+            origins: src.origins,
+            alias_warnings: src.alias_warnings,
         })
     }
 }
@@ -862,6 +893,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.queue, 65_536);
         assert_eq!(c.rank, 0);
+        assert_eq!(c.group, "default");
         assert_eq!(c.timing, Timing::Host);
         assert_eq!(c.service_name, "phasetrace");
         assert!(c.otlp.is_none());
@@ -881,6 +913,7 @@ mod tests {
             ("PHASETRACE_PROMETHEUS", "127.0.0.1:9999"),
             ("PHASETRACE_QUEUE", "1024"),
             ("PHASETRACE_RANK", "3"),
+            ("PHASETRACE_GROUP", "tp-1.node:a_b"),
             ("PHASETRACE_EXPERT_COUNTER", "on"),
             ("PHASETRACE_TIMING", "events"),
             ("OTEL_SERVICE_NAME", "engine"),
@@ -911,6 +944,7 @@ mod tests {
         assert_eq!(c.prometheus, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.queue, 1024);
         assert_eq!(c.rank, 3);
+        assert_eq!(c.group, "tp-1.node:a_b");
         assert!(c.expert_counter);
         assert_eq!(c.timing, Timing::Events);
         assert_eq!(c.service_name, "engine");
@@ -932,7 +966,11 @@ mod tests {
     fn every_invalid_value_names_the_variable_value_and_what_is_accepted() {
         let cases: &[(&str, &str, &str)] = &[
             ("PHASETRACE_LEVEL", "7", "off, 0, full, 1, collectives or 2"),
-            ("PHASETRACE_SPEC_LEVEL", "3", "off, 0, 1"),
+            (
+                "PHASETRACE_SPEC_LEVEL",
+                "3",
+                "off, 0, phases, 1, verify or 2",
+            ),
             ("PHASETRACE_TRACE_EVERY", "-1", "whole number"),
             ("PHASETRACE_LAYER_ATTR", "maybe", "on, off"),
             ("PHASETRACE_SUMMARY_EVERY", "x", "whole number"),
@@ -941,6 +979,8 @@ mod tests {
             ("PHASETRACE_QUEUE", "10", "64 to 16777216"),
             ("PHASETRACE_RANK", "first", "whole number"),
             ("RANK", "-2", "whole number"),
+            ("PHASETRACE_GROUP", "tp 0", "letters, digits"),
+            ("PHASETRACE_GROUP", "tp/0", "letters, digits"),
             ("PHASETRACE_EXPERT_COUNTER", "2", "on, off"),
             ("PHASETRACE_TIMING", "gpu", "host, sync or events"),
             ("OTEL_SDK_DISABLED", "yes", "true or false"),
@@ -996,15 +1036,24 @@ mod tests {
 
     #[test]
     fn code_beats_env_and_records_its_origin() {
-        let b = ConfigBuilder {
-            level: Some(Level::Full),
-            rank: Some(7),
-            ..Default::default()
-        };
-        let c = resolve(&b, &[("PHASETRACE_LEVEL", "2"), ("PHASETRACE_RANK", "1")]).unwrap();
+        let mut b = ConfigBuilder::default();
+        b.set(&settings::LEVEL, Level::Full);
+        b.set(&settings::RANK, 7);
+        b.set(&settings::GROUP, "tp1".to_owned());
+        let c = resolve(
+            &b,
+            &[
+                ("PHASETRACE_LEVEL", "2"),
+                ("PHASETRACE_RANK", "1"),
+                ("PHASETRACE_GROUP", "tp0"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.level, Level::Full);
         assert_eq!(c.rank, 7);
+        assert_eq!(c.group, "tp1");
         assert_eq!(c.origins.get("PHASETRACE_LEVEL"), Some(&Origin::Code));
+        assert_eq!(c.origins.get("PHASETRACE_GROUP"), Some(&Origin::Code));
     }
 
     #[test]
@@ -1098,5 +1147,200 @@ mod tests {
         assert!(err.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));
         let console = env(&[("OTEL_METRICS_EXPORTER", "console")]).unwrap();
         assert_eq!(console.summary_every, 100);
+    }
+
+    /// The environment every walk starts from: an https endpoint, so that the OTLP settings
+    /// (the CA included) apply.
+    const BASE: (&str, &str) = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4317");
+
+    fn walk_check(c: &Config, label: &str) {
+        for s in settings::SETTINGS {
+            if let Err(e) = s.round_trips(c) {
+                panic!("{label}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_setting_prints_what_it_parses_and_says_where_it_came_from() {
+        // Default: the base endpoint only.
+        let defaults = env(&[BASE]).unwrap();
+        walk_check(&defaults, "defaults");
+        for s in settings::SETTINGS {
+            let expect = if s.var() == BASE.0 {
+                Origin::Env
+            } else {
+                Origin::Default
+            };
+            assert_eq!(defaults.origin(s.var()), expect, "{}", s.var());
+        }
+        // Each setting from the environment, then from code: its example value, printed back.
+        for s in settings::SETTINGS {
+            let mut vars = vec![BASE, (s.var(), s.example())];
+            if s.var() == BASE.0 {
+                vars.remove(0);
+            }
+            let from_env = env(&vars).unwrap_or_else(|e| panic!("{}: {e}", s.var()));
+            assert_eq!(from_env.origin(s.var()), Origin::Env, "{}", s.var());
+            walk_check(&from_env, s.var());
+
+            let mut b = ConfigBuilder::default();
+            b.set_text(*s, s.example()).unwrap();
+            let from_code = resolve(&b, &[BASE]).unwrap_or_else(|e| panic!("{}: {e}", s.var()));
+            assert_eq!(from_code.origin(s.var()), Origin::Code, "{}", s.var());
+            walk_check(&from_code, s.var());
+            // Code and environment give the same value, and `check` prints it as it was given
+            // (secrets masked).
+            assert_eq!(s.shown(&from_env), s.shown(&from_code), "{}", s.var());
+            let shown = s.shown(&from_env);
+            if s.secret() {
+                assert!(!shown.contains("s3cr"), "{}: {shown}", s.var());
+            } else if s.var() != env::PROMETHEUS && s.var() != env::OTEL_METRICS_EXPORTER {
+                // (The Prometheus address is printed resolved for the rank; the metrics
+                // exporters are printed as they take effect.)
+                assert_eq!(shown, s.example(), "{}", s.var());
+            }
+            // Code beats the environment, and both are parsed.
+            let both = resolve(&b, &[BASE, (s.var(), s.example())]).unwrap();
+            assert_eq!(both.origin(s.var()), Origin::Code, "{}", s.var());
+        }
+    }
+
+    #[test]
+    fn the_spec_level_check_prints_is_one_the_variable_reads() {
+        let c = env(&[("PHASETRACE_SPEC_LEVEL", "2")]).unwrap();
+        let shown = settings::SPEC_LEVEL.show(&c.spec_level);
+        assert_eq!(shown, "verify");
+        assert_eq!(
+            env(&[("PHASETRACE_SPEC_LEVEL", &shown)])
+                .unwrap()
+                .spec_level,
+            SpecLevel::VerifySplit
+        );
+    }
+
+    #[test]
+    fn settings_made_in_code_report_code_as_their_origin() {
+        let mut b = ConfigBuilder::default();
+        b.set(
+            &settings::OTLP_ENDPOINT,
+            Some("https://127.0.0.1:4317".into()),
+        );
+        b.set(&settings::OTLP_HEADERS, vec![("k".into(), "v".into())]);
+        b.set(&settings::OTLP_COMPRESSION, Compression::Gzip);
+        b.set(&settings::OTLP_CERTIFICATE, Some(PathBuf::from("/ca.pem")));
+        b.set(&settings::OTLP_HISTOGRAM, HistogramAggregation::Exponential);
+        let c = resolve(&b, &[]).unwrap();
+        for var in [
+            env::OTEL_EXPORTER_OTLP_ENDPOINT,
+            env::OTEL_EXPORTER_OTLP_HEADERS,
+            env::OTEL_EXPORTER_OTLP_COMPRESSION,
+            env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+            env::OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+        ] {
+            assert_eq!(c.origin(var), Origin::Code, "{var}");
+        }
+    }
+
+    #[test]
+    fn the_settings_table_names_each_variable_and_flag_once() {
+        let mut vars = std::collections::BTreeSet::new();
+        let mut flags = std::collections::BTreeSet::new();
+        for s in settings::SETTINGS {
+            assert!(vars.insert(s.var()), "{} twice", s.var());
+            if let Some(f) = s.flag() {
+                assert!(flags.insert(f), "--{f} twice");
+            }
+            assert!(
+                !s.doc().is_empty() && !s.expected().is_empty(),
+                "{}",
+                s.var()
+            );
+            assert!(!s.default_text().is_empty(), "{}", s.var());
+            s.check(s.example())
+                .unwrap_or_else(|e| panic!("{} example: {e}", s.var()));
+            assert!(
+                s.check("\u{1}bogus value\u{1}").is_err()
+                    || s.var() == env::OTEL_SERVICE_NAME
+                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                "{}",
+                s.var()
+            );
+        }
+    }
+
+    #[test]
+    fn every_closed_set_reads_back_what_it_prints_in_any_case() {
+        fn walk<T: FromStr<Err = Expected> + fmt::Display + PartialEq + fmt::Debug + Copy>(
+            all: &[T],
+            expected: &str,
+        ) {
+            for v in all {
+                let text = v.to_string();
+                assert!(expected.contains(&text), "{text} not in {expected:?}");
+                assert_eq!(text.parse::<T>().unwrap(), *v);
+                assert_eq!(text.to_ascii_uppercase().parse::<T>().unwrap(), *v);
+            }
+            assert_eq!("nope".parse::<T>().unwrap_err().0, expected);
+        }
+        walk(Level::ALL, Level::EXPECTED);
+        walk(SpecLevel::ALL, SpecLevel::EXPECTED);
+        walk(Timing::ALL, Timing::EXPECTED);
+        walk(Protocol::ALL, Protocol::EXPECTED);
+        walk(HistogramAggregation::ALL, HistogramAggregation::EXPECTED);
+        walk(Compression::ALL, Compression::EXPECTED);
+        walk(TracesExporter::ALL, TracesExporter::EXPECTED);
+        for text in ["none", "otlp", "otlp,prometheus", "otlp,prometheus,console"] {
+            let m: MetricsExporters = text.parse().unwrap();
+            assert_eq!(m.to_string(), text);
+        }
+        for text in ["off", "127.0.0.1:9464", "127.0.0.1:9464+rank", "[::1]:9000"] {
+            let l: Listen = text.parse().unwrap();
+            assert_eq!(l.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn a_legacy_alias_reads_with_its_settings_parser_and_must_name_a_known_variable() {
+        let b = ConfigBuilder {
+            aliases: vec![("OLD_QUEUE".into(), env::QUEUE)],
+            ..Default::default()
+        };
+        assert_eq!(resolve(&b, &[("OLD_QUEUE", "4096")]).unwrap().queue, 4096);
+        let bad = resolve(&b, &[("OLD_QUEUE", "5")]).unwrap_err().to_string();
+        assert!(
+            bad.starts_with("OLD_QUEUE=\"5\": expected a whole number of records"),
+            "{bad}"
+        );
+        let unknown = ConfigBuilder {
+            aliases: vec![("OLD".into(), "PHASETRACE_NOPE")],
+            ..Default::default()
+        };
+        let err = resolve(&unknown, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("PHASETRACE_NOPE, which is not a phasetrace variable"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_builtin_prometheus_address_is_the_named_default() {
+        assert_eq!(
+            Listen::builtin().to_string(),
+            crate::names::default::PROMETHEUS_ADDR
+        );
+    }
+
+    #[test]
+    fn values_given_in_code_are_checked_like_the_variable() {
+        let mut b = ConfigBuilder::default();
+        b.set(&settings::QUEUE, 10);
+        let err = resolve(&b, &[]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "PHASETRACE_QUEUE set in code=\"10\": expected a whole number of records from 64 to 16777216"
+        );
+        let mut b = ConfigBuilder::default();
+        assert!(b.set_text(&settings::LEVEL, "loud").is_err());
     }
 }

@@ -5,12 +5,19 @@
 //! the Prometheus spelling is the OTel name with dots turned into underscores, the unit appended
 //! (`_seconds`) and `_total` on counters.
 
-/// Metric names and units.
+/// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
+/// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
     /// Histogram of one section's duration, attributes `bucket`, `layer`, `site`, `rank`.
     pub const SECTION_DURATION: &str = "phasetrace.section.duration";
-    /// Histogram of one decode step (token), attribute `rank`.
+    /// Histogram of one decode step (token), attributes `rank`, `group`.
     pub const STEP_DURATION: &str = "phasetrace.step.duration";
+    /// Histogram of the time one decode step spent waiting at collective rendezvous probes (the
+    /// sum over the step's probe sections and reported waits), attributes `rank`, `group`.
+    /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
+    /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
+    /// it costs one histogram per rank whatever the model's depth.
+    pub const STEP_COLLECTIVE_WAIT: &str = "phasetrace.step.collective_wait";
     /// Counter of decode steps, attribute `rank`.
     pub const STEPS: &str = "phasetrace.steps";
     /// Histogram of the time a rank waited at a collective's rendezvous probe: its arrival skew.
@@ -60,6 +67,9 @@ pub mod attr {
     pub const SITE: &str = "site";
     /// Rank of the process or thread in the tensor-parallel group.
     pub const RANK: &str = "rank";
+    /// The collective group a rank belongs to (on every series and span): ranks are compared
+    /// only within their group.
+    pub const GROUP: &str = "group";
     /// MoE expert id.
     pub const EXPERT: &str = "expert";
     /// Why a record was dropped.
@@ -89,6 +99,27 @@ pub mod attr {
     pub const SOURCE_RUN: &str = "source.run";
 }
 
+/// Resource attribute keys (OpenTelemetry semantic conventions) that phasetrace sets.
+///
+/// `telemetry.sdk.*` describe the OpenTelemetry SDK underneath and are the SDK's own;
+/// phasetrace, a distribution of it, names itself in `telemetry.distro.*`.
+pub mod resource {
+    /// The service (`OTEL_SERVICE_NAME`).
+    pub const SERVICE_NAME: &str = "service.name";
+    /// This process's id.
+    pub const PROCESS_PID: &str = "process.pid";
+    /// This process's executable file name.
+    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
+    /// The host's name.
+    pub const HOST_NAME: &str = "host.name";
+    /// `phasetrace`.
+    pub const TELEMETRY_DISTRO_NAME: &str = "telemetry.distro.name";
+    /// phasetrace's version.
+    pub const TELEMETRY_DISTRO_VERSION: &str = "telemetry.distro.version";
+    /// The value of [`TELEMETRY_DISTRO_NAME`].
+    pub const DISTRO: &str = "phasetrace";
+}
+
 /// Span names (sections are named by their bucket).
 pub mod span {
     /// One decode step (token).
@@ -101,20 +132,61 @@ pub mod span {
     pub const MOE_ROUTE_EVENT: &str = "moe.route";
 }
 
-/// Values of the `reason` attribute of `phasetrace.records.dropped`.
-pub mod drop_reason {
+/// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
+/// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
+/// `rate()` over it reads 0, not "no data".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum DropReason {
     /// The per-thread buffer was full.
-    pub const QUEUE_FULL: &str = "queue_full";
+    QueueFull,
     /// An end without a begin, or a begin never ended.
-    pub const UNBALANCED: &str = "unbalanced";
+    Unbalanced,
     /// The clock could not give or resolve a timestamp (pool exhausted, event error).
-    pub const CLOCK: &str = "clock";
+    Clock,
     /// A value outside what the record format holds (an expert id above 65535).
-    pub const OUT_OF_RANGE: &str = "out_of_range";
+    OutOfRange,
     /// Spans not built because the span processor's queue was full (collector slow or down).
-    pub const SPAN_QUEUE: &str = "span_queue";
+    SpanQueue,
     /// Spans lost because their export failed (collector down or refusing).
-    pub const SPAN_EXPORT: &str = "span_export";
+    SpanExport,
+}
+
+impl DropReason {
+    /// How many reasons there are.
+    pub const COUNT: usize = 6;
+    /// Every reason, in the order of [`DropReason::index`].
+    pub const ALL: [DropReason; DropReason::COUNT] = [
+        DropReason::QueueFull,
+        DropReason::Unbalanced,
+        DropReason::Clock,
+        DropReason::OutOfRange,
+        DropReason::SpanQueue,
+        DropReason::SpanExport,
+    ];
+
+    /// The `reason` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::Unbalanced => "unbalanced",
+            DropReason::Clock => "clock",
+            DropReason::OutOfRange => "out_of_range",
+            DropReason::SpanQueue => "span_queue",
+            DropReason::SpanExport => "span_export",
+        }
+    }
+
+    /// The position in [`DropReason::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Environment variables read by [`crate::Config::from_env`].
@@ -137,6 +209,8 @@ pub mod env {
     pub const QUEUE: &str = "PHASETRACE_QUEUE";
     /// This process's rank.
     pub const RANK: &str = "PHASETRACE_RANK";
+    /// The collective group of this process's ranks (the `group` attribute).
+    pub const GROUP: &str = "PHASETRACE_GROUP";
     /// `on`/`off`: the per-(layer, expert) token counter.
     pub const EXPERT_COUNTER: &str = "PHASETRACE_EXPERT_COUNTER";
     /// `host`, `sync` or `events`.
@@ -173,7 +247,7 @@ pub mod env {
     pub const OTEL_METRICS_EXPORTER: &str = "OTEL_METRICS_EXPORTER";
 }
 
-/// Defaults, beside the names they belong to.
+/// Defaults, beside the names they belong to; `config::settings` reads them.
 pub mod default {
     /// Service name when `OTEL_SERVICE_NAME` is unset.
     pub const SERVICE_NAME: &str = "phasetrace";
@@ -182,6 +256,8 @@ pub mod default {
     /// Per-thread buffer capacity in records (24 bytes each: 1.5 MiB a thread; rounded up to a
     /// power of two).
     pub const QUEUE: usize = 65_536;
+    /// The `group` attribute when `PHASETRACE_GROUP` is unset.
+    pub const GROUP: &str = "default";
     /// Trace one step in this many.
     pub const TRACE_EVERY: u64 = 100;
     /// OTLP export timeout.

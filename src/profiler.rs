@@ -1,14 +1,18 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
-use crate::config::{Config, ConfigBuilder, ConfigError, Level, Protocol, SpecLevel, Timing};
+use crate::config::settings::{self, AnySetting, Setting, SettingValue};
+use crate::config::{
+    Compression, Config, ConfigBuilder, ConfigError, Level, Listen, Origin, Protocol, SpecLevel,
+    Timing,
+};
 use crate::export::{ExportError, Exporters};
-use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
 use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -47,7 +51,7 @@ impl std::fmt::Debug for ProfilerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProfilerBuilder")
             .field("cfg", &self.cfg)
-            .field("clock", &self.clock.as_ref().map(|c| c.name()))
+            .field("clock", &self.clock.as_ref().map(|c| c.timing()))
             .finish()
     }
 }
@@ -55,74 +59,127 @@ impl std::fmt::Debug for ProfilerBuilder {
 impl ProfilerBuilder {
     /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
     pub fn with_level(mut self, level: Level) -> Self {
-        self.cfg.level = Some(level);
+        self.cfg.set(&settings::LEVEL, level);
         self
     }
 
     /// Speculative-decoding detail. Env: `PHASETRACE_SPEC_LEVEL`; default off.
     pub fn with_spec_level(mut self, level: SpecLevel) -> Self {
-        self.cfg.spec_level = Some(level);
+        self.cfg.set(&settings::SPEC_LEVEL, level);
         self
     }
 
     /// Build spans for one step (and one round) in `n`; 0 = none.
     /// Env: `PHASETRACE_TRACE_EVERY`; default 100.
     pub fn with_trace_every(mut self, n: u64) -> Self {
-        self.cfg.trace_every = Some(n);
+        self.cfg.set(&settings::TRACE_EVERY, n);
         self
     }
 
     /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
-        self.cfg.layer_attr = Some(on);
+        self.cfg.set(&settings::LAYER_ATTR, on);
         self
     }
 
     /// Console summary table every `n` steps; 0 = off. Env: `PHASETRACE_SUMMARY_EVERY`;
     /// default 0 (100 when `OTEL_METRICS_EXPORTER` includes `console`).
     pub fn with_summary_every(mut self, n: u64) -> Self {
-        self.cfg.summary_every = Some(n);
+        self.cfg.set(&settings::SUMMARY_EVERY, n);
         self
     }
 
     /// Console speculative line every `n` rounds; 0 = off.
     /// Env: `PHASETRACE_SPEC_SUMMARY_EVERY`; default 0.
     pub fn with_spec_summary_every(mut self, n: u64) -> Self {
-        self.cfg.spec_summary_every = Some(n);
+        self.cfg.set(&settings::SPEC_SUMMARY_EVERY, n);
         self
     }
 
-    /// The embedded Prometheus endpoint's listen address (`host:port`), or `None` for off.
-    /// Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464` when no OTLP endpoint is set.
-    pub fn with_prometheus(mut self, addr: Option<&str>) -> Self {
-        self.cfg.prometheus = Some(addr.map(str::to_owned));
+    /// Serves metrics on the embedded Prometheus endpoint at `addr`
+    /// (`([0, 0, 0, 0], 9464)`, a [`SocketAddr`]; port 0 picks a free one, see
+    /// [`Profiler::prometheus_addr`]). Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464`
+    /// when no OTLP endpoint is set, else off. Leave it unset to keep that default.
+    pub fn with_prometheus_at(mut self, addr: impl Into<SocketAddr>) -> Self {
+        self.cfg.set(&settings::PROMETHEUS, Listen::At(addr.into()));
         self
+    }
+
+    /// Turns the embedded Prometheus endpoint off, the default one included (engines that only
+    /// push OTLP, tests). Env: `PHASETRACE_PROMETHEUS=off`.
+    pub fn without_prometheus(mut self) -> Self {
+        self.cfg.set(&settings::PROMETHEUS, Listen::Off);
+        self
+    }
+
+    /// The embedded Prometheus endpoint as its variable spells it: `None` turned it **off**,
+    /// the default endpoint included. Replaced by [`Self::with_prometheus_at`] and
+    /// [`Self::without_prometheus`], which cannot be misread.
+    #[doc(hidden)]
+    #[deprecated(note = "use with_prometheus_at(addr) or without_prometheus()")]
+    pub fn with_prometheus(mut self, addr: Option<&str>) -> Self {
+        match addr {
+            None => self.cfg.set(&settings::PROMETHEUS, Listen::Off),
+            Some(text) => {
+                if let Err(e) = self.cfg.set_text(&settings::PROMETHEUS, text) {
+                    self.cfg.defer(e);
+                }
+            }
+        }
+        self
+    }
+
+    /// Sets any setting in code, typed: `with(&settings::TRACE_EVERY, 10)`. Every setting of
+    /// [`settings::SETTINGS`] can be set this way; the `with_*` setters are shorthands.
+    pub fn with<T: SettingValue>(mut self, setting: &Setting<T>, value: T) -> Self {
+        self.cfg.set(setting, value);
+        self
+    }
+
+    /// Sets a setting in code from text, as its variable would read it (a CLI flag, a config
+    /// file): the same parser and the same error as the environment.
+    pub fn with_text(
+        mut self,
+        setting: &'static dyn AnySetting,
+        text: &str,
+    ) -> Result<Self, ConfigError> {
+        self.cfg.set_text(setting, text)?;
+        Ok(self)
     }
 
     /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
     /// Env: `PHASETRACE_QUEUE`; default 65536 (1.5 MiB per recorder).
     pub fn with_queue(mut self, records: usize) -> Self {
-        self.cfg.queue = Some(records);
+        self.cfg.set(&settings::QUEUE, records);
         self
     }
 
     /// This process's rank. Env: `PHASETRACE_RANK`, then `RANK`, `LOCAL_RANK`,
     /// `OMPI_COMM_WORLD_RANK`; default 0.
     pub fn with_rank(mut self, rank: u32) -> Self {
-        self.cfg.rank = Some(rank);
+        self.cfg.set(&settings::RANK, rank);
+        self
+    }
+
+    /// The collective group of this process's ranks: the `group` attribute on every series and
+    /// span, so rules and dashboards compare ranks only within their group (two tensor-parallel
+    /// groups of one job both have ranks 0..N). Letters, digits, `_`, `-`, `.`, `:`, at most 64
+    /// bytes. Env: `PHASETRACE_GROUP`; default `default`.
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.cfg.set(&settings::GROUP, group.into());
         self
     }
 
     /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
-        self.cfg.expert_counter = Some(on);
+        self.cfg.set(&settings::EXPERT_COUNTER, on);
         self
     }
 
     /// The timing backend by name. Env: `PHASETRACE_TIMING`; default `host`. `sync` and
     /// `events` need a clock for the engine's stream: pass it with [`Self::with_clock`].
     pub fn with_timing(mut self, timing: Timing) -> Self {
-        self.cfg.timing = Some(timing);
+        self.cfg.set(&settings::TIMING, timing);
         self
     }
 
@@ -153,33 +210,42 @@ impl ProfilerBuilder {
 
     /// Resource `service.name`. Env: `OTEL_SERVICE_NAME`; default `phasetrace`.
     pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
-        self.cfg.service_name = Some(name.into());
+        self.cfg.set(&settings::SERVICE_NAME, name.into());
         self
     }
 
-    /// The OTLP endpoint, or `None` for no OTLP. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
+    /// The OTLP endpoint (`http(s)://host:port`; checked by `build()`), or `None` for no OTLP
+    /// even when the variable sets one. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
     pub fn with_otlp_endpoint(mut self, endpoint: Option<&str>) -> Self {
-        self.cfg.otlp_endpoint = Some(endpoint.map(str::to_owned));
+        match endpoint {
+            None => self.cfg.set(&settings::OTLP_ENDPOINT, None),
+            Some(text) => {
+                if let Err(e) = self.cfg.set_text(&settings::OTLP_ENDPOINT, text) {
+                    self.cfg.defer(e);
+                }
+            }
+        }
         self
     }
 
     /// The OTLP transport. Env: `OTEL_EXPORTER_OTLP_PROTOCOL`; default `grpc`.
     pub fn with_otlp_protocol(mut self, protocol: Protocol) -> Self {
-        self.cfg.otlp_protocol = Some(protocol);
+        self.cfg.set(&settings::OTLP_PROTOCOL, protocol);
         self
     }
 
     /// OTLP request headers (API keys); values are never printed.
     /// Env: `OTEL_EXPORTER_OTLP_HEADERS`; default none.
     pub fn with_otlp_headers(mut self, headers: Vec<(String, String)>) -> Self {
-        self.cfg.otlp_headers = Some(headers);
+        self.cfg.set(&settings::OTLP_HEADERS, headers);
         self
     }
 
     /// gzip-compress OTLP request bodies. Env: `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`, `none`);
     /// default none.
     pub fn with_otlp_gzip(mut self, on: bool) -> Self {
-        self.cfg.otlp_gzip = Some(on);
+        self.cfg
+            .set(&settings::OTLP_COMPRESSION, Compression::from_gzip(on));
         self
     }
 
@@ -187,21 +253,21 @@ impl ProfilerBuilder {
     /// exponential. Env: `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`; default
     /// explicit. The Prometheus endpoint always keeps explicit buckets.
     pub fn with_otlp_histogram(mut self, aggregation: crate::config::HistogramAggregation) -> Self {
-        self.cfg.otlp_histogram = Some(aggregation);
+        self.cfg.set(&settings::OTLP_HISTOGRAM, aggregation);
         self
     }
 
     /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
     /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
     pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.cfg.otlp_certificate = Some(path.into());
+        self.cfg.set(&settings::OTLP_CERTIFICATE, Some(path.into()));
         self
     }
 
     /// How often metrics are pushed over OTLP. Env: `OTEL_METRIC_EXPORT_INTERVAL` (ms);
     /// default 10 s.
     pub fn with_metric_export_interval(mut self, every: Duration) -> Self {
-        self.cfg.metric_export_interval = Some(every);
+        self.cfg.set(&settings::METRIC_EXPORT_INTERVAL, every);
         self
     }
 
@@ -211,9 +277,10 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Declares a legacy variable that stands for `PHASETRACE_LEVEL` or
-    /// `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`). Both are honored; the phasetrace name
-    /// wins, and a disagreement is reported once on stderr.
+    /// Declares a legacy variable that stands for a phasetrace variable, usually
+    /// `PHASETRACE_LEVEL` or `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`); it is read with
+    /// that setting's parser. Both are honored; the phasetrace name wins, and a disagreement is
+    /// reported once on stderr. A `target` that is no phasetrace variable fails `build()`.
     pub fn with_legacy_alias(mut self, target: &'static str, alias: impl Into<String>) -> Self {
         self.cfg.aliases.push((alias.into(), target));
         self
@@ -259,14 +326,14 @@ impl ProfilerBuilder {
                 Some(s) => s.clock(t)?,
                 None => Arc::new(HostClock),
             },
-            (_, Some(c)) if c.name() == cfg.timing.as_str() => c,
+            (_, Some(c)) if c.timing() == cfg.timing => c,
             (Timing::Host, None) => Arc::new(HostClock),
             (t, Some(c)) => {
                 return Err(Error::Timing {
                     timing: t.as_str(),
                     detail: format!(
-                        "the clock given in code is the {:?} backend; expected the {} backend",
-                        c.name(),
+                        "the clock given in code is the {} backend; expected the {} backend",
+                        c.timing().as_str(),
                         t.as_str()
                     ),
                 });
@@ -283,8 +350,12 @@ impl ProfilerBuilder {
         };
         let enabled = cfg.is_enabled();
         let shared = Arc::new(Shared {
-            level: AtomicU8::new(if enabled { cfg.level.as_u8() } else { 0 }),
-            spec_level: AtomicU8::new(if enabled { cfg.spec_level.as_u8() } else { 0 }),
+            level: Gate::new(if enabled { cfg.level } else { Level::Off }),
+            spec_level: Gate::new(if enabled {
+                cfg.spec_level
+            } else {
+                SpecLevel::Off
+            }),
             trace_every: cfg.trace_every,
             expert_counter: cfg.expert_counter,
             queue: cfg.queue,
@@ -293,6 +364,9 @@ impl ProfilerBuilder {
             lanes: Mutex::new(Vec::new()),
             next_lane: AtomicU16::new(1),
             tracing_parent: AtomicBool::new(false),
+            spec_off_hint: AtomicBool::new(
+                !cfg.sdk_disabled && cfg.origin(crate::names::env::SPEC_LEVEL) == Origin::Default,
+            ),
         });
         let start = Start {
             k_max: self.spec_k_max.unwrap_or(16),
@@ -311,6 +385,8 @@ impl ProfilerBuilder {
                 start,
                 running: Mutex::new(running),
                 shut_down: AtomicBool::new(false),
+                warned_off: AtomicBool::new(false),
+                stopped: Mutex::new(None),
             }),
         })
     }
@@ -325,11 +401,25 @@ struct Start {
 
 impl Start {
     fn run(self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
-        let exporters = crate::export::build(cfg)?;
+        let exporters = crate::export::build(cfg).map_err(|e| match e {
+            ExportError::PrometheusBind { addr, source }
+                if cfg.origin(crate::names::env::PROMETHEUS) == Origin::Default =>
+            {
+                ExportError::PrometheusDefaultBind { addr, source }
+            }
+            e => e,
+        })?;
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), cfg.layer_attr, self.k_max))
+            .map(|p| {
+                Instruments::new(
+                    &p.meter("phasetrace"),
+                    cfg.layer_attr,
+                    self.k_max,
+                    &cfg.group,
+                )
+            })
             .collect();
         let tracer = (cfg.trace_every > 0)
             .then(|| {
@@ -346,6 +436,7 @@ impl Start {
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
+            &cfg.group,
         );
         let worker = Worker::start(pipeline, self.drain_interval)
             .map_err(|e| Error::Export(ExportError::Thread(e)))?;
@@ -395,6 +486,46 @@ struct Inner {
     start: Start,
     running: Mutex<Option<Running>>,
     shut_down: AtomicBool,
+    /// The off-by-default warning was given.
+    warned_off: AtomicBool,
+    /// What a shut-down profiler keeps for `stats()` and `summary()`: the final figures.
+    stopped: Mutex<Option<Figures>>,
+}
+
+/// Where the worker's figures live: its pipeline and the span exporter's counts.
+#[derive(Clone)]
+struct Figures {
+    pipeline: Arc<Mutex<Pipeline>>,
+    span_counts: Arc<crate::export::SpanCounts>,
+}
+
+impl Figures {
+    fn of(r: &Running) -> Figures {
+        Figures {
+            pipeline: r.worker.pipeline.clone(),
+            span_counts: r.exporters.span_counts.clone(),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self
+            .pipeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stats();
+        s.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
+        s.spans_failed = self.span_counts.failed.load(Ordering::Relaxed);
+        s
+    }
+
+    fn summary(&self) -> String {
+        crate::worker::summary_table(
+            self.pipeline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .tally(),
+        )
+    }
 }
 
 impl Drop for Inner {
@@ -414,6 +545,7 @@ impl Drop for Inner {
 /// detached thread, which the process exit ends).
 fn finish(r: Running, timeout: Duration, summary: bool) {
     let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
     let spawned = std::thread::Builder::new()
         .name("phasetrace-shutdown".into())
         .spawn(move || {
@@ -425,7 +557,9 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
                     eprint!("{}", crate::worker::summary_table(p.tally()));
                 }
             }
-            r.exporters.shutdown();
+            // The exporters get what the worker left of the timeout.
+            r.exporters
+                .shutdown(timeout.saturating_sub(started.elapsed()));
             let _ = tx.send(());
         });
     if spawned.is_ok() {
@@ -443,7 +577,7 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
 /// let profiler = Profiler::builder()
 ///     .without_env()
 ///     .with_level(Level::Full)
-///     .with_prometheus(None)
+///     .without_prometheus()
 ///     .build()?;
 /// let rec = profiler.recorder();
 /// for _token in 0..3 {
@@ -483,13 +617,37 @@ impl Profiler {
     }
 
     /// A recorder for the calling engine thread, with the profiler's rank and clock.
+    ///
+    /// With no level set anywhere (`PHASETRACE_LEVEL` unset, no `with_level`), the profiler is
+    /// off and its recorders record nothing: the first recorder says so once on stderr.
     pub fn recorder(&self) -> Recorder {
-        Recorder::new(self.inner.shared.clone(), RecorderOptions::default())
+        self.recorder_with(RecorderOptions::default())
     }
 
     /// A recorder with its own rank or clock (ranks as threads; one stream per thread).
     pub fn recorder_with(&self, opts: RecorderOptions) -> Recorder {
+        self.warn_if_off_by_default();
         Recorder::new(self.inner.shared.clone(), opts)
+    }
+
+    fn warn_if_off_by_default(&self) {
+        let cfg = &self.inner.cfg;
+        let unset = |var| cfg.origin(var) == Origin::Default;
+        if !self.is_enabled()
+            && !cfg.sdk_disabled
+            && unset(crate::names::env::LEVEL)
+            && unset(crate::names::env::SPEC_LEVEL)
+            && !self.inner.warned_off.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "phasetrace: recording is off: {} and {} are off by default, so this recorder \
+                 records nothing until one is set ({}=full, ProfilerBuilder::with_level, or \
+                 Profiler::set_level at run time; said once)",
+                crate::names::env::LEVEL,
+                crate::names::env::SPEC_LEVEL,
+                crate::names::env::LEVEL
+            );
+        }
     }
 
     /// The resolved configuration.
@@ -499,8 +657,8 @@ impl Profiler {
 
     /// Whether anything is recorded.
     pub fn is_enabled(&self) -> bool {
-        self.inner.shared.level.load(Ordering::Relaxed) != 0
-            || self.inner.shared.spec_level.load(Ordering::Relaxed) != 0
+        self.inner.shared.level.load() != Level::Off
+            || self.inner.shared.spec_level.load() != SpecLevel::Off
     }
 
     /// Changes which sections are recorded, at run time (an operator turning profiling on in
@@ -508,15 +666,22 @@ impl Profiler {
     /// exporters on the first change to a level other than off. Fails after
     /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
     pub fn set_level(&self, level: Level) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.level)
+        self.set(level == Level::Off, || self.inner.shared.level.store(level))
     }
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
     pub fn set_spec_level(&self, level: SpecLevel) -> Result<(), Error> {
-        self.set(level.as_u8(), &self.inner.shared.spec_level)
+        self.inner
+            .shared
+            .spec_off_hint
+            .store(false, Ordering::Relaxed);
+        self.set(level == SpecLevel::Off, || {
+            self.inner.shared.spec_level.store(level)
+        })
     }
 
-    fn set(&self, value: u8, gate: &AtomicU8) -> Result<(), Error> {
+    /// Stores a level (`off` when it is off) unless the profiler cannot record.
+    fn set(&self, off: bool, store: impl FnOnce()) -> Result<(), Error> {
         let refuse = |why: &str| {
             Err(Error::Config(ConfigError::Conflict(format!(
                 "cannot change the level: {why}"
@@ -530,10 +695,10 @@ impl Profiler {
         if self.inner.shut_down.load(Ordering::Relaxed) {
             return refuse("the profiler is shut down");
         }
-        if value != 0 && running.is_none() {
+        if !off && running.is_none() {
             *running = Some(self.inner.start.run(&self.inner.shared, &self.inner.cfg)?);
         }
-        gate.store(value, Ordering::Relaxed);
+        store();
         Ok(())
     }
 
@@ -562,34 +727,39 @@ impl Profiler {
         }
     }
 
-    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops.
-    pub fn stats(&self) -> Stats {
+    /// The worker's figures: those of the running worker, or the final ones after
+    /// [`Profiler::shutdown`]; `None` when it never started.
+    fn figures(&self) -> Option<Figures> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or(Stats::default(), |r| {
-            let mut s = r
-                .worker
-                .pipeline
+        match r.as_ref() {
+            Some(r) => Some(Figures::of(r)),
+            None => self
+                .inner
+                .stopped
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .stats();
-            s.spans_exported = r.exporters.span_counts.exported.load(Ordering::Relaxed);
-            s.spans_failed = r.exporters.span_counts.failed.load(Ordering::Relaxed);
-            s
-        })
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
     }
 
-    /// The console summary table of everything recorded so far.
+    /// What the worker has seen so far: marks, sections, steps, rounds, spans, drops. After
+    /// [`Profiler::shutdown`], the final figures.
+    ///
+    /// Locks: takes the profiler's state lock (the one `flush`, `set_level` and `shutdown`
+    /// take), then the worker's pipeline lock, which a drain pass holds while it processes
+    /// marks: it may wait for one pass or a `flush` in progress. Meant for monitoring and tests,
+    /// not for every token; recorders never take either lock.
+    pub fn stats(&self) -> Stats {
+        self.figures().map_or_else(Stats::default, |f| f.stats())
+    }
+
+    /// The console summary table of everything recorded so far; after
+    /// [`Profiler::shutdown`], of everything recorded.
+    ///
+    /// Locks: the same as [`Profiler::stats`], the pipeline lock for as long as the table takes
+    /// to format; recorders never take either.
     pub fn summary(&self) -> String {
-        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref().map_or_else(String::new, |r| {
-            crate::worker::summary_table(
-                r.worker
-                    .pipeline
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tally(),
-            )
-        })
+        self.figures().map_or_else(String::new, |f| f.summary())
     }
 
     /// Stops recording, processes what is left, flushes every exporter and stops them, within
@@ -599,8 +769,12 @@ impl Profiler {
         let running = {
             let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.shut_down.store(true, Ordering::Relaxed);
-            self.inner.shared.level.store(0, Ordering::Relaxed);
-            self.inner.shared.spec_level.store(0, Ordering::Relaxed);
+            self.inner.shared.level.store(Level::Off);
+            self.inner.shared.spec_level.store(SpecLevel::Off);
+            if let Some(r) = r.as_ref() {
+                *self.inner.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Figures::of(r));
+            }
             r.take()
         };
         if let Some(r) = running {
@@ -634,5 +808,65 @@ impl Profiler {
             .tracing_parent
             .store(true, Ordering::Relaxed);
         Some(tracing_opentelemetry::layer().with_tracer(tracer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Section, Site};
+
+    fn profiler() -> Profiler {
+        Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .without_prometheus()
+            .build()
+            .expect("profiler")
+    }
+
+    #[test]
+    fn stats_and_summary_keep_the_final_figures_after_shutdown() {
+        let p = profiler();
+        let rec = p.recorder();
+        for layer in 0..4u32 {
+            let _step = rec.step();
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        drop(rec);
+        p.shutdown();
+        let s = p.stats();
+        assert_eq!((s.steps, s.sections, s.dropped.total()), (4, 4, 0), "{s:?}");
+        let summary = p.summary();
+        assert!(summary.contains("after 4 steps:"), "{summary}");
+        assert!(summary.contains("kda_mixer"), "{summary}");
+    }
+
+    #[test]
+    fn the_summary_header_counts_the_steps_of_each_rank() {
+        let p = profiler();
+        let ranks: Vec<Recorder> = (0..3)
+            .map(|r| p.recorder_with(RecorderOptions::new().rank(r)))
+            .collect();
+        for rec in &ranks {
+            for _ in 0..4 {
+                let _step = rec.step();
+            }
+        }
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 4 steps x 3 ranks (per rank)"),
+            "{summary}"
+        );
+        let _step = ranks[0].step();
+        drop(_step);
+        p.drain();
+        let summary = p.summary();
+        assert!(
+            summary.contains("after 13 steps over 3 ranks (4 to 5 per rank)"),
+            "{summary}"
+        );
+        p.shutdown();
     }
 }

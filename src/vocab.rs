@@ -367,6 +367,9 @@ impl std::fmt::Debug for Site {
 }
 
 /// A layer index; [`Layer::NONE`] when a section belongs to no layer.
+///
+/// Recording calls take anything that converts: `u32`, `usize` (`for (layer, w) in
+/// weights.iter().enumerate()`) and `i32`, the type of a plain `for layer in 0..8` loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Layer(pub u32);
 
@@ -392,6 +395,15 @@ impl From<usize> for Layer {
     #[inline]
     fn from(v: usize) -> Self {
         Layer(u32::try_from(v).unwrap_or(u32::MAX - 1).min(u32::MAX - 1))
+    }
+}
+
+impl From<i32> for Layer {
+    /// So that a plain `for layer in 0..8` loop works. A negative index is no layer index:
+    /// it becomes [`Layer::NONE`] (the section is still recorded, without a `layer`).
+    #[inline]
+    fn from(v: i32) -> Self {
+        u32::try_from(v).map_or(Layer::NONE, Layer)
     }
 }
 
@@ -529,5 +541,14 @@ mod tests {
         assert_eq!(v, ["kda", "kda_scan", "mla", "ffn"]);
         assert_eq!(Phase::from_u8(4), Some(Phase::Maint));
         assert_eq!(Phase::from_u8(5), None);
+    }
+
+    #[test]
+    fn layers_come_from_the_integer_types_loops_use() {
+        let from_loop: Vec<Layer> = (0..3).map(Layer::from).collect();
+        assert_eq!(from_loop, [Layer(0), Layer(1), Layer(2)]);
+        assert_eq!(Layer::from(7usize), Layer(7));
+        assert_eq!(Layer::from(-1), Layer::NONE);
+        assert_eq!(Layer::from(-1).get(), None);
     }
 }

@@ -11,10 +11,14 @@
 //! 5. `profiler.shutdown()` at exit flushes everything.
 //!
 //! Host sleeps stand in for kernels, and a `Barrier` stands in for the all-reduce rendezvous, so
-//! every rank really waits for the slowest one at each collective.
+//! every rank really waits for the slowest one at each collective. With `--rank R --rendezvous
+//! HOST:PORT` this process runs only rank R, and the rendezvous is real: a barrier over TCP
+//! with the other ranks' processes (`crate::rendezvous`), as tensor-parallel ranks on separate
+//! hosts meet at their all-reduces.
 
 use crate::Failure;
 use crate::flags::ProfilerFlags;
+use crate::rendezvous::{RendezvousError, TcpRendezvous};
 use clap::Args;
 use phasetrace::timing::sim::{self, SimStream};
 use phasetrace::{
@@ -27,7 +31,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 /// `phasetrace demo` flags.
@@ -42,9 +46,21 @@ pub(crate) struct DemoArgs {
     /// Run until Ctrl-C.
     #[arg(long)]
     forever: bool,
-    /// Tensor-parallel ranks (threads that rendezvous at every all-reduce).
+    /// Tensor-parallel ranks (threads that rendezvous at every all-reduce, or with --rank the
+    /// number of processes in the group).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     ranks: u32,
+    /// Run only this rank of --ranks in this process; the all-reduces meet the other ranks'
+    /// processes over TCP at --rendezvous.
+    #[arg(long, requires = "rendezvous")]
+    rank: Option<u32>,
+    /// HOST:PORT where rank 0 listens and every other rank connects (with --rank). A peer that
+    /// dies makes the others fail naming it.
+    #[arg(long, requires = "rank")]
+    rendezvous: Option<String>,
+    /// Seconds a rank waits for its peers, to join and at each all-reduce, before failing.
+    #[arg(long, default_value_t = 60.0)]
+    rendezvous_timeout: f64,
     /// Transformer layers.
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=512))]
     layers: u32,
@@ -73,6 +89,11 @@ pub(crate) struct DemoArgs {
     /// Scales every section time (0.5 = twice as fast a model).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Busy-wait the last this many microseconds of each simulated kernel (shorter kernels
+    /// are spun whole): host sleeps overshoot by tens of µs. 0 sleeps only, which costs little
+    /// CPU when many ranks share few cores (tests).
+    #[arg(long, default_value_t = 150)]
+    spin_us: u64,
     /// A JSON file overriding section time distributions:
     /// {"kda_mixer": {"mean_us": 120, "cv": 0.1}, ...}
     #[arg(long)]
@@ -185,6 +206,8 @@ struct Work {
     dists: HashMap<&'static str, (LogNormal<f64>, f64)>,
     rng: SmallRng,
     scale: f64,
+    /// The spun tail of each host-slept kernel (`--spin-us`).
+    spin: Duration,
     /// With `--gpu-sim`: kernels are enqueued on this rank's simulated stream instead of slept.
     stream: Option<SimStream>,
 }
@@ -194,6 +217,7 @@ impl Work {
         dists: &HashMap<&'static str, Dist>,
         seed: u64,
         scale: f64,
+        spin: Duration,
         stream: Option<SimStream>,
     ) -> Work {
         let dists = dists
@@ -208,6 +232,7 @@ impl Work {
             dists,
             rng: SmallRng::seed_from_u64(seed),
             scale,
+            spin,
             stream,
         }
     }
@@ -225,7 +250,7 @@ impl Work {
         let d = Duration::from_secs_f64(us * 1e-6 * self.scale * factor);
         match &self.stream {
             Some(s) => s.enqueue(d),
-            None => spin_sleep(d),
+            None => spin_sleep(d, self.spin),
         }
     }
 
@@ -244,20 +269,33 @@ impl Work {
     }
 }
 
-/// Sleeps long waits, spins the last stretch: host sleeps overshoot by tens of µs.
-fn spin_sleep(d: Duration) {
+/// Sleeps long waits, spins the last stretch (`spin`): host sleeps overshoot by tens of µs.
+fn spin_sleep(d: Duration, spin: Duration) {
     let end = Instant::now() + d;
-    if d > Duration::from_micros(300) {
-        std::thread::sleep(d - Duration::from_micros(150));
+    if spin.is_zero() {
+        std::thread::sleep(d);
+        return;
+    }
+    if d > 2 * spin {
+        std::thread::sleep(d - spin);
     }
     while Instant::now() < end {
         std::hint::spin_loop();
     }
 }
 
+/// Where the ranks meet: threads of this process, or processes over TCP.
+enum Meeting {
+    Threads(Barrier),
+    /// Only one rank thread uses it (one rank per process); the mutex is never contended.
+    Tcp(Mutex<TcpRendezvous>),
+}
+
 /// What every rank shares: the rendezvous, the stop decision and progress.
 struct Group {
-    barrier: Barrier,
+    meeting: Meeting,
+    /// The rank that counts progress (rank 0 with threads; this process's rank with --rank).
+    counter: u32,
     stop_requested: Arc<AtomicBool>,
     stop_now: AtomicBool,
     steps_done: AtomicU64,
@@ -279,6 +317,43 @@ struct Plan {
     spec: Option<u32>,
     acceptance: f64,
     ranks: u32,
+}
+
+impl Group {
+    /// Every rank of the group waits here until all have arrived.
+    fn meet(&self) -> Result<(), RendezvousError> {
+        match &self.meeting {
+            Meeting::Threads(b) => {
+                b.wait();
+                Ok(())
+            }
+            Meeting::Tcp(t) => t
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .meet(false)
+                .map(|_| ()),
+        }
+    }
+
+    /// The stop decision of the whole group at a step boundary: rank 0 decides (`done`), and
+    /// with processes any rank may ask (Ctrl-C on it), so that none is left at a rendezvous.
+    fn decide_stop(&self, rank: u32, done: bool) -> Result<bool, RendezvousError> {
+        match &self.meeting {
+            Meeting::Threads(b) => {
+                if rank == 0 {
+                    self.stop_now.store(done, Ordering::Relaxed);
+                }
+                b.wait();
+                let stop = self.stop_now.load(Ordering::Relaxed);
+                b.wait();
+                Ok(stop)
+            }
+            Meeting::Tcp(t) => t
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .meet(done || self.stop_requested.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl Plan {
@@ -313,7 +388,7 @@ fn layer_forward(
     layer: u32,
     f: f64,
     round: Option<phasetrace::RoundRef>,
-) {
+) -> Result<(), RendezvousError> {
     {
         let _s = rec.section(Section::MHC, layer, Site::NONE);
         work.run("mhc", f);
@@ -350,7 +425,7 @@ fn layer_forward(
             work.run("kda_back", f);
         }
     }
-    all_reduce(rec, work, group, layer, Site::ATTN);
+    all_reduce(rec, work, group, layer, Site::ATTN)?;
     {
         let _s = rec.section(Section::MHC_POST, layer, Site::NONE);
         work.run("mhc_post", f);
@@ -388,12 +463,18 @@ fn layer_forward(
         }
     }
     drop(_ffn);
-    all_reduce(rec, work, group, layer, Site::MLP);
+    all_reduce(rec, work, group, layer, Site::MLP)
 }
 
 /// An all-reduce: host enqueue, the rendezvous probe (every rank waits for the slowest), then
 /// the reduction itself.
-fn all_reduce(rec: &Recorder, work: &mut Work, group: &Group, layer: u32, site: Site) {
+fn all_reduce(
+    rec: &Recorder,
+    work: &mut Work,
+    group: &Group,
+    layer: u32,
+    site: Site,
+) -> Result<(), RendezvousError> {
     let (enq, bar, red, enq_b, red_b) = if site == Site::ATTN {
         (
             Section::REDUCE_ATTN_ENQ,
@@ -420,7 +501,7 @@ fn all_reduce(rec: &Recorder, work: &mut Work, group: &Group, layer: u32, site: 
         // host waits for its own stream, meets the others, and the spin lands on the stream.
         work.synchronize();
         let t = Instant::now();
-        group.barrier.wait();
+        group.meet()?;
         let waited = t.elapsed();
         let _s = rec.section(bar, layer, site);
         if let Some(s) = &work.stream {
@@ -428,10 +509,11 @@ fn all_reduce(rec: &Recorder, work: &mut Work, group: &Group, layer: u32, site: 
         }
     } else {
         let _s = rec.section(bar, layer, site);
-        group.barrier.wait();
+        group.meet()?;
     }
     let _s = rec.section(red, layer, site);
     work.run(red_b, 1.0);
+    Ok(())
 }
 
 /// Geometric acceptance: each drafted token is accepted with probability p until one is not.
@@ -439,23 +521,23 @@ fn accepted(rng: &mut SmallRng, k: u32, p: f64) -> u32 {
     (0..k).take_while(|_| rng.random::<f64>() < p).count() as u32
 }
 
-fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) {
+fn rank_loop(
+    rec: Recorder,
+    mut work: Work,
+    plan: Arc<Plan>,
+    group: Arc<Group>,
+) -> Result<(), RendezvousError> {
     let rank = rec.rank();
     loop {
         // Every rank takes the same stop decision at the same step, so none is left waiting
         // at a rendezvous.
-        if rank == 0 {
-            let done = group.stop_requested.load(Ordering::Relaxed)
+        let done = rank == 0
+            && (group.stop_requested.load(Ordering::Relaxed)
                 || plan.deadline.is_some_and(|d| group.started.elapsed() >= d)
                 || plan
                     .max_steps
-                    .is_some_and(|m| group.steps_done.load(Ordering::Relaxed) >= m);
-            group.stop_now.store(done, Ordering::Relaxed);
-        }
-        group.barrier.wait();
-        let stop = group.stop_now.load(Ordering::Relaxed);
-        group.barrier.wait();
-        if stop {
+                    .is_some_and(|m| group.steps_done.load(Ordering::Relaxed) >= m));
+        if group.decide_stop(rank, done)? {
             break;
         }
         let f = plan.factor(rank, group.started.elapsed());
@@ -475,7 +557,7 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
                         layer,
                         f,
                         Some(round.as_ref()),
-                    );
+                    )?;
                 }
             }
             round.phase(Phase::Verify);
@@ -493,16 +575,17 @@ fn rank_loop(rec: Recorder, mut work: Work, plan: Arc<Plan>, group: Arc<Group>) 
         } else {
             let _step = rec.step();
             for layer in 0..plan.layers {
-                layer_forward(&rec, &mut work, &plan, &group, layer, f, None);
+                layer_forward(&rec, &mut work, &plan, &group, layer, f, None)?;
             }
             work.synchronize(); // the sampled token is read back
             1
         };
-        if rank == 0 {
+        if rank == group.counter {
             group.steps_done.fetch_add(1, Ordering::Relaxed);
             group.tokens_done.fetch_add(tokens, Ordering::Relaxed);
         }
     }
+    Ok(())
 }
 
 pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
@@ -532,6 +615,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             a.ranks
         )));
     }
+    if let Some(r) = a.rank
+        && r >= a.ranks
+    {
+        return Err(Failure::config(format!(
+            "--rank {r}: expected a rank below --ranks {}",
+            a.ranks
+        )));
+    }
+    if !(a.rendezvous_timeout.is_finite() && a.rendezvous_timeout > 0.0) {
+        return Err(Failure::config(format!(
+            "--rendezvous-timeout {}: expected a positive number of seconds",
+            a.rendezvous_timeout
+        )));
+    }
     if let Some(d) = a.duration
         && !(d.is_finite() && d > 0.0)
     {
@@ -543,9 +640,17 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     if let Some(p) = &a.profile {
         load_profile(p, &mut dists)?;
     }
+    // The ranks this process runs: all of them as threads, or only --rank.
+    let local: Vec<u32> = match a.rank {
+        Some(r) => vec![r],
+        None => (0..a.ranks).collect(),
+    };
 
     // 1. The profiler: defaults, then environment, then flags. The demo records by default.
     let mut builder = Profiler::builder().with_level(Level::Full);
+    if let Some(r) = a.rank {
+        builder = builder.with_rank(r);
+    }
     if a.spec.is_some() {
         builder = builder.with_spec_level(SpecLevel::VerifySplit);
         builder = builder.with_spec_k_max(a.spec.unwrap_or(16));
@@ -554,16 +659,17 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     let timing = a
         .flags
         .apply(Profiler::builder())
+        .map_err(Failure::config)?
         .config()
         .map_err(Failure::config)?
         .timing;
     let gpu_sim = a.gpu_sim || timing != Timing::Host;
     let streams: Vec<Option<SimStream>> =
-        (0..a.ranks).map(|_| gpu_sim.then(SimStream::new)).collect();
+        local.iter().map(|_| gpu_sim.then(SimStream::new)).collect();
     if let Some(Some(s)) = streams.first() {
         builder = builder.with_sim_stream(s.clone());
     }
-    let profiler = a.flags.apply(builder).build()?;
+    let profiler = a.flags.apply(builder).map_err(Failure::config)?.build()?;
     if gpu_sim {
         eprintln!(
             "phasetrace: simulated GPU streams, timing backend {}",
@@ -610,8 +716,32 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         acceptance: a.acceptance,
         ranks: a.ranks,
     });
+    let meeting = match (&a.rendezvous, a.rank) {
+        (Some(addr), Some(r)) => {
+            eprintln!(
+                "phasetrace: rank {r} of {} in group {}: {} the rendezvous at {addr}",
+                a.ranks,
+                profiler.config().group,
+                if r == 0 { "listening for" } else { "joining" }
+            );
+            let t = TcpRendezvous::join(
+                addr,
+                r,
+                a.ranks,
+                &profiler.config().group,
+                Duration::from_secs_f64(a.rendezvous_timeout),
+            )
+            .map_err(|e| {
+                profiler.shutdown();
+                Failure::runtime(format!("rank {r} of {}: {e}", a.ranks))
+            })?;
+            Meeting::Tcp(Mutex::new(t))
+        }
+        _ => Meeting::Threads(Barrier::new(a.ranks as usize)),
+    };
     let group = Arc::new(Group {
-        barrier: Barrier::new(a.ranks as usize),
+        meeting,
+        counter: local[0],
         stop_requested: stop_requested.clone(),
         stop_now: AtomicBool::new(false),
         steps_done: AtomicU64::new(0),
@@ -621,8 +751,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
 
     // 2. One recorder per rank thread.
     let mut handles = Vec::new();
-    for rank in 0..a.ranks {
-        let stream = streams[rank as usize].clone();
+    for (&rank, stream) in local.iter().zip(&streams) {
+        let stream = stream.clone();
         let mut opts = RecorderOptions::new().rank(rank);
         if let Some(s) = &stream {
             opts = opts.clock(sim::clock(s, timing));
@@ -632,6 +762,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             &dists,
             a.seed.wrapping_add(u64::from(rank)),
             a.time_scale,
+            Duration::from_micros(a.spin_us),
             stream,
         );
         let (plan, group) = (plan.clone(), group.clone());
@@ -659,9 +790,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             let _ = std::io::stderr().flush();
         }
     }
-    for h in handles {
-        h.join()
-            .map_err(|_| Failure::runtime("a rank thread panicked"))?;
+    let mut failure = None;
+    for (h, rank) in handles.into_iter().zip(&local) {
+        match h.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let f = Failure::runtime(format!("rank {rank} of {}: {e}", a.ranks));
+                // Said at once: with --linger the endpoint stays up a while before the exit.
+                eprintln!("phasetrace: {}", f.message);
+                failure.get_or_insert(f);
+            }
+            Err(_) => {
+                failure.get_or_insert(Failure::runtime("a rank thread panicked"));
+            }
+        }
     }
     if tty {
         eprintln!();
@@ -677,15 +819,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         eprint!("{}", profiler.summary());
     }
     eprintln!(
-        "demo: {steps} steps, {tokens} tokens on {} ranks x {} layers in {wall:.2}s ({:.0} tokens/s); {} sections, {} spans, dropped: {} queue_full, {} clock, {} unbalanced",
-        a.ranks,
+        "demo: {steps} steps, {tokens} tokens on {} x {} layers in {wall:.2}s ({:.0} tokens/s); {} sections, {} spans, dropped:{}",
+        match a.rank {
+            Some(r) => format!("rank {r} of {} ranks", a.ranks),
+            None => format!("{} ranks", a.ranks),
+        },
         a.layers,
         tokens as f64 / wall.max(1e-9),
         stats.sections,
         stats.spans,
-        stats.dropped_queue_full,
-        stats.dropped_clock,
-        stats.dropped_unbalanced,
+        stats
+            .dropped
+            .iter()
+            .map(|(reason, n)| format!(" {reason}={n}"))
+            .collect::<String>(),
     );
     if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
         let until = Instant::now() + Duration::from_secs_f64(a.linger);
@@ -694,5 +841,5 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         }
     }
     profiler.shutdown();
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }

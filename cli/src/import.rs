@@ -5,8 +5,9 @@
 use crate::Failure;
 use clap::{Args, ValueEnum};
 use phasetrace::Profiler;
+use phasetrace::config::settings::{self, AnySetting as _};
 use phasetrace::import::openmetrics::{OpenMetricsOptions, write_openmetrics};
-use phasetrace::import::otlp_json::{self, OtlpJsonOptions};
+use phasetrace::import::otlp::{self, OtlpOptions};
 use phasetrace::import::{ImportOptions, ImportedFile, Summary};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
@@ -15,7 +16,8 @@ use std::time::Instant;
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
-    /// POST OTLP/HTTP JSON to the collector at OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint).
+    /// POST OTLP/HTTP (protobuf) to the collector at OTEL_EXPORTER_OTLP_ENDPOINT (or
+    /// --otlp-endpoint).
     Otlp,
     /// OTLP JSON requests, one per line (JSON Lines), to --out.
     OtlpJson,
@@ -48,7 +50,7 @@ pub(crate) struct ImportArgs {
     rank: Option<u32>,
     /// OTLP endpoint for --format otlp; must accept OTLP/HTTP (port 4318 by convention)
     /// [env: OTEL_EXPORTER_OTLP_ENDPOINT]
-    #[arg(long)]
+    #[arg(long, value_parser = |text: &str| settings::OTLP_ENDPOINT.check(text).map(|()| text.to_owned()))]
     otlp_endpoint: Option<String>,
     /// No progress bar, even on a terminal.
     #[arg(long)]
@@ -198,9 +200,9 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
     match a.format {
         Format::Otlp => {
             let otlp = otlp.ok_or_else(|| Failure::runtime("no OTLP endpoint"))?;
-            let opts = OtlpJsonOptions {
+            let opts = OtlpOptions {
                 rank: a.rank,
-                ..OtlpJsonOptions::default()
+                ..OtlpOptions::default()
             };
             let sent =
                 phasetrace::import::send::send(&files, &otlp, &opts).map_err(Failure::runtime)?;
@@ -215,18 +217,14 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         }
         Format::OtlpJson => {
             let mut w = writer(&a.out, "otlp-json")?;
-            let opts = OtlpJsonOptions {
+            let opts = OtlpOptions {
                 rank: a.rank,
-                ..OtlpJsonOptions::default()
+                ..OtlpOptions::default()
             };
-            let m = otlp_json::metrics_requests(&files, &opts, |r| {
-                otlp_json::write_json_line(&mut w, &r)
-            })
-            .map_err(Failure::runtime)?;
-            let t = otlp_json::trace_requests(&files, &opts, |r| {
-                otlp_json::write_json_line(&mut w, &r)
-            })
-            .map_err(Failure::runtime)?;
+            let m = otlp::metrics_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+                .map_err(Failure::runtime)?;
+            let t = otlp::trace_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+                .map_err(Failure::runtime)?;
             w.flush().map_err(Failure::runtime)?;
             eprintln!(
                 "wrote {} metric requests ({} points) and {} trace requests ({} spans)",

@@ -4,6 +4,7 @@ mod check;
 mod demo;
 mod flags;
 mod import;
+mod rendezvous;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

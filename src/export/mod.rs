@@ -19,7 +19,7 @@ pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::prometheus::PrometheusServer;
 
 use crate::config::{Config, HistogramAggregation};
-use crate::names::{default, metric};
+use crate::names::{metric, resource};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{Aggregation, Instrument, SdkMeterProvider, Stream};
@@ -32,7 +32,8 @@ use thiserror::Error;
 
 /// Spans the batch processor queues (its `max_queue_size`).
 const SPAN_QUEUE: usize = 16_384;
-/// Spans the worker lets be pending in the processor: the queue less one export batch in flight.
+/// Spans the worker lets be pending in the processor: the queue less two export batches (one
+/// being exported while the next is gathered), so that the processor never drops uncounted.
 pub(crate) const SPAN_QUEUE_BUDGET: usize = SPAN_QUEUE - 2 * SPAN_BATCH;
 const SPAN_BATCH: usize = 512;
 
@@ -44,6 +45,19 @@ pub enum ExportError {
         "PHASETRACE_PROMETHEUS={addr}: cannot listen there ({source}); expected a free local address, or off"
     )]
     PrometheusBind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The built-in default Prometheus address (nobody set `PHASETRACE_PROMETHEUS`) could not
+    /// be bound: the error says it is the default and how to change it.
+    #[error(
+        "the built-in default Prometheus endpoint {addr} cannot listen ({source}); \
+         PHASETRACE_PROMETHEUS is not set: set it to a free host:port (or host:port+rank) or off, \
+         or call ProfilerBuilder::with_prometheus_at or without_prometheus"
+    )]
+    PrometheusDefaultBind {
         /// The address.
         addr: SocketAddr,
         /// Why.
@@ -102,10 +116,12 @@ impl std::fmt::Debug for Exporters {
 
 pub(crate) fn resource(cfg: &Config) -> Resource {
     let mut attrs: Vec<KeyValue> = vec![
-        KeyValue::new("process.pid", i64::from(std::process::id())),
-        KeyValue::new("telemetry.sdk.name", "phasetrace"),
-        KeyValue::new("telemetry.sdk.language", "rust"),
-        KeyValue::new("telemetry.sdk.version", env!("CARGO_PKG_VERSION")),
+        KeyValue::new(resource::PROCESS_PID, i64::from(std::process::id())),
+        KeyValue::new(resource::TELEMETRY_DISTRO_NAME, resource::DISTRO),
+        KeyValue::new(
+            resource::TELEMETRY_DISTRO_VERSION,
+            env!("CARGO_PKG_VERSION"),
+        ),
         KeyValue::new(
             crate::names::attr::HOST_CLOCK,
             crate::timing::host_source().source.as_str(),
@@ -115,15 +131,20 @@ pub(crate) fn resource(cfg: &Config) -> Resource {
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
     {
-        attrs.push(KeyValue::new("process.executable.name", exe));
+        attrs.push(KeyValue::new(resource::PROCESS_EXECUTABLE_NAME, exe));
     }
     if let Some(host) = hostname() {
-        attrs.push(KeyValue::new("host.name", host));
+        attrs.push(KeyValue::new(resource::HOST_NAME, host));
     }
     for (k, v) in &cfg.resource_attributes {
         attrs.push(KeyValue::new(k.clone(), v.clone()));
     }
+    // The SDK's own `telemetry.sdk.*` (no other detector: the environment is read by
+    // `Config`, which `without_env` bypasses).
     Resource::builder_empty()
+        .with_detector(Box::new(
+            opentelemetry_sdk::resource::TelemetryResourceDetector,
+        ))
         .with_attributes(attrs)
         .with_service_name(cfg.service_name.clone())
         .build()
@@ -275,19 +296,22 @@ impl Exporters {
         }
     }
 
-    /// Flushes and shuts every exporter down; each step is bounded by the exporters' timeouts.
-    pub(crate) fn shutdown(&mut self) {
+    /// Flushes and shuts every exporter down within `timeout` in all (the configured shutdown
+    /// timeout): each provider gets what its predecessors left of it.
+    pub(crate) fn shutdown(&mut self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
         if let Some(t) = &self.tracer_provider {
-            let _ = t.shutdown_with_timeout(Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS));
+            let _ = t.shutdown_with_timeout(left());
         }
         for m in &self.meter_providers {
-            let _ = m.shutdown_with_timeout(Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS));
+            let _ = m.shutdown_with_timeout(left());
         }
         if let Some(p) = self.prometheus.take() {
             p.stop();
         }
         if let Some(rt) = self.runtime.take() {
-            rt.shutdown_timeout(Duration::from_millis(500));
+            rt.shutdown_timeout(left().min(Duration::from_millis(500)));
         }
     }
 }

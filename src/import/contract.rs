@@ -5,7 +5,10 @@
 //!
 //! Keys that only an import has (`tag`, `source.file`, `source.run`) are defined here.
 
+use crate::config::Timing;
 use crate::names::{attr, metric, span};
+use crate::vocab::{Section, Site};
+use std::borrow::Cow;
 
 /// `service.name` of every imported resource.
 pub(crate) const SERVICE_NAME: &str = "phasetrace-import";
@@ -17,11 +20,17 @@ pub(crate) const SPAN_STEP: &str = span::STEP;
 pub(crate) const EVENT_MOE_ROUTE: &str = span::MOE_ROUTE_EVENT;
 /// `phasetrace.timing` of imported spans: the reference profilers synchronise the stream before
 /// reading the host clock, which is what the live `sync` backend does.
-pub(crate) const TIMING_SYNC: &str = "sync";
+pub(crate) const TIMING: Timing = Timing::Sync;
 
-/// The probe bucket (and so the span name) of a rendezvous at `site`: `reduce_attn_bar`.
-pub(crate) fn probe_bucket(site: &str) -> String {
-    format!("reduce_{site}_bar")
+/// The probe bucket (and so the span name) of a rendezvous at `site`: the vocabulary's probe
+/// section for the built-in sites (`reduce_attn_bar`, `reduce_mlp_bar`), the same pattern for
+/// another site of a log.
+pub(crate) fn probe_bucket(site: &str) -> Cow<'static, str> {
+    match site {
+        s if Site::ATTN.as_str() == Some(s) => Cow::Borrowed(Section::REDUCE_ATTN_BAR.as_str()),
+        s if Site::MLP.as_str() == Some(s) => Cow::Borrowed(Section::REDUCE_MLP_BAR.as_str()),
+        s => Cow::Owned(format!("reduce_{s}_bar")),
+    }
 }
 
 /// A metric family the writers emit.
@@ -168,12 +177,6 @@ impl Key {
     }
 }
 
-/// Values of [`Key::Phase`], in the order of the speculative line (the `vocab::Phase` names).
-pub(crate) const PHASES: [&str; 5] = ["draft", "verify", "accept", "rollback", "maint"];
-/// Values of [`Key::Part`], in the order of the verify-split line (the `vocab::VerifyPart`
-/// names, with the derived `rest`).
-pub(crate) const VERIFY_PARTS: [&str; 5] = ["kda", "kda_scan", "mla", "rest", "ffn"];
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +197,8 @@ mod tests {
         );
         assert_eq!(Key::SourceFile.prom(), "source_file");
         assert_eq!(Key::Bucket.prom(), "bucket");
+        assert_eq!(probe_bucket("attn"), "reduce_attn_bar");
+        assert_eq!(probe_bucket("mlp"), "reduce_mlp_bar");
+        assert_eq!(probe_bucket("moe_a2a"), "reduce_moe_a2a_bar");
     }
 }

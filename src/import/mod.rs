@@ -3,7 +3,8 @@
 //! ```text
 //! file / stdin ─► gzip? (magic bytes) ─► lines as bytes ─► parse (per line, no allocation
 //!   unless a marker is found) ─► Importer: runs, time base, cumulative→delta ─► ImportRecord
-//!   ─► series (cumulative per resource) ─► openmetrics (promtool backfill) | otlp_json
+//!   ─► series (cumulative per resource) ─► openmetrics (promtool backfill)
+//!                                          | otlp (proto messages: protobuf to send, OTLP/JSON)
 //! ```
 //!
 //! # Formats
@@ -70,7 +71,7 @@
 
 mod contract;
 pub mod openmetrics;
-pub mod otlp_json;
+pub mod otlp;
 mod parse;
 pub mod send;
 mod series;

@@ -15,6 +15,8 @@
 
 use std::fmt;
 
+use crate::vocab::{Phase, VerifyPart};
+
 /// Why a candidate line could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum LineError {
@@ -599,6 +601,17 @@ pub struct SpecPhases {
 }
 
 impl SpecPhases {
+    /// Each phase with its total, in round order.
+    pub fn by_phase(&self) -> [(Phase, u64); 5] {
+        [
+            (Phase::Draft, self.draft_ns),
+            (Phase::Verify, self.verify_ns),
+            (Phase::Accept, self.accept_ns),
+            (Phase::Rollback, self.rollback_ns),
+            (Phase::Maint, self.maint_ns),
+        ]
+    }
+
     /// Sum of the five phases.
     pub fn total_ns(&self) -> u64 {
         self.draft_ns
@@ -624,6 +637,20 @@ pub struct VerifyParts {
     pub rest_ns: u64,
     /// FFN/MoE time inside the rest.
     pub ffn_ns: u64,
+}
+
+impl VerifyParts {
+    /// Each `part` value (the `vocab::VerifyPart` names and the derived `rest`) with its
+    /// total, in the order of the verify-split line.
+    pub fn by_part(&self) -> [(&'static str, u64); 5] {
+        [
+            (VerifyPart::Kda.as_str(), self.kda_ns),
+            (VerifyPart::KdaScan.as_str(), self.kda_scan_ns),
+            (VerifyPart::Mla.as_str(), self.mla_ns),
+            (VerifyPart::REST, self.rest_ns),
+            (VerifyPart::Ffn.as_str(), self.ffn_ns),
+        ]
+    }
 }
 
 /// A parsed speculative line of either kind.

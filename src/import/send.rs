@@ -2,43 +2,36 @@
 //! exporters stamp data with the export time, so they cannot).
 //!
 //! ```text
-//! ImportedFile ──otlp_json::{metrics,trace}_requests──> OTLP JSON ──decode──> protobuf ──POST──> {endpoint}/v1/{metrics,traces}
+//! ImportedFile ──otlp::{metrics,trace}_requests──> proto messages ──encode──> protobuf ──POST──> {endpoint}/v1/{metrics,traces}
 //! ```
 //!
-//! The JSON requests (the same the `otlp-json` output writes) are decoded into the OTLP protobuf
-//! messages and sent as `application/x-protobuf`: every OTLP/HTTP receiver must accept protobuf,
-//! while JSON support varies (rotel's JSON decoding drops histograms, for one).
+//! The requests (the same messages the `otlp-json` output writes as JSON) are sent as
+//! `application/x-protobuf`: every OTLP/HTTP receiver must accept protobuf, while JSON support
+//! varies (rotel's JSON decoding drops histograms, for one).
 
-use super::otlp_json::{self, OtlpJsonOptions, OtlpJsonStats};
+use super::otlp::{self, OtlpOptions, OtlpStats};
 use super::{ImportError, ImportedFile};
 use crate::config::OtlpConfig;
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 
 /// What was sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SendStats {
     /// Metric requests and their data points.
-    pub metrics: OtlpJsonStats,
+    pub metrics: OtlpStats,
     /// Trace requests and their spans.
-    pub traces: OtlpJsonStats,
+    pub traces: OtlpStats,
 }
 
-fn post<M>(
+fn post<M: prost::Message>(
     client: &reqwest::blocking::Client,
     otlp: &OtlpConfig,
     url: &str,
-    body: serde_json::Value,
-) -> Result<(), ImportError>
-where
-    M: prost::Message + serde::de::DeserializeOwned,
-{
+    msg: M,
+) -> Result<(), ImportError> {
     let send_err = |detail: String| ImportError::Send {
         url: url.to_owned(),
         detail,
     };
-    let msg: M = serde_json::from_value(body)
-        .map_err(|e| send_err(format!("the OTLP JSON request does not decode: {e}")))?;
     let mut req = client
         .post(url)
         .header("content-type", "application/x-protobuf")
@@ -66,7 +59,7 @@ where
 pub fn send(
     files: &[ImportedFile],
     otlp: &OtlpConfig,
-    options: &OtlpJsonOptions,
+    options: &OtlpOptions,
 ) -> Result<SendStats, ImportError> {
     let client =
         crate::export::otlp::http_client("import", otlp).map_err(|e| ImportError::Send {
@@ -75,11 +68,8 @@ pub fn send(
         })?;
     let metrics_url = format!("{}/v1/metrics", otlp.endpoint);
     let traces_url = format!("{}/v1/traces", otlp.endpoint);
-    let metrics = otlp_json::metrics_requests(files, options, |req| {
-        post::<ExportMetricsServiceRequest>(&client, otlp, &metrics_url, req)
-    })?;
-    let traces = otlp_json::trace_requests(files, options, |req| {
-        post::<ExportTraceServiceRequest>(&client, otlp, &traces_url, req)
-    })?;
+    let metrics =
+        otlp::metrics_requests(files, options, |req| post(&client, otlp, &metrics_url, req))?;
+    let traces = otlp::trace_requests(files, options, |req| post(&client, otlp, &traces_url, req))?;
     Ok(SendStats { metrics, traces })
 }

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::contract::{Family, Key, PHASES, VERIFY_PARTS};
+use super::contract::{Family, Key};
 use super::{ImportRecord, ImportedFile};
 
 /// One imported resource: a run of one file.
@@ -201,15 +201,11 @@ fn add_record(b: &mut Builder, res: usize, record: &ImportRecord, at: u64) {
             phases,
             ..
         } => {
-            let values = [
-                phases.draft_ns,
-                phases.verify_ns,
-                phases.accept_ns,
-                phases.rollback_ns,
-                phases.maint_ns,
-            ];
-            for (phase, ns) in PHASES.iter().zip(values) {
-                let labels = vec![(Key::Tag, tag.clone()), (Key::Phase, (*phase).to_owned())];
+            for (phase, ns) in phases.by_phase() {
+                let labels = vec![
+                    (Key::Tag, tag.clone()),
+                    (Key::Phase, phase.as_str().to_owned()),
+                ];
                 b.add(Family::SpecPhaseDuration, res, labels, at, ns, *rounds);
             }
             b.add(
@@ -224,15 +220,8 @@ fn add_record(b: &mut Builder, res: usize, record: &ImportRecord, at: u64) {
         ImportRecord::VerifySplit {
             tag, rounds, parts, ..
         } => {
-            let values = [
-                parts.kda_ns,
-                parts.kda_scan_ns,
-                parts.mla_ns,
-                parts.rest_ns,
-                parts.ffn_ns,
-            ];
-            for (part, ns) in VERIFY_PARTS.iter().zip(values) {
-                let labels = vec![(Key::Tag, tag.clone()), (Key::Part, (*part).to_owned())];
+            for (part, ns) in parts.by_part() {
+                let labels = vec![(Key::Tag, tag.clone()), (Key::Part, part.to_owned())];
                 b.add(Family::SpecVerifyPartDuration, res, labels, at, ns, *rounds);
             }
         }

@@ -5,6 +5,7 @@
 
 use super::mark::Mark;
 use super::ring::Ring;
+use crate::names::DropReason;
 use crate::timing::Clock;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -14,12 +15,9 @@ pub(crate) struct Lane {
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) queue: Ring,
-    /// Marks refused because the queue was full.
-    pub(crate) dropped_full: AtomicU64,
-    /// Marks not taken because the clock gave no token.
-    pub(crate) dropped_clock: AtomicU64,
-    /// Expert ids that do not fit a record.
-    pub(crate) dropped_range: AtomicU64,
+    /// Drops on the hot path, by [`DropReason::index`] (full queue, no clock token, expert id
+    /// out of range); the worker moves them into the stats and the instrument.
+    dropped: [AtomicU64; DropReason::COUNT],
     /// The recorder is gone: drain what is left, then forget the lane.
     pub(crate) closed: AtomicBool,
 }
@@ -31,9 +29,7 @@ impl Lane {
             rank,
             clock,
             queue: Ring::new(capacity),
-            dropped_full: AtomicU64::new(0),
-            dropped_clock: AtomicU64::new(0),
-            dropped_range: AtomicU64::new(0),
+            dropped: std::array::from_fn(|_| AtomicU64::new(0)),
             closed: AtomicBool::new(false),
         }
     }
@@ -48,9 +44,20 @@ impl Lane {
         if unsafe { self.queue.push(m) } {
             true
         } else {
-            self.dropped_full.fetch_add(1, Relaxed);
+            self.count_drop(DropReason::QueueFull);
             false
         }
+    }
+
+    /// Counts one record dropped on the hot path.
+    #[inline]
+    pub(crate) fn count_drop(&self, reason: DropReason) {
+        self.dropped[reason.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Hot-path drops so far, by [`DropReason::index`].
+    pub(crate) fn drops(&self) -> [u64; DropReason::COUNT] {
+        std::array::from_fn(|i| self.dropped[i].load(Relaxed))
     }
 
     /// Takes the oldest mark. Called only by the worker's pipeline, under its mutex.
@@ -67,7 +74,7 @@ impl std::fmt::Debug for Lane {
         f.debug_struct("Lane")
             .field("id", &self.id)
             .field("rank", &self.rank)
-            .field("clock", &self.clock.name())
+            .field("clock", &self.clock.timing())
             .field("len", &self.queue.len())
             .field("capacity", &self.queue.capacity())
             .finish()

@@ -1,30 +1,37 @@
 //! The record the hot path stores: a small `Copy` mark, 24 bytes.
+//!
+//! A mark's payload fields mean different things by kind, so they are private: a mark is made
+//! by a constructor named for its kind and read through accessors named for what they return.
+//! The recorder builds a mark without its time, then [`Mark::at`] stamps the clock's token.
+
+use super::recorder::RoundRef;
+use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 
 /// What a mark says. The worker pairs begins with ends and turns marks into durations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum MarkKind {
-    /// A step began; `flag` = 1 when the step is sampled for spans.
+    /// A step began.
     StepBegin,
     /// The current step ended.
     StepEnd,
-    /// A section began: `id` section, `site`, `layer`.
+    /// A section began, in a layer, at a site.
     SectionBegin,
-    /// A section ended: `id` section.
+    /// A section ended.
     SectionEnd,
-    /// A rendezvous wait measured by the engine: `site`, `layer`, `token` = nanoseconds.
+    /// A rendezvous wait measured by the engine; the token is its duration in nanoseconds.
     Wait,
-    /// Routed expert ids: `layer`, `site` = how many ids (1 to 4), `token` = 4 x u16 packed.
+    /// Up to four routed expert ids of a layer, packed into the token.
     Route,
-    /// A speculative round began: `layer` = k, `flag` = sampled, `token` = time.
+    /// A speculative round of k drafted tokens began.
     RoundBegin,
-    /// A phase just ended: `id` = phase.
+    /// A phase of the open round just ended.
     Phase,
-    /// The round ended: `layer` = accepted (u32::MAX: dropped without `end`).
+    /// The round ended, with its accepted count when known.
     RoundEnd,
-    /// A verify part began: `id` = part, `site` = round owner lane, `layer` = round sequence.
+    /// A verify part of a round (possibly another thread's) began.
     PartBegin,
-    /// A verify part ended (same fields as the begin).
+    /// A verify part ended (same round and part as its begin).
     PartEnd,
     /// Parent span context of the next sampled step, in three marks: trace id high, low, span id.
     ParentHi,
@@ -36,24 +43,353 @@ pub(crate) enum MarkKind {
 
 /// `flag` bit: the token is a raw host-clock reading (converted on the worker), whatever the
 /// lane's clock is.
-pub(crate) const FLAG_HOST: u8 = 1;
+const FLAG_HOST: u8 = 1;
 /// `flag` bit: the step or round is sampled for spans.
-pub(crate) const FLAG_SAMPLED: u8 = 2;
+const FLAG_SAMPLED: u8 = 2;
 /// `flag` bit of a `Route` mark: more ids of the same `moe_route` call as the previous mark.
-pub(crate) const FLAG_CONTINUED: u8 = 4;
+const FLAG_CONTINUED: u8 = 4;
 
-/// One boundary: 8-byte token, 4-byte layer, two 2-byte ids, kind and flags.
+/// `wide` of a `RoundEnd` whose round was dropped without `end` (acceptance unknown).
+const ACCEPTED_UNKNOWN: u32 = u32::MAX;
+
+/// One boundary: 8-byte token, a 4-byte and two 2-byte payload fields, kind and flags.
+///
+/// Payload by kind (what the constructors store and the accessors read):
+///
+/// | kind | `wide` | `id` | `aux` | `token` |
+/// | --- | --- | --- | --- | --- |
+/// | `SectionBegin` | layer | section | site | time |
+/// | `SectionEnd` | | section | | time |
+/// | `Wait` | layer | | site | wait ns |
+/// | `Route` | layer | | id count | 4 x u16 ids |
+/// | `RoundBegin` | k | seq high | seq low | time |
+/// | `Phase` | | phase | | time |
+/// | `RoundEnd` | accepted | | | time |
+/// | `PartBegin`/`PartEnd` | round seq | part | round lane | time |
+/// | `Parent*` | | | | id word |
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark {
-    pub(crate) token: u64,
-    pub(crate) layer: u32,
-    pub(crate) id: u16,
-    pub(crate) site: u16,
-    pub(crate) kind: MarkKind,
-    pub(crate) flag: u8,
+    token: u64,
+    wide: u32,
+    id: u16,
+    aux: u16,
+    kind: MarkKind,
+    flag: u8,
 }
 
 /// Size of one mark in a buffer, for the memory bound.
 pub(crate) const MARK_BYTES: usize = std::mem::size_of::<Mark>();
 
 const _: () = assert!(MARK_BYTES == 24);
+
+impl Mark {
+    #[inline]
+    const fn new(kind: MarkKind, wide: u32, id: u16, aux: u16, flag: u8) -> Mark {
+        Mark {
+            token: 0,
+            wide,
+            id,
+            aux,
+            kind,
+            flag,
+        }
+    }
+
+    #[inline]
+    const fn sampled_flag(sampled: bool) -> u8 {
+        if sampled { FLAG_SAMPLED } else { 0 }
+    }
+
+    #[inline]
+    const fn host_flag(host: bool) -> u8 {
+        if host { FLAG_HOST } else { 0 }
+    }
+
+    /// A step begins; `sampled` when it gets spans.
+    #[inline]
+    pub(crate) const fn step_begin(sampled: bool) -> Mark {
+        Mark::new(MarkKind::StepBegin, 0, 0, 0, Mark::sampled_flag(sampled))
+    }
+
+    /// The current step ends.
+    #[inline]
+    pub(crate) const fn step_end() -> Mark {
+        Mark::new(MarkKind::StepEnd, 0, 0, 0, 0)
+    }
+
+    /// A section begins; `host` when it is timed on the host clock whatever the lane's clock.
+    #[inline]
+    pub(crate) const fn section_begin(
+        section: Section,
+        layer: Layer,
+        site: Site,
+        host: bool,
+    ) -> Mark {
+        Mark::new(
+            MarkKind::SectionBegin,
+            layer.0,
+            section.id(),
+            site.id(),
+            Mark::host_flag(host),
+        )
+    }
+
+    /// A section ends (the same `host` as its begin).
+    #[inline]
+    pub(crate) const fn section_end(section: Section, host: bool) -> Mark {
+        Mark::new(
+            MarkKind::SectionEnd,
+            0,
+            section.id(),
+            0,
+            Mark::host_flag(host),
+        )
+    }
+
+    /// A wait the engine measured itself, `ns` long.
+    #[inline]
+    pub(crate) const fn wait(site: Site, layer: Layer, ns: u64) -> Mark {
+        let mut m = Mark::new(MarkKind::Wait, layer.0, 0, site.id(), 0);
+        m.token = ns;
+        m
+    }
+
+    /// Up to four expert ids of `layer`; `continued` when they extend the previous mark's call.
+    #[inline]
+    pub(crate) fn route(layer: Layer, ids: &[u16], continued: bool) -> Mark {
+        let n = ids.len().min(4);
+        let mut packed = 0u64;
+        for (i, &id) in ids[..n].iter().enumerate() {
+            packed |= u64::from(id) << (16 * i);
+        }
+        let flag = if continued { FLAG_CONTINUED } else { 0 };
+        let mut m = Mark::new(MarkKind::Route, layer.0, 0, n as u16, flag);
+        m.token = packed;
+        m
+    }
+
+    /// A round of `k` drafted tokens begins, the `seq`-th of its lane.
+    #[inline]
+    pub(crate) const fn round_begin(seq: u32, k: u32, sampled: bool) -> Mark {
+        Mark::new(
+            MarkKind::RoundBegin,
+            k,
+            (seq >> 16) as u16,
+            seq as u16,
+            Mark::sampled_flag(sampled),
+        )
+    }
+
+    /// `phase` of the open round ended.
+    #[inline]
+    pub(crate) const fn phase(phase: Phase) -> Mark {
+        Mark::new(MarkKind::Phase, 0, phase as u16, 0, 0)
+    }
+
+    /// The open round ended with `accepted` tokens accepted, or `None` when dropped without
+    /// `end`. Counts above `u32::MAX - 1` are held there.
+    #[inline]
+    pub(crate) const fn round_end(accepted: Option<u32>) -> Mark {
+        let wide = match accepted {
+            Some(a) if a < ACCEPTED_UNKNOWN => a,
+            Some(_) => ACCEPTED_UNKNOWN - 1,
+            None => ACCEPTED_UNKNOWN,
+        };
+        Mark::new(MarkKind::RoundEnd, wide, 0, 0, 0)
+    }
+
+    /// A verify part of `round` begins.
+    #[inline]
+    pub(crate) const fn part_begin(part: VerifyPart, round: RoundRef) -> Mark {
+        Mark::new(MarkKind::PartBegin, round.seq, part as u16, round.lane, 0)
+    }
+
+    /// A verify part of `round` ends.
+    #[inline]
+    pub(crate) const fn part_end(part: VerifyPart, round: RoundRef) -> Mark {
+        Mark::new(MarkKind::PartEnd, round.seq, part as u16, round.lane, 0)
+    }
+
+    /// One word of the next sampled step's parent span context (`kind` is a `Parent*`).
+    #[inline]
+    pub(crate) const fn parent(kind: MarkKind, word: u64) -> Mark {
+        let mut m = Mark::new(kind, 0, 0, 0, 0);
+        m.token = word;
+        m
+    }
+
+    /// The mark with its time token (a host time for a host mark).
+    #[inline]
+    pub(crate) const fn at(mut self, token: u64) -> Mark {
+        self.token = token;
+        self
+    }
+
+    /// What the mark says.
+    #[inline]
+    pub(crate) const fn kind(&self) -> MarkKind {
+        self.kind
+    }
+
+    /// The clock's token (a time or a handle), or the kind's word (`Wait`, `Route`, `Parent*`).
+    #[inline]
+    pub(crate) const fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Whether the time needs no clock: the token is a host time, or the kind carries no time.
+    #[inline]
+    pub(crate) const fn is_untimed(&self) -> bool {
+        matches!(
+            self.kind,
+            MarkKind::Wait
+                | MarkKind::Route
+                | MarkKind::ParentHi
+                | MarkKind::ParentLo
+                | MarkKind::ParentSpan
+        )
+    }
+
+    /// Whether the token is a host-clock time whatever the lane's clock is.
+    #[inline]
+    pub(crate) const fn is_host(&self) -> bool {
+        self.flag & FLAG_HOST != 0
+    }
+
+    /// Whether the step or round is sampled for spans.
+    #[inline]
+    pub(crate) const fn is_sampled(&self) -> bool {
+        self.flag & FLAG_SAMPLED != 0
+    }
+
+    /// The section of a `SectionBegin` or `SectionEnd`.
+    #[inline]
+    pub(crate) fn section(&self) -> Section {
+        Section::from_id(self.id)
+    }
+
+    /// The site of a `SectionBegin` or `Wait`.
+    #[inline]
+    pub(crate) fn site(&self) -> Site {
+        Site::from_id(self.aux)
+    }
+
+    /// The layer of a `SectionBegin`, `Wait` or `Route`.
+    #[inline]
+    pub(crate) const fn layer(&self) -> Layer {
+        Layer(self.wide)
+    }
+
+    /// The wait of a `Wait`, in nanoseconds.
+    #[inline]
+    pub(crate) const fn wait_ns(&self) -> u64 {
+        self.token
+    }
+
+    /// The expert ids of a `Route` (at most four).
+    #[inline]
+    pub(crate) fn expert_ids(&self) -> ([u16; 4], usize) {
+        let ids = std::array::from_fn(|i| (self.token >> (16 * i)) as u16);
+        (ids, usize::from(self.aux).min(4))
+    }
+
+    /// Whether a `Route` extends the previous mark's `moe_route` call.
+    #[inline]
+    pub(crate) const fn is_continued(&self) -> bool {
+        self.flag & FLAG_CONTINUED != 0
+    }
+
+    /// The drafted tokens of a `RoundBegin`.
+    #[inline]
+    pub(crate) const fn k(&self) -> u32 {
+        self.wide
+    }
+
+    /// The lane's round sequence number of a `RoundBegin`.
+    #[inline]
+    pub(crate) const fn round_seq(&self) -> u32 {
+        ((self.id as u32) << 16) | self.aux as u32
+    }
+
+    /// The phase of a `Phase` mark (`None`: not a phase id).
+    #[inline]
+    pub(crate) fn phase_of(&self) -> Option<Phase> {
+        u8::try_from(self.id).ok().and_then(Phase::from_u8)
+    }
+
+    /// The accepted count of a `RoundEnd` (`None`: the round was dropped without `end`).
+    #[inline]
+    pub(crate) const fn accepted(&self) -> Option<u32> {
+        if self.wide == ACCEPTED_UNKNOWN {
+            None
+        } else {
+            Some(self.wide)
+        }
+    }
+
+    /// The part of a `PartBegin` or `PartEnd` (`None`: not a part id).
+    #[inline]
+    pub(crate) fn part(&self) -> Option<VerifyPart> {
+        u8::try_from(self.id).ok().and_then(VerifyPart::from_u8)
+    }
+
+    /// The round of a `PartBegin` or `PartEnd`.
+    #[inline]
+    pub(crate) const fn round(&self) -> RoundRef {
+        RoundRef {
+            lane: self.aux,
+            seq: self.wide,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_reads_back_what_it_was_built_with() {
+        let m = Mark::section_begin(Section::KDA_MIXER, Layer(61), Site::ATTN, true).at(7);
+        assert_eq!(m.kind(), MarkKind::SectionBegin);
+        assert_eq!(
+            (m.section(), m.layer(), m.site()),
+            (Section::KDA_MIXER, Layer(61), Site::ATTN)
+        );
+        assert!(m.is_host() && !m.is_sampled());
+        assert_eq!(m.token(), 7);
+
+        let m = Mark::round_begin(0x0003_0002, 5, true);
+        assert_eq!(
+            (m.round_seq(), m.k(), m.is_sampled()),
+            (0x0003_0002, 5, true)
+        );
+
+        assert_eq!(Mark::round_end(Some(3)).accepted(), Some(3));
+        assert_eq!(Mark::round_end(None).accepted(), None);
+        assert_eq!(
+            Mark::round_end(Some(u32::MAX)).accepted(),
+            Some(u32::MAX - 1)
+        );
+
+        let round = RoundRef {
+            lane: 9,
+            seq: 70_000,
+        };
+        let m = Mark::part_end(VerifyPart::Mla, round);
+        assert_eq!((m.part(), m.round()), (Some(VerifyPart::Mla), round));
+
+        let m = Mark::route(Layer(2), &[1, 2, 65_535], true);
+        assert_eq!(m.expert_ids(), ([1, 2, 65_535, 0], 3));
+        assert!(m.is_continued() && m.is_untimed());
+
+        let m = Mark::wait(Site::MLP, Layer(4), 1_500);
+        assert_eq!(
+            (m.site(), m.layer(), m.wait_ns()),
+            (Site::MLP, Layer(4), 1_500)
+        );
+        assert_eq!(
+            Mark::phase(Phase::Rollback).phase_of(),
+            Some(Phase::Rollback)
+        );
+    }
+}

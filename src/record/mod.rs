@@ -17,16 +17,65 @@ pub use recorder::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
 
+use crate::config::{Level, SpecLevel};
 use crate::timing::Clock;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+
+/// A level that fits one atomic byte.
+pub(crate) trait GateLevel: Copy {
+    fn to_u8(self) -> u8;
+    fn from_u8(v: u8) -> Self;
+}
+
+impl GateLevel for Level {
+    #[inline]
+    fn to_u8(self) -> u8 {
+        self.as_u8()
+    }
+    #[inline]
+    fn from_u8(v: u8) -> Self {
+        Level::from_u8(v)
+    }
+}
+
+impl GateLevel for SpecLevel {
+    #[inline]
+    fn to_u8(self) -> u8 {
+        self.as_u8()
+    }
+    #[inline]
+    fn from_u8(v: u8) -> Self {
+        SpecLevel::from_u8(v)
+    }
+}
+
+/// A level changed at run time and read by every hot-path call: one relaxed byte load, read
+/// back as the level's enum.
+pub(crate) struct Gate<L>(AtomicU8, PhantomData<L>);
+
+impl<L: GateLevel> Gate<L> {
+    pub(crate) fn new(level: L) -> Self {
+        Gate(AtomicU8::new(level.to_u8()), PhantomData)
+    }
+
+    #[inline]
+    pub(crate) fn load(&self) -> L {
+        L::from_u8(self.0.load(Relaxed))
+    }
+
+    pub(crate) fn store(&self, level: L) {
+        self.0.store(level.to_u8(), Relaxed);
+    }
+}
 
 /// State shared by the profiler handle, its recorders and the worker.
 pub(crate) struct Shared {
-    /// `Level::as_u8`; 0 = off. The first gate of every hot-path call.
-    pub(crate) level: AtomicU8,
-    /// `SpecLevel::as_u8`.
-    pub(crate) spec_level: AtomicU8,
+    /// The first gate of every hot-path call.
+    pub(crate) level: Gate<Level>,
+    /// The gate of speculative rounds and verify parts.
+    pub(crate) spec_level: Gate<SpecLevel>,
     pub(crate) trace_every: u64,
     pub(crate) expert_counter: bool,
     pub(crate) queue: usize,
@@ -36,4 +85,36 @@ pub(crate) struct Shared {
     pub(crate) next_lane: AtomicU16,
     /// Set once a `tracing` layer is installed: sampled steps then carry the current span.
     pub(crate) tracing_parent: AtomicBool,
+    /// The speculative level is off because nobody set it: the first round recorded says so
+    /// once on stderr (and clears this).
+    pub(crate) spec_off_hint: AtomicBool,
+}
+
+impl Shared {
+    /// A round was begun while the speculative level is off.
+    #[inline]
+    pub(crate) fn round_while_spec_off(&self) {
+        if self
+            .spec_off_hint
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.warn_spec_off();
+        }
+    }
+
+    #[cold]
+    fn warn_spec_off(&self) {
+        if self
+            .spec_off_hint
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            eprintln!(
+                "phasetrace: a speculative round was begun but {} is off (its default), so \
+                 rounds record nothing: set {}=phases or verify, or \
+                 ProfilerBuilder::with_spec_level (said once)",
+                crate::names::env::SPEC_LEVEL,
+                crate::names::env::SPEC_LEVEL
+            );
+        }
+    }
 }

@@ -1,8 +1,10 @@
 //! [`Recorder`]: the API an engine calls at every boundary.
 
-use super::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use super::mark::Mark;
 use super::{Lane, Shared};
-use crate::timing::{Clock, HostReader, Token};
+use crate::config::{Level, SpecLevel};
+use crate::names::DropReason;
+use crate::timing::{Clock, HostReader};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -21,7 +23,7 @@ impl std::fmt::Debug for RecorderOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecorderOptions")
             .field("rank", &self.rank)
-            .field("clock", &self.clock.as_ref().map(|c| c.name()))
+            .field("clock", &self.clock.as_ref().map(|c| c.timing()))
             .finish()
     }
 }
@@ -57,10 +59,8 @@ impl RecorderOptions {
 /// With the host clock, a boundary stores a raw TSC reading (where the CPU has an invariant TSC;
 /// see [`crate::timing::host_source`]) and the worker converts it to nanoseconds.
 ///
-/// Measured (`cargo bench --bench hot_path`, 2-vCPU EPYC VM; ratios from one run, see
-/// `BENCHMARKS.md`): a section begin+end costs 2.3 ns off and 52 ns on with the host clock, at the
-/// floor of two TSC reads and two stores and 0.23x the reference profiler's enabled path; a
-/// phase mark 32 ns.
+/// The measured costs of each call, off and on, beside the reference profiler's and a
+/// `tracing-opentelemetry` span, with the command and the machine: [`crate::benchmarks`].
 pub struct Recorder {
     shared: Arc<Shared>,
     lane: Arc<Lane>,
@@ -90,6 +90,7 @@ impl Drop for Recorder {
 impl Recorder {
     pub(crate) fn new(shared: Arc<Shared>, opts: RecorderOptions) -> Recorder {
         let clock = opts.clock.unwrap_or_else(|| shared.clock.clone());
+        // The host clock is read inline (a raw reading) rather than through the trait object.
         let host_clock = crate::timing::is_host(clock.as_ref());
         let id = shared.next_lane.fetch_add(1, Relaxed);
         let lane = Arc::new(Lane::new(
@@ -121,56 +122,48 @@ impl Recorder {
     }
 
     #[inline]
-    fn level(&self) -> u8 {
+    fn level(&self) -> Level {
         if cfg!(feature = "record") {
-            self.shared.level.load(Relaxed)
+            self.shared.level.load()
         } else {
-            0
+            Level::Off
         }
     }
 
     #[inline]
-    fn spec_level(&self) -> u8 {
+    fn spec_level(&self) -> SpecLevel {
         if cfg!(feature = "record") {
-            self.shared.spec_level.load(Relaxed)
+            self.shared.spec_level.load()
         } else {
-            0
+            SpecLevel::Off
         }
     }
 
-    /// A token from this recorder's clock (or the host clock when `host`): host readings are raw
+    /// Whether `section` is recorded at `level`.
+    #[inline]
+    fn records(level: Level, section: Section) -> bool {
+        match level {
+            Level::Off => false,
+            Level::Full => true,
+            Level::Collectives => section.kind().is_collective(),
+        }
+    }
+
+    /// Stamps `mark` with a time from this recorder's clock (the host clock for a host mark)
+    /// and pushes it; on failure gives a deferred token back to its clock. Host readings are raw
     /// (TSC ticks where the CPU has an invariant TSC), converted on the worker.
     #[inline]
-    fn mark_token(&self, host: bool) -> Option<(u64, u8)> {
-        if host || self.host_clock {
-            return Some((self.host.read(), if host { FLAG_HOST } else { 0 }));
+    fn push_timed(&self, mark: Mark) -> bool {
+        if mark.is_host() || self.host_clock {
+            return self.lane.push(mark.at(self.host.read()));
         }
-        match self.lane.clock.mark() {
-            Some(t) => Some((t.0, 0)),
-            None => {
-                self.lane.dropped_clock.fetch_add(1, Relaxed);
-                None
-            }
-        }
-    }
-
-    /// Pushes a timed mark; on failure gives a deferred token back to its clock.
-    #[inline]
-    fn push_timed(&self, kind: MarkKind, id: u16, site: u16, layer: u32, flag: u8) -> bool {
-        let host = flag & FLAG_HOST != 0;
-        let Some((token, tflag)) = self.mark_token(host) else {
+        let Some(token) = self.lane.clock.mark() else {
+            self.lane.count_drop(DropReason::Clock);
             return false;
         };
-        let ok = self.lane.push(Mark {
-            token,
-            layer,
-            id,
-            site,
-            kind,
-            flag: flag | tflag,
-        });
-        if !ok && tflag & FLAG_HOST == 0 && !self.host_clock {
-            self.lane.clock.release(Token(token));
+        let ok = self.lane.push(mark.at(token.0));
+        if !ok {
+            self.lane.clock.release(token);
         }
         ok
     }
@@ -181,7 +174,7 @@ impl Recorder {
     #[inline]
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
-        if self.level() == 0 {
+        if self.level() == Level::Off {
             return StepGuard { rec: None };
         }
         let n = self.steps.get();
@@ -191,13 +184,7 @@ impl Recorder {
         if sampled {
             self.push_parent();
         }
-        let ok = self.push_timed(
-            MarkKind::StepBegin,
-            0,
-            0,
-            0,
-            if sampled { FLAG_SAMPLED } else { 0 },
-        );
+        let ok = self.push_timed(Mark::step_begin(sampled));
         StepGuard {
             rec: ok.then_some(self),
         }
@@ -208,20 +195,14 @@ impl Recorder {
         if !self.shared.tracing_parent.load(Relaxed) {
             return;
         }
+        use super::mark::MarkKind;
         if let Some((trace, span)) = crate::export::tracing_layer::current_parent() {
             for (kind, token) in [
                 (MarkKind::ParentHi, (trace >> 64) as u64),
                 (MarkKind::ParentLo, trace as u64),
                 (MarkKind::ParentSpan, span),
             ] {
-                self.lane.push(Mark {
-                    token,
-                    layer: 0,
-                    id: 0,
-                    site: 0,
-                    kind,
-                    flag: 0,
-                });
+                self.lane.push(Mark::parent(kind, token));
             }
         }
     }
@@ -236,11 +217,10 @@ impl Recorder {
     /// `collectives` only collective and probe sections are recorded. A probe section
     /// (`reduce_attn_bar`) also feeds `phasetrace.collective.wait`.
     ///
-    /// Cost of a begin/end pair, measured (`cargo bench --bench hot_path`, `BENCHMARKS.md`, on a
-    /// 2-vCPU EPYC VM): off, one relaxed load, **2.3 ns**; on with the host clock, two raw TSC
-    /// reads and two ring pushes, **52 ns**, **0.23x** the reference profiler's enabled path (its
-    /// two `Instant` reads and atomics: 226 ns) and at the floor of two TSC reads and two stores;
-    /// one `tracing-opentelemetry` span: 8.3 µs.
+    /// Cost of a begin/end pair: off, one relaxed load; on, two clock marks and two ring
+    /// pushes (with the host clock, about as much as the reference profiler's atomics and a
+    /// small fraction of a `tracing-opentelemetry` span). Measured figures:
+    /// [`crate::benchmarks`] (`cargo bench --bench hot_path`).
     #[inline]
     #[must_use = "the section ends when the guard is dropped"]
     pub fn section(
@@ -249,7 +229,7 @@ impl Recorder {
         layer: impl Into<Layer>,
         site: Site,
     ) -> SectionGuard<'_> {
-        self.section_on(section, layer.into(), site, 0)
+        self.section_on(section, layer.into(), site, false)
     }
 
     /// Times a section with the host clock only, never synchronizing or recording an event
@@ -262,30 +242,29 @@ impl Recorder {
         layer: impl Into<Layer>,
         site: Site,
     ) -> SectionGuard<'_> {
-        self.section_on(section, layer.into(), site, FLAG_HOST)
+        self.section_on(section, layer.into(), site, true)
     }
 
     #[inline]
-    fn section_on(&self, section: Section, layer: Layer, site: Site, flag: u8) -> SectionGuard<'_> {
-        let lvl = self.level();
-        if lvl == 0 || (lvl == 2 && !section.kind().is_collective()) {
+    fn section_on(
+        &self,
+        section: Section,
+        layer: Layer,
+        site: Site,
+        host: bool,
+    ) -> SectionGuard<'_> {
+        if !Self::records(self.level(), section) {
             return SectionGuard {
                 rec: None,
-                id: 0,
-                flag: 0,
+                section,
+                host: false,
             };
         }
-        let ok = self.push_timed(
-            MarkKind::SectionBegin,
-            section.id(),
-            site.id(),
-            layer.0,
-            flag,
-        );
+        let ok = self.push_timed(Mark::section_begin(section, layer, site, host));
         SectionGuard {
             rec: ok.then_some(self),
-            id: section.id(),
-            flag,
+            section,
+            host,
         }
     }
 
@@ -299,28 +278,21 @@ impl Recorder {
     /// Ends the innermost open section, which must be `section`.
     #[inline]
     pub fn end_section(&self, section: Section) {
-        let lvl = self.level();
-        if lvl == 0 || (lvl == 2 && !section.kind().is_collective()) {
+        if !Self::records(self.level(), section) {
             return;
         }
-        self.push_timed(MarkKind::SectionEnd, section.id(), 0, 0, 0);
+        self.push_timed(Mark::section_end(section, false));
     }
 
     /// Records a rendezvous wait the engine measured itself (the probe's duration) into
     /// `phasetrace.collective.wait`. Recorded at both levels.
     #[inline]
     pub fn collective_wait(&self, site: Site, layer: impl Into<Layer>, wait: Duration) {
-        if self.level() == 0 {
+        if self.level() == Level::Off {
             return;
         }
-        self.lane.push(Mark {
-            token: u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX),
-            layer: layer.into().0,
-            id: 0,
-            site: site.id(),
-            kind: MarkKind::Wait,
-            flag: 0,
-        });
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        self.lane.push(Mark::wait(site, layer.into(), ns));
     }
 
     /// The MoE expert ids routed in `layer` at the current step. Attached to the step's trace
@@ -328,35 +300,26 @@ impl Recorder {
     /// Ids above 65535 are dropped and counted (`reason="out_of_range"`).
     #[inline]
     pub fn moe_route(&self, layer: impl Into<Layer>, expert_ids: &[u32]) {
-        if self.level() != 1 {
+        if self.level() != Level::Full {
             return;
         }
-        let layer = layer.into().0;
-        let mut flag = 0;
+        let layer = layer.into();
+        let mut continued = false;
         for chunk in expert_ids.chunks(4) {
-            let mut packed = 0u64;
-            let mut n = 0u16;
+            let mut ids = [0u16; 4];
+            let mut n = 0;
             for &id in chunk {
                 match u16::try_from(id) {
                     Ok(v) => {
-                        packed |= (v as u64) << (16 * n);
+                        ids[n] = v;
                         n += 1;
                     }
-                    Err(_) => {
-                        self.lane.dropped_range.fetch_add(1, Relaxed);
-                    }
+                    Err(_) => self.lane.count_drop(DropReason::OutOfRange),
                 }
             }
             if n > 0 {
-                self.lane.push(Mark {
-                    token: packed,
-                    layer,
-                    id: 0,
-                    site: n,
-                    kind: MarkKind::Route,
-                    flag,
-                });
-                flag = FLAG_CONTINUED;
+                self.lane.push(Mark::route(layer, &ids[..n], continued));
+                continued = true;
             }
         }
     }
@@ -364,12 +327,14 @@ impl Recorder {
     /// Begins a speculative round that drafts `k` tokens. Mark each phase as it ends with
     /// [`RoundGuard::phase`], then [`RoundGuard::end`] with the accepted count.
     ///
-    /// Off (`PHASETRACE_SPEC_LEVEL` unset): one relaxed load; a whole disabled round (begin, a
-    /// phase mark, end) measured **1.3 ns**.
+    /// Off (`PHASETRACE_SPEC_LEVEL` off, its default): one relaxed load per call, and nothing is
+    /// recorded (the first such round says so once on stderr when the level was never set).
+    /// Measured: [`crate::benchmarks`].
     #[inline]
     #[must_use = "end the round with RoundGuard::end(accepted)"]
     pub fn round(&self, k: u32) -> RoundGuard<'_> {
-        if self.spec_level() == 0 {
+        if self.spec_level() == SpecLevel::Off {
+            self.shared.round_while_spec_off();
             return RoundGuard { rec: None, seq: 0 };
         }
         let n = self.rounds.get();
@@ -379,13 +344,7 @@ impl Recorder {
         self.round_seq.set(seq);
         let every = self.shared.trace_every;
         let sampled = every != 0 && n % every == 0;
-        let ok = self.push_timed(
-            MarkKind::RoundBegin,
-            (seq >> 16) as u16,
-            seq as u16,
-            k,
-            if sampled { FLAG_SAMPLED } else { 0 },
-        );
+        let ok = self.push_timed(Mark::round_begin(seq, k, sampled));
         RoundGuard {
             rec: ok.then_some(self),
             seq,
@@ -396,14 +355,14 @@ impl Recorder {
     #[inline]
     #[must_use = "the part ends when the guard is dropped"]
     pub fn verify_part(&self, round: RoundRef, part: VerifyPart) -> PartGuard<'_> {
-        if self.spec_level() < 2 || round.seq == 0 {
+        if self.spec_level() != SpecLevel::VerifySplit || round.seq == 0 {
             return PartGuard {
                 rec: None,
                 round,
                 part,
             };
         }
-        let ok = self.push_timed(MarkKind::PartBegin, part as u16, round.lane, round.seq, 0);
+        let ok = self.push_timed(Mark::part_begin(part, round));
         PartGuard {
             rec: ok.then_some(self),
             round,
@@ -428,7 +387,7 @@ impl Drop for StepGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(rec) = self.rec {
-            rec.push_timed(MarkKind::StepEnd, 0, 0, 0, 0);
+            rec.push_timed(Mark::step_end());
         }
     }
 }
@@ -438,8 +397,8 @@ impl Drop for StepGuard<'_> {
 #[derive(Debug)]
 pub struct SectionGuard<'a> {
     rec: Option<&'a Recorder>,
-    id: u16,
-    flag: u8,
+    section: Section,
+    host: bool,
 }
 
 impl SectionGuard<'_> {
@@ -451,16 +410,18 @@ impl Drop for SectionGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(rec) = self.rec {
-            rec.push_timed(MarkKind::SectionEnd, self.id, 0, 0, self.flag);
+            rec.push_timed(Mark::section_end(self.section, self.host));
         }
     }
 }
 
 /// Names a round for verify parts recorded on other threads. `Copy + Send`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RoundRef {
-    lane: u16,
-    seq: u32,
+    /// The lane of the round's recorder.
+    pub(crate) lane: u16,
+    /// The round's sequence number in its lane; 0 = no round.
+    pub(crate) seq: u32,
 }
 
 /// An open speculative round.
@@ -473,12 +434,12 @@ pub struct RoundGuard<'a> {
 
 impl RoundGuard<'_> {
     /// Marks the end of `phase`: the time since the round began or since the previous phase mark
-    /// belongs to it. Skip phases that did not run. Measured: **32 ns** with the host clock
-    /// (0.14x the reference profiler's enabled section; `BENCHMARKS.md`).
+    /// belongs to it. Skip phases that did not run. One clock mark and one ring push; measured:
+    /// [`crate::benchmarks`].
     #[inline]
     pub fn phase(&self, phase: Phase) {
         if let Some(rec) = self.rec {
-            rec.push_timed(MarkKind::Phase, phase as u16, 0, 0, 0);
+            rec.push_timed(Mark::phase(phase));
         }
     }
 
@@ -494,7 +455,7 @@ impl RoundGuard<'_> {
     #[inline]
     pub fn end(mut self, accepted: u32) {
         if let Some(rec) = self.rec.take() {
-            rec.push_timed(MarkKind::RoundEnd, 0, 0, accepted.min(u32::MAX - 1), 0);
+            rec.push_timed(Mark::round_end(Some(accepted)));
         }
     }
 }
@@ -503,7 +464,7 @@ impl Drop for RoundGuard<'_> {
     fn drop(&mut self) {
         // Dropped without `end`: phases still count, acceptance is unknown (counted unbalanced).
         if let Some(rec) = self.rec.take() {
-            rec.push_timed(MarkKind::RoundEnd, 0, 0, u32::MAX, 0);
+            rec.push_timed(Mark::round_end(None));
         }
     }
 }
@@ -521,13 +482,7 @@ impl Drop for PartGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if let Some(rec) = self.rec {
-            rec.push_timed(
-                MarkKind::PartEnd,
-                self.part as u16,
-                self.round.lane,
-                self.round.seq,
-                0,
-            );
+            rec.push_timed(Mark::part_end(self.part, self.round));
         }
     }
 }

@@ -106,18 +106,11 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::Ring;
-    use crate::record::mark::{Mark, MarkKind};
+    use crate::record::mark::Mark;
     use std::sync::Arc;
 
     fn mark(i: u64) -> Mark {
-        Mark {
-            token: i,
-            layer: 0,
-            id: 0,
-            site: 0,
-            kind: MarkKind::Wait,
-            flag: 0,
-        }
+        Mark::step_end().at(i)
     }
 
     #[test]
@@ -130,7 +123,7 @@ mod tests {
         assert!(!unsafe { r.push(mark(99)) }, "full");
         assert_eq!(r.len(), 8);
         for i in 0..8 {
-            assert_eq!(unsafe { r.pop() }.map(|m| m.token), Some(i));
+            assert_eq!(unsafe { r.pop() }.map(|m| m.token()), Some(i));
         }
         assert!(unsafe { r.pop() }.is_none());
         assert!(r.is_empty());
@@ -154,7 +147,7 @@ mod tests {
                     }
                     next += 1;
                 } else {
-                    proptest::prop_assert_eq!(unsafe { r.pop() }.map(|m| m.token), model.pop_front());
+                    proptest::prop_assert_eq!(unsafe { r.pop() }.map(|m| m.token()), model.pop_front());
                 }
                 proptest::prop_assert_eq!(r.len(), model.len());
             }
@@ -181,7 +174,7 @@ mod tests {
         while next < n {
             // SAFETY: this thread is the only consumer.
             if let Some(m) = unsafe { r.pop() } {
-                assert_eq!(m.token, next);
+                assert_eq!(m.token(), next);
                 next += 1;
             }
         }

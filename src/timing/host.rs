@@ -7,9 +7,8 @@ use super::{Clock, Resolved, Token};
 ///
 /// Right for CPU work, for host-side enqueue times, and for engines that already synchronize
 /// where they need to. The token is a raw reading of the host source ([`super::host_source`]):
-/// TSC ticks (one `rdtsc`, about 10 ns on the development VM) where the CPU has an invariant TSC,
-/// else `Instant::now()` nanoseconds (about 24 ns); the worker converts it to the [`super::now_ns`]
-/// timeline. Measured costs are in `BENCHMARKS.md`.
+/// TSC ticks (one `rdtsc`) where the CPU has an invariant TSC, else `Instant::now()` nanoseconds;
+/// the worker converts it to the [`super::now_ns`] timeline. Measured: [`crate::benchmarks`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostClock;
 
@@ -24,13 +23,15 @@ impl Clock for HostClock {
         Resolved::At(host_to_ns(token.0))
     }
 
-    fn name(&self) -> &'static str {
-        "host"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Host
     }
 }
 
 /// Whether `clock` is the host clock, whose raw readings the recorder takes itself and the worker
 /// converts without asking the clock.
+/// Only [`HostClock`] itself: another clock that reports [`crate::config::Timing::Host`] is
+/// asked for every token.
 pub(crate) fn is_host(clock: &dyn Clock) -> bool {
-    !clock.is_deferred() && clock.name() == "host"
+    (clock as &dyn std::any::Any).is::<HostClock>()
 }

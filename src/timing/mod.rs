@@ -37,6 +37,8 @@ pub use timeline::{
 pub(crate) use host::is_host;
 pub(crate) use timeline::{Conversion, HostReader, maintain};
 
+use crate::config::Timing;
+
 /// A timestamp token returned by [`Clock::mark`]: either a time or a handle, as the clock decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Token(pub u64);
@@ -59,7 +61,7 @@ pub enum Resolved {
 /// `None` when it cannot produce a token (an event pool is exhausted), and the core then drops the
 /// record and counts it. `resolve` runs on the background worker. Tokens of one clock resolve in
 /// the order they were marked, so the worker stops at the first `Pending` token of a thread.
-pub trait Clock: Send + Sync + 'static {
+pub trait Clock: std::any::Any + Send + Sync {
     /// Takes a timestamp token at a boundary. Must never panic; should never block (the
     /// [`SyncClock`] blocks by design: that is its semantics).
     fn mark(&self) -> Option<Token>;
@@ -75,8 +77,10 @@ pub trait Clock: Send + Sync + 'static {
         false
     }
 
-    /// The backend's name, as `PHASETRACE_TIMING` spells it (`host`, `sync`, `events`).
-    fn name(&self) -> &'static str;
+    /// Which backend this clock is: the `PHASETRACE_TIMING` value it serves and the
+    /// `phasetrace.timing` attribute of the spans it times. A clock given in code must be the
+    /// backend the timing setting selects.
+    fn timing(&self) -> Timing;
 
     /// Records dropped inside the clock so far (pool exhausted, event errors, graph capture).
     fn dropped(&self) -> u64 {

@@ -458,8 +458,8 @@ impl Clock for SimEventClock {
         true
     }
 
-    fn name(&self) -> &'static str {
-        "events"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Events
     }
 
     fn dropped(&self) -> u64 {
@@ -665,7 +665,7 @@ mod tests {
         let s = SimStream::new();
         let clock = SimEventClock::new(s.clone());
         assert!(clock.is_deferred());
-        assert_eq!(clock.name(), "events");
+        assert_eq!(clock.timing(), crate::config::Timing::Events);
         s.enqueue(us(1_000));
         let a = clock.mark().unwrap();
         s.enqueue(us(3_000));

@@ -69,7 +69,7 @@ impl<S: StreamSync> Clock for SyncClock<S> {
         Resolved::At(token.0)
     }
 
-    fn name(&self) -> &'static str {
-        "sync"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Sync
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! engine thread                     worker (and any now_ns() caller)
 //! HostReader::read() -> raw ticks ─> Conversion::to_ns(raw) = ns0 + (raw - tsc0) * rate
-//!   (one rdtsc, ~10 ns)                (a calibration segment, refreshed about once a second)
+//!   (one rdtsc)                        (a calibration segment, refreshed about once a second)
 //! ```
 //!
 //! **Source, decided once at start** (the first call that needs the timeline): the x86-64
@@ -130,9 +130,9 @@ pub fn host_source() -> HostClockInfo {
 /// Nanoseconds on the process timeline since the process-wide epoch: the time every clock
 /// resolves to, and what span timestamps are made of.
 ///
-/// With the TSC, one `rdtsc` and a conversion (about 15 ns on the development VM); otherwise
-/// [`monotonic_ns`]. Either way within a few hundred nanoseconds of [`monotonic_ns`]
-/// (`BENCHMARKS.md` records the drift measured over 10 minutes).
+/// With the TSC, one `rdtsc` and a conversion; otherwise [`monotonic_ns`]. Either way it follows
+/// [`monotonic_ns`] closely; the cost and the drift measured over 10 minutes are in
+/// [`crate::benchmarks`].
 #[inline]
 pub fn now_ns() -> u64 {
     let t = timeline();
@@ -143,7 +143,7 @@ pub fn now_ns() -> u64 {
 }
 
 /// Nanoseconds on the OS monotonic clock (`Instant`) since the same epoch as [`now_ns`]: the
-/// reference the timeline follows. Costs one `Instant::now()` (about 24 ns on the development VM).
+/// reference the timeline follows. Costs one `Instant::now()`; measured: [`crate::benchmarks`].
 #[inline]
 pub fn monotonic_ns() -> u64 {
     Instant::now()

@@ -1,7 +1,7 @@
 //! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
 
-use crate::names::{attr, metric};
-use crate::vocab::{Layer, Phase, Section, Site};
+use crate::names::{DropReason, attr, metric};
+use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 
@@ -11,6 +11,7 @@ pub(crate) struct Instruments {
     step: Histogram<f64>,
     steps: Counter<u64>,
     wait: Histogram<f64>,
+    step_wait: Histogram<f64>,
     expert_tokens: Counter<u64>,
     dropped: Counter<u64>,
     phase: Histogram<f64>,
@@ -20,6 +21,8 @@ pub(crate) struct Instruments {
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
     layer_attr: bool,
+    /// `group` on every series: shared, so that cloning it per record never allocates.
+    group: KeyValue,
     /// Every measurement, for unit tests of the pipeline.
     #[cfg(test)]
     pub(crate) log: std::sync::Mutex<Vec<Measurement>>,
@@ -46,7 +49,7 @@ impl Instruments {
     #[inline]
     fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
 
-    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32) -> Instruments {
+    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32, group: &str) -> Instruments {
         let dur = |name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -55,6 +58,22 @@ impl Instruments {
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
+        let dropped = meter
+            .u64_counter(metric::RECORDS_DROPPED)
+            .with_unit(metric::UNIT_RECORDS)
+            .with_description("Records dropped, by reason")
+            .build();
+        let group = KeyValue::new(
+            attr::GROUP,
+            opentelemetry::StringValue::from(std::sync::Arc::<str>::from(group)),
+        );
+        // Every reason has a series from the start, so that `rate()` reads 0, not "no data".
+        for reason in DropReason::ALL {
+            dropped.add(
+                0,
+                &[KeyValue::new(attr::REASON, reason.as_str()), group.clone()],
+            );
+        }
         Instruments {
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
             step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
@@ -67,16 +86,16 @@ impl Instruments {
                 metric::COLLECTIVE_WAIT,
                 "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
             ),
+            step_wait: dur(
+                metric::STEP_COLLECTIVE_WAIT,
+                "Time one decode step of this rank spent waiting at collective rendezvous probes",
+            ),
             expert_tokens: meter
                 .u64_counter(metric::MOE_EXPERT_TOKENS)
                 .with_unit(metric::UNIT_TOKENS)
                 .with_description("Tokens routed to each MoE expert")
                 .build(),
-            dropped: meter
-                .u64_counter(metric::RECORDS_DROPPED)
-                .with_unit(metric::UNIT_RECORDS)
-                .with_description("Records dropped, by reason")
-                .build(),
+            dropped,
             phase: dur(
                 metric::SPEC_PHASE_DURATION,
                 "Duration of one speculative phase in one round",
@@ -107,6 +126,7 @@ impl Instruments {
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             layer_attr,
+            group,
             #[cfg(test)]
             log: std::sync::Mutex::new(Vec::new()),
         }
@@ -117,13 +137,14 @@ impl Instruments {
     }
 
     pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 4] = [
+        let mut kv: [KeyValue; 5] = [
             KeyValue::new(attr::BUCKET, s.as_str()),
             Self::rank(rank),
+            self.group.clone(),
             KeyValue::new(attr::RANK, 0),
             KeyValue::new(attr::RANK, 0),
         ];
-        let mut n = 2;
+        let mut n = 3;
         if let (true, Some(l)) = (self.layer_attr, layer.get()) {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
@@ -137,17 +158,20 @@ impl Instruments {
     }
 
     pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
-        let mut kv: [KeyValue; 3] = [
+        let mut kv: [KeyValue; 4] = [
             Self::rank(rank),
+            self.group.clone(),
             KeyValue::new(attr::RANK, 0),
             KeyValue::new(attr::RANK, 0),
         ];
-        let mut n = 1;
+        let mut n = 2;
         if let Some(site) = site.as_str() {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
-        if let Some(l) = layer.get() {
+        // Per-layer waits cost sites x layers series per rank: PHASETRACE_LAYER_ATTR=off folds
+        // them, as for sections (the straggler signal is per step and needs neither).
+        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
             kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
             n += 1;
         }
@@ -155,44 +179,60 @@ impl Instruments {
         self.wait.record(secs, &kv[..n]);
     }
 
-    pub(crate) fn step(&self, rank: u32, secs: f64) {
-        let kv = [Self::rank(rank)];
+    /// One decode step: its duration and the time it spent waiting at rendezvous probes.
+    pub(crate) fn step(&self, rank: u32, secs: f64, wait_secs: f64) {
+        let kv = [Self::rank(rank), self.group.clone()];
         self.note(metric::STEP_DURATION, &kv, secs);
         self.step.record(secs, &kv);
         self.steps.add(1, &kv);
+        self.note(metric::STEP_COLLECTIVE_WAIT, &kv, wait_secs);
+        self.step_wait.record(wait_secs, &kv);
     }
 
     pub(crate) fn expert(&self, layer: Layer, expert: u16) {
         let kv = [
             KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
             KeyValue::new(attr::EXPERT, i64::from(expert)),
+            self.group.clone(),
         ];
         self.note(metric::MOE_EXPERT_TOKENS, &kv, 1.0);
         self.expert_tokens.add(1, &kv);
     }
 
-    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
+    /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.
+    pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
-            let kv = [KeyValue::new(attr::REASON, reason)];
+            let kv = [
+                KeyValue::new(attr::REASON, reason.as_str()),
+                self.group.clone(),
+            ];
             self.note(metric::RECORDS_DROPPED, &kv, n as f64);
             self.dropped.add(n, &kv);
         }
     }
 
     pub(crate) fn phase(&self, phase: Phase, rank: u32, secs: f64) {
-        let kv = [KeyValue::new(attr::PHASE, phase.as_str()), Self::rank(rank)];
+        let kv = [
+            KeyValue::new(attr::PHASE, phase.as_str()),
+            Self::rank(rank),
+            self.group.clone(),
+        ];
         self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
         self.phase.record(secs, &kv);
     }
 
     pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
-        let kv = [KeyValue::new(attr::PART, part), Self::rank(rank)];
+        let kv = [
+            KeyValue::new(attr::PART, part),
+            Self::rank(rank),
+            self.group.clone(),
+        ];
         self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
         self.part.record(secs, &kv);
     }
 
     pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
-        let kv = [Self::rank(rank)];
+        let kv = [Self::rank(rank), self.group.clone()];
         self.rounds.add(1, &kv);
         self.note(metric::SPEC_ROUNDS, &kv, 1.0);
         if let Some(a) = accepted {
@@ -204,26 +244,87 @@ impl Instruments {
     }
 }
 
+/// One section's totals for the console summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SectionTally {
+    pub(crate) ns: u64,
+    pub(crate) calls: u64,
+    /// Ever recorded inside another section.
+    pub(crate) nested: bool,
+}
+
 /// Per-section totals for the console summary.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tally {
-    /// (total ns, calls, nested) indexed by section id.
-    pub(crate) sections: Vec<(u64, u64, bool)>,
+    /// Indexed by section id.
+    pub(crate) sections: Vec<SectionTally>,
+    /// Steps of all ranks.
     pub(crate) steps: u64,
     pub(crate) step_ns: u64,
-    pub(crate) ranks: std::collections::BTreeSet<u32>,
+    /// Steps per rank.
+    pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
 }
 
 impl Tally {
     pub(crate) fn add(&mut self, s: Section, ns: u64, nested: bool) {
         let i = s.id() as usize;
         if self.sections.len() <= i {
-            self.sections.resize(i + 1, (0, 0, false));
+            self.sections.resize(i + 1, SectionTally::default());
         }
         let e = &mut self.sections[i];
-        e.0 += ns;
-        e.1 += 1;
-        e.2 |= nested;
+        e.ns += ns;
+        e.calls += 1;
+        e.nested |= nested;
+    }
+
+    pub(crate) fn step(&mut self, rank: u32, ns: u64) {
+        self.steps += 1;
+        self.step_ns += ns;
+        *self.ranks.entry(rank).or_default() += 1;
+    }
+}
+
+/// The verify sub-split of one round or a window of rounds, nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct VerifySplit {
+    pub(crate) kda: u64,
+    pub(crate) kda_scan: u64,
+    pub(crate) mla: u64,
+    pub(crate) ffn: u64,
+    /// Verify less kda and mla.
+    pub(crate) rest: u64,
+}
+
+impl VerifySplit {
+    /// The split of a round whose verify phase took `verify` ns, from its parts' totals.
+    pub(crate) fn of(verify: u64, parts: &[u64; VerifyPart::ALL.len()]) -> VerifySplit {
+        let part = |p: VerifyPart| parts[p as usize];
+        VerifySplit {
+            kda: part(VerifyPart::Kda),
+            kda_scan: part(VerifyPart::KdaScan),
+            mla: part(VerifyPart::Mla),
+            ffn: part(VerifyPart::Ffn),
+            rest: verify.saturating_sub(part(VerifyPart::Kda) + part(VerifyPart::Mla)),
+        }
+    }
+
+    /// Each `part` value with its nanoseconds.
+    pub(crate) fn by_name(&self) -> [(&'static str, u64); 5] {
+        [
+            (VerifyPart::Kda.as_str(), self.kda),
+            (VerifyPart::KdaScan.as_str(), self.kda_scan),
+            (VerifyPart::Mla.as_str(), self.mla),
+            (VerifyPart::Ffn.as_str(), self.ffn),
+            (VerifyPart::REST, self.rest),
+        ]
+    }
+
+    fn add(&mut self, o: &VerifySplit) {
+        self.kda += o.kda;
+        self.kda_scan += o.kda_scan;
+        self.mla += o.mla;
+        self.ffn += o.ffn;
+        self.rest += o.rest;
     }
 }
 
@@ -232,7 +333,22 @@ impl Tally {
 pub(crate) struct SpecTally {
     pub(crate) rounds: u64,
     pub(crate) k: u32,
-    pub(crate) phases: [u64; 5],
-    /// kda, kda_scan, mla, ffn, rest
-    pub(crate) parts: [u64; 5],
+    /// Indexed by `Phase`.
+    pub(crate) phases: [u64; Phase::ALL.len()],
+    pub(crate) split: VerifySplit,
+}
+
+impl SpecTally {
+    pub(crate) fn add(&mut self, k: u32, phases: &[u64; Phase::ALL.len()], split: &VerifySplit) {
+        self.rounds += 1;
+        self.k = self.k.max(k);
+        for (acc, v) in self.phases.iter_mut().zip(phases) {
+            *acc += v;
+        }
+        self.split.add(split);
+    }
+
+    pub(crate) fn phase(&self, p: Phase) -> u64 {
+        self.phases[p as usize]
+    }
 }

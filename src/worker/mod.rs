@@ -14,13 +14,15 @@ pub(crate) mod aggregate;
 mod pair;
 pub(crate) mod spans;
 
-pub use pair::Stats;
+pub use pair::{Dropped, Stats};
 
-use crate::names::drop_reason;
-use crate::record::Shared;
-use aggregate::{Instruments, SpecTally, Tally};
+use crate::config::SpecLevel;
+use crate::names::DropReason;
+use crate::record::{RoundRef, Shared};
+use crate::vocab::{Phase, Section};
+use aggregate::{Instruments, SpecTally, Tally, VerifySplit};
 use opentelemetry_sdk::trace::SdkTracer;
-use pair::{EndedRound, LaneState, PartsAcc, Sinks};
+use pair::{EndedRound, LaneState, PartsAcc, Sinks, count_drop};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +45,7 @@ pub(crate) struct Pipeline {
     tally: Tally,
     spec: SpecTally,
     stats: Stats,
-    parts: HashMap<(u16, u32), PartsAcc>,
+    parts: HashMap<RoundRef, PartsAcc>,
     /// Rounds ended in the previous pass, finalized in this one.
     ended_prev: Vec<EndedRound>,
     ended_now: Vec<EndedRound>,
@@ -53,6 +55,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    /// `group` on every span.
+    group: opentelemetry::KeyValue,
 }
 
 impl Pipeline {
@@ -63,6 +67,7 @@ impl Pipeline {
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
+        group: &str,
     ) -> Pipeline {
         let expert_counter = shared.expert_counter;
         Pipeline {
@@ -82,6 +87,10 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            group: opentelemetry::KeyValue::new(
+                crate::names::attr::GROUP,
+                opentelemetry::StringValue::from(Arc::<str>::from(group)),
+            ),
         }
     }
 
@@ -105,6 +114,7 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            group: &self.group,
         };
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
@@ -128,16 +138,12 @@ impl Pipeline {
         if self.parts.len() > PARTS_MAX {
             let n = self.parts.len() as u64;
             self.parts.clear();
-            self.stats.dropped_unbalanced += n;
-            for i in &self.inst {
-                i.dropped(drop_reason::UNBALANCED, n);
-            }
+            count_drop(&mut self.stats, &self.inst, DropReason::Unbalanced, n);
         }
         let failed = self.span_counts.failed.load(Ordering::Relaxed);
         if failed > self.span_failed_seen {
-            for i in &self.inst {
-                i.dropped(drop_reason::SPAN_EXPORT, failed - self.span_failed_seen);
-            }
+            let n = failed - self.span_failed_seen;
+            count_drop(&mut self.stats, &self.inst, DropReason::SpanExport, n);
             self.span_failed_seen = failed;
         }
         self.stats.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
@@ -156,78 +162,70 @@ impl Pipeline {
 
     fn finalize_round(&mut self, r: EndedRound) {
         let rank = r.rank;
-        let parts = self.parts.remove(&r.key);
-        let spec_level = self.shared.spec_level.load(Ordering::Relaxed);
+        let parts = self.parts.remove(&r.round.round);
+        let split_on = self.shared.spec_level.load() == SpecLevel::VerifySplit;
         for inst in &self.inst {
-            for p in crate::vocab::Phase::ALL {
+            for p in Phase::ALL {
                 let ns = r.round.phases[p as usize];
                 // A phase that never ran in this round is not a zero-length phase.
                 if ns > 0
                     || r.round
                         .trace
                         .as_ref()
-                        .is_some_and(|t| t.phases.iter().any(|x| x.0 == p))
+                        .is_some_and(|t| t.phases.iter().any(|x| x.what == p))
                 {
                     inst.phase(p, rank, ns as f64 * 1e-9);
                 }
             }
             inst.round(rank, r.round.k, r.accepted);
         }
-        let verify = r.round.phases[crate::vocab::Phase::Verify as usize];
-        let mut split = [0u64; 5];
-        if spec_level >= 2 {
-            let ns = parts.as_ref().map_or([0; 4], |p| p.ns);
-            let rest = verify.saturating_sub(ns[0] + ns[2]);
-            split = [ns[0], ns[1], ns[2], ns[3], rest];
-            use crate::vocab::VerifyPart;
-            let names = VerifyPart::ALL
-                .map(VerifyPart::as_str)
-                .into_iter()
-                .chain([VerifyPart::REST]);
+        let verify = r.round.phases[Phase::Verify as usize];
+        let mut split = VerifySplit::default();
+        if split_on {
+            split = VerifySplit::of(verify, &parts.as_ref().map_or([0; 4], |p| p.ns));
             for inst in &self.inst {
-                for (name, v) in names.clone().zip(split) {
+                for (name, v) in split.by_name() {
                     inst.part(name, rank, v as f64 * 1e-9);
                 }
             }
         }
         self.stats.rounds += 1;
         let sp = &mut self.spec;
-        sp.rounds += 1;
-        sp.k = sp.k.max(r.round.k);
-        for (acc, v) in sp.phases.iter_mut().zip(r.round.phases) {
-            *acc += v;
-        }
-        for (acc, v) in sp.parts.iter_mut().zip(split) {
-            *acc += v;
-        }
+        sp.add(r.round.k, &r.round.phases, &split);
         let round_spans = r.round.trace.as_ref().map_or(0, |t| {
             1 + t.phases.len() + parts.as_ref().map_or(0, |p| p.intervals.len())
         });
         let fits = pair::span_budget(&self.stats, &self.span_counts, round_spans);
         if !fits && r.round.trace.is_some() {
-            self.stats.dropped_span_queue += round_spans as u64;
-            for i in &self.inst {
-                i.dropped(drop_reason::SPAN_QUEUE, round_spans as u64);
-            }
+            count_drop(
+                &mut self.stats,
+                &self.inst,
+                DropReason::SpanQueue,
+                round_spans as u64,
+            );
         }
         if let (true, Some(trace), Some(tracer)) =
             (fits, r.round.trace.as_ref(), self.tracer.as_ref())
         {
             let mut parts = parts.map(|p| p.intervals).unwrap_or_default();
-            parts.sort_by_key(|p| p.1);
+            parts.sort_by_key(|p| p.start);
             self.stats.spans += spans::build_round(
                 tracer,
-                &trace.phases,
-                &parts,
-                rank,
-                r.round.k,
-                r.accepted,
-                r.round.start,
-                r.end,
+                &spans::RoundSpans {
+                    phases: &trace.phases,
+                    parts: &parts,
+                    rank,
+                    k: r.round.k,
+                    accepted: r.accepted,
+                    start: r.round.start,
+                    end: r.end,
+                    group: &self.group,
+                },
             ) as u64;
         }
+        let sp = &mut self.spec;
         if self.spec_summary_every > 0 && sp.rounds >= self.spec_summary_every {
-            let line = spec_lines(sp, spec_level >= 2);
+            let line = spec_lines(sp, split_on);
             let _ = std::io::stderr().write_all(line.as_bytes());
             *sp = SpecTally::default();
         }
@@ -254,30 +252,49 @@ impl Pipeline {
     }
 }
 
+/// One row of the console summary.
+struct SummaryRow {
+    section: Section,
+    ns: u64,
+    calls: u64,
+    nested: bool,
+}
+
+/// The summary header's step count: per rank when all ranks ran as many steps, else the
+/// range over ranks.
+fn steps_per_rank(t: &Tally) -> String {
+    let min = t.ranks.values().copied().min().unwrap_or(0);
+    let max = t.ranks.values().copied().max().unwrap_or(0);
+    match t.ranks.len() {
+        0 | 1 => format!("{} steps", t.steps),
+        n if min == max => format!("{max} steps x {n} ranks (per rank)"),
+        n => format!("{} steps over {n} ranks ({min} to {max} per rank)", t.steps),
+    }
+}
+
 /// The console summary table: per bucket ms/token, share %, calls/token, µs/call, sorted.
 pub(crate) fn summary_table(t: &Tally) -> String {
     use std::fmt::Write as _;
     let steps = t.steps.max(1) as f64;
-    let top: u64 = t.sections.iter().filter(|s| !s.2).map(|s| s.0).sum();
-    let mut rows: Vec<(usize, u64, u64, bool)> = t
+    let top: u64 = t.sections.iter().filter(|s| !s.nested).map(|s| s.ns).sum();
+    let mut rows: Vec<SummaryRow> = t
         .sections
         .iter()
         .enumerate()
-        .filter(|(_, s)| s.1 > 0)
-        .map(|(i, s)| (i, s.0, s.1, s.2))
+        .filter(|(_, s)| s.calls > 0)
+        .map(|(i, s)| SummaryRow {
+            section: Section::from_id(i as u16),
+            ns: s.ns,
+            calls: s.calls,
+            nested: s.nested,
+        })
         .collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.1));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.ns));
     let mut out = String::new();
-    let ranks = t.ranks.len().max(1) as u64;
     let _ = writeln!(
         out,
-        "phasetrace decode profile after {} steps{}: {:.3} ms/token in sections, {:.3} ms/token per step",
-        t.steps / ranks,
-        if ranks > 1 {
-            format!(" x {ranks} ranks (per rank)")
-        } else {
-            String::new()
-        },
+        "phasetrace decode profile after {}: {:.3} ms/token in sections, {:.3} ms/token per step",
+        steps_per_rank(t),
         top as f64 / 1e6 / steps,
         t.step_ns as f64 / 1e6 / steps,
     );
@@ -286,20 +303,20 @@ pub(crate) fn summary_table(t: &Tally) -> String {
         "  {:<16} {:>10} {:>7} {:>10} {:>10}",
         "bucket", "ms/token", "share", "calls/tok", "us/call"
     );
-    for (i, ns, calls, nested) in rows {
-        let name = crate::vocab::Section::from_id(i as u16).as_str();
+    for r in rows {
+        let name = r.section.as_str();
         let _ = writeln!(
             out,
             "  {:<16} {:>10.3} {:>6.1}% {:>10.2} {:>10.1}",
-            if nested {
+            if r.nested {
                 format!(" ↳{name}")
             } else {
                 name.to_owned()
             },
-            ns as f64 / 1e6 / steps,
-            100.0 * ns as f64 / top.max(1) as f64,
-            calls as f64 / steps,
-            ns as f64 / 1e3 / calls.max(1) as f64,
+            r.ns as f64 / 1e6 / steps,
+            100.0 * r.ns as f64 / top.max(1) as f64,
+            r.calls as f64 / steps,
+            r.ns as f64 / 1e3 / r.calls.max(1) as f64,
         );
     }
     out
@@ -310,35 +327,41 @@ pub(crate) fn spec_lines(sp: &SpecTally, split: bool) -> String {
     let per = |ns: u64| ns as f64 / 1e6 / sp.rounds.max(1) as f64;
     let ms = |ns: u64| ns as f64 / 1e6;
     let total: u64 = sp.phases.iter().sum();
-    let p = &sp.phases;
+    let (draft, verify, accept, roll, maint) = (
+        sp.phase(Phase::Draft),
+        sp.phase(Phase::Verify),
+        sp.phase(Phase::Accept),
+        sp.phase(Phase::Rollback),
+        sp.phase(Phase::Maint),
+    );
     let mut s = format!(
         "[phasetrace-spec] rounds={} k={} total={:.2}ms | draft={:.2} verify={:.2} accept={:.2} roll={:.2} maint={:.2} | per-round ms: draft={:.3} verify={:.3} accept={:.3} roll={:.3} maint={:.3} total={:.3}\n",
         sp.rounds,
         sp.k,
         ms(total),
-        ms(p[0]),
-        ms(p[1]),
-        ms(p[2]),
-        ms(p[3]),
-        ms(p[4]),
-        per(p[0]),
-        per(p[1]),
-        per(p[2]),
-        per(p[3]),
-        per(p[4]),
+        ms(draft),
+        ms(verify),
+        ms(accept),
+        ms(roll),
+        ms(maint),
+        per(draft),
+        per(verify),
+        per(accept),
+        per(roll),
+        per(maint),
         per(total)
     );
     if split {
-        let v = &sp.parts;
+        let v = &sp.split;
         s += &format!(
             "[phasetrace-spec-v] rounds={} k={} | per-round ms: vkda={:.3} (scan={:.3}) vmla={:.3} vrest={:.3} (vffn={:.3})\n",
             sp.rounds,
             sp.k,
-            per(v[0]),
-            per(v[1]),
-            per(v[2]),
-            per(v[4]),
-            per(v[3])
+            per(v.kda),
+            per(v.kda_scan),
+            per(v.mla),
+            per(v.rest),
+            per(v.ffn)
         );
     }
     s

@@ -2,11 +2,12 @@
 //! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
 
 use super::aggregate::{Instruments, Tally};
-use super::spans::{self, RoundTrace, SectionSpan, StepTrace};
-use crate::record::Lane;
-use crate::record::mark::{FLAG_CONTINUED, FLAG_HOST, FLAG_SAMPLED, Mark, MarkKind};
+use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace};
+use crate::names::DropReason;
+use crate::record::mark::{Mark, MarkKind};
+use crate::record::{Lane, RoundRef};
 use crate::timing::{Conversion, Resolved, Token};
-use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
+use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -30,6 +31,8 @@ struct Open {
 struct OpenStep {
     start: u64,
     number: u64,
+    /// Time spent at rendezvous probes (and reported waits) so far in this step.
+    wait_ns: u64,
     /// Sections open when the step began; deeper ones left open at its end are stale.
     depth: usize,
     trace: Option<StepTrace>,
@@ -38,7 +41,7 @@ struct OpenStep {
 pub(crate) struct OpenRound {
     pub(crate) start: u64,
     pub(crate) k: u32,
-    pub(crate) seq: u32,
+    pub(crate) round: RoundRef,
     pub(crate) last: u64,
     pub(crate) phases: [u64; 5],
     pub(crate) trace: Option<RoundTrace>,
@@ -51,14 +54,53 @@ pub(crate) struct EndedRound {
     pub(crate) end: u64,
     pub(crate) accepted: Option<u32>,
     pub(crate) rank: u32,
-    pub(crate) key: (u16, u32),
 }
 
-/// Verify parts gathered for one round: totals (kda, kda_scan, mla, ffn) and intervals.
+/// Verify parts gathered for one round: totals by `VerifyPart` and intervals.
 #[derive(Default)]
 pub(crate) struct PartsAcc {
-    pub(crate) ns: [u64; 4],
-    pub(crate) intervals: Vec<(&'static str, u64, u64)>,
+    pub(crate) ns: [u64; VerifyPart::ALL.len()],
+    pub(crate) intervals: Vec<Interval<VerifyPart>>,
+}
+
+/// An open verify part.
+struct OpenPart {
+    part: VerifyPart,
+    round: RoundRef,
+    start: u64,
+}
+
+/// Records dropped, by reason: `stats.dropped[DropReason::QueueFull]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped([u64; DropReason::COUNT]);
+
+impl Dropped {
+    /// Records dropped for `reason`.
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason.index()]
+    }
+
+    /// Records dropped for any reason.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Every reason with its count, in [`DropReason::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL.into_iter().map(|r| (r, self.get(r)))
+    }
+
+    fn add(&mut self, reason: DropReason, n: u64) {
+        self.0[reason.index()] += n;
+    }
+}
+
+impl std::ops::Index<DropReason> for Dropped {
+    type Output = u64;
+
+    fn index(&self, reason: DropReason) -> &u64 {
+        &self.0[reason.index()]
+    }
 }
 
 /// Counters of what the worker saw.
@@ -76,20 +118,25 @@ pub struct Stats {
     pub spans: u64,
     /// Spans the exporter delivered.
     pub spans_exported: u64,
-    /// Spans lost to failed exports (collector down or refusing); counted under
-    /// `reason="span_export"`. Spans built but neither exported nor failed after a flush were
-    /// dropped by the span processor's full queue.
+    /// Spans lost to failed exports (collector down or refusing), read live from the exporter;
+    /// the worker counts them under `reason="span_export"` on its next pass. Spans built but
+    /// neither exported nor failed after a flush were dropped by the span processor's full
+    /// queue.
     pub spans_failed: u64,
-    /// Marks dropped because a buffer was full.
-    pub dropped_queue_full: u64,
-    /// Marks dropped because the clock gave or resolved no time.
-    pub dropped_clock: u64,
-    /// Marks that did not pair (end without begin, begin never ended, wrong nesting).
-    pub dropped_unbalanced: u64,
-    /// Values that did not fit a record (expert id above 65535).
-    pub dropped_out_of_range: u64,
-    /// Spans not built because the span processor's queue was full (exporter slow or down).
-    pub dropped_span_queue: u64,
+    /// Records dropped, by reason (the same counts as `phasetrace.records.dropped{reason}`).
+    pub dropped: Dropped,
+}
+
+/// Counts `n` records dropped for `reason`: in the stats and in every provider's
+/// `phasetrace.records.dropped`. The one place the worker counts a drop.
+pub(crate) fn count_drop(stats: &mut Stats, inst: &[Instruments], reason: DropReason, n: u64) {
+    if n == 0 {
+        return;
+    }
+    stats.dropped.add(reason, n);
+    for i in inst {
+        i.dropped(reason, n);
+    }
 }
 
 /// Everything a lane's marks feed.
@@ -98,10 +145,12 @@ pub(crate) struct Sinks<'a> {
     pub(crate) tracer: Option<&'a SdkTracer>,
     pub(crate) tally: &'a mut Tally,
     pub(crate) stats: &'a mut Stats,
-    pub(crate) parts: &'a mut HashMap<(u16, u32), PartsAcc>,
+    pub(crate) parts: &'a mut HashMap<RoundRef, PartsAcc>,
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    /// `group` on every span.
+    pub(crate) group: &'a opentelemetry::KeyValue,
 }
 
 impl Sinks<'_> {
@@ -110,12 +159,14 @@ impl Sinks<'_> {
     pub(crate) fn span_budget(&mut self, n: usize) -> bool {
         let fits = span_budget(self.stats, self.span_counts, n);
         if !fits {
-            self.stats.dropped_span_queue += n as u64;
-            for i in self.inst {
-                i.dropped(crate::names::drop_reason::SPAN_QUEUE, n as u64);
-            }
+            self.drop(DropReason::SpanQueue, n as u64);
         }
         fits
+    }
+
+    /// Counts `n` records dropped for `reason` (see [`count_drop`]).
+    pub(crate) fn drop(&mut self, reason: DropReason, n: u64) {
+        count_drop(self.stats, self.inst, reason, n);
     }
 }
 
@@ -135,13 +186,32 @@ pub(crate) struct LaneState {
     step: Option<OpenStep>,
     steps: u64,
     round: Option<OpenRound>,
-    parts_open: Vec<(Mark, u64)>,
-    parent: [u64; 3],
-    parent_parts: u8,
+    parts_open: Vec<OpenPart>,
+    parent: ParentWords,
     last_ns: u64,
-    seen: [u64; 3],
+    /// The lane's hot-path drop counts already moved into the stats.
+    seen: [u64; DropReason::COUNT],
     /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
     host: bool,
+}
+
+/// The parent span context of the next sampled step, as its three marks arrive.
+#[derive(Default)]
+struct ParentWords {
+    trace_hi: Option<u64>,
+    trace_lo: Option<u64>,
+    span: Option<u64>,
+}
+
+impl ParentWords {
+    /// The complete parent, if all three words arrived; starts over either way.
+    fn take(&mut self) -> Option<Parent> {
+        let w = std::mem::take(self);
+        Some(Parent {
+            trace_id: (u128::from(w.trace_hi?) << 64) | u128::from(w.trace_lo?),
+            span_id: w.span?,
+        })
+    }
 }
 
 impl LaneState {
@@ -156,10 +226,9 @@ impl LaneState {
             steps: 0,
             round: None,
             parts_open: Vec::new(),
-            parent: [0; 3],
-            parent_parts: 0,
+            parent: ParentWords::default(),
             last_ns: 0,
-            seen: [0; 3],
+            seen: [0; DropReason::COUNT],
         }
     }
 
@@ -172,23 +241,12 @@ impl LaneState {
 
     /// Moves the lane's drop counters into the instruments (as deltas).
     pub(crate) fn collect_drops(&mut self, s: &mut Sinks<'_>) {
-        use crate::names::drop_reason;
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = [
-            self.lane.dropped_full.load(Relaxed),
-            self.lane.dropped_clock.load(Relaxed),
-            self.lane.dropped_range.load(Relaxed),
-        ];
-        let d: [u64; 3] = std::array::from_fn(|i| now[i].saturating_sub(self.seen[i]));
-        self.seen = now;
-        s.stats.dropped_queue_full += d[0];
-        s.stats.dropped_clock += d[1];
-        s.stats.dropped_out_of_range += d[2];
-        for inst in s.inst {
-            inst.dropped(drop_reason::QUEUE_FULL, d[0]);
-            inst.dropped(drop_reason::CLOCK, d[1]);
-            inst.dropped(drop_reason::OUT_OF_RANGE, d[2]);
+        let now = self.lane.drops();
+        for reason in DropReason::ALL {
+            let i = reason.index();
+            s.drop(reason, now[i].saturating_sub(self.seen[i]));
         }
+        self.seen = now;
     }
 
     /// Drains the lane and processes marks in order until one is not resolvable yet.
@@ -209,30 +267,26 @@ impl LaneState {
         // the calibration converts this drain's marks.
         let host = Conversion::current();
         while let Some(m) = self.backlog.front().copied() {
-            let t = match m.kind {
-                MarkKind::Wait
-                | MarkKind::Route
-                | MarkKind::ParentHi
-                | MarkKind::ParentLo
-                | MarkKind::ParentSpan => 0,
-                _ if self.host || m.flag & FLAG_HOST != 0 => host.to_ns(m.token),
-                _ => match self.lane.clock.resolve(Token(m.token)) {
+            let t = if m.is_untimed() {
+                0
+            } else if self.host || m.is_host() {
+                host.to_ns(m.token())
+            } else {
+                let token = Token(m.token());
+                match self.lane.clock.resolve(token) {
                     Resolved::At(ns) => {
-                        self.lane.clock.release(Token(m.token));
+                        self.lane.clock.release(token);
                         ns
                     }
                     Resolved::Pending => break,
                     Resolved::Failed => {
-                        self.lane.clock.release(Token(m.token));
+                        self.lane.clock.release(token);
                         self.backlog.pop_front();
                         s.stats.marks += 1;
-                        s.stats.dropped_clock += 1;
-                        for inst in s.inst {
-                            inst.dropped(crate::names::drop_reason::CLOCK, 1);
-                        }
+                        s.drop(DropReason::Clock, 1);
                         continue;
                     }
-                },
+                }
             };
             self.backlog.pop_front();
             s.stats.marks += 1;
@@ -244,36 +298,26 @@ impl LaneState {
     }
 
     fn unbalanced(s: &mut Sinks<'_>, n: u64) {
-        s.stats.dropped_unbalanced += n;
-        for inst in s.inst {
-            inst.dropped(crate::names::drop_reason::UNBALANCED, n);
-        }
+        s.drop(DropReason::Unbalanced, n);
     }
 
     fn process(&mut self, m: Mark, t: u64, s: &mut Sinks<'_>) {
         let rank = self.lane.rank;
-        match m.kind {
-            MarkKind::ParentHi | MarkKind::ParentLo | MarkKind::ParentSpan => {
-                let i = m.kind as usize - MarkKind::ParentHi as usize;
-                self.parent[i] = m.token;
-                self.parent_parts |= 1 << i;
-            }
+        match m.kind() {
+            MarkKind::ParentHi => self.parent.trace_hi = Some(m.token()),
+            MarkKind::ParentLo => self.parent.trace_lo = Some(m.token()),
+            MarkKind::ParentSpan => self.parent.span = Some(m.token()),
             MarkKind::StepBegin => {
                 if self.step.is_some() {
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
-                let parent = (self.parent_parts == 7).then(|| {
-                    (
-                        (u128::from(self.parent[0]) << 64) | u128::from(self.parent[1]),
-                        self.parent[2],
-                    )
-                });
-                self.parent_parts = 0;
+                let sampled = m.is_sampled() && s.tracer.is_some();
+                let parent = self.parent.take();
                 self.steps += 1;
                 self.step = Some(OpenStep {
                     start: t,
                     number: self.steps - 1,
+                    wait_ns: 0,
                     depth: self.stack.len(),
                     trace: sampled.then(|| StepTrace {
                         parent,
@@ -294,12 +338,10 @@ impl LaneState {
                 }
                 let ns = t.saturating_sub(step.start);
                 for inst in s.inst {
-                    inst.step(rank, ns as f64 * 1e-9);
+                    inst.step(rank, ns as f64 * 1e-9, step.wait_ns as f64 * 1e-9);
                 }
                 s.stats.steps += 1;
-                s.tally.steps += 1;
-                s.tally.step_ns += ns;
-                s.tally.ranks.insert(rank);
+                s.tally.step(rank, ns);
                 if let (Some(trace), Some(tracer)) = (step.trace, s.tracer)
                     && s.span_budget(spans::step_span_count(&trace))
                 {
@@ -310,7 +352,8 @@ impl LaneState {
                         step.number,
                         step.start,
                         t,
-                        self.lane.clock.name(),
+                        self.lane.clock.timing(),
+                        s.group,
                     ) as u64;
                 }
             }
@@ -319,9 +362,7 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                     return;
                 }
-                let section = Section::from_id(m.id);
-                let site = Site::from_id(m.site);
-                let layer = Layer(m.layer);
+                let (section, site, layer) = (m.section(), m.site(), m.layer());
                 let parent = self.stack.last().and_then(|o| o.span);
                 let span = self
                     .step
@@ -348,7 +389,8 @@ impl LaneState {
                 });
             }
             MarkKind::SectionEnd => {
-                let Some(pos) = self.stack.iter().rposition(|o| o.section.id() == m.id) else {
+                let section = m.section();
+                let Some(pos) = self.stack.iter().rposition(|o| o.section == section) else {
                     Self::unbalanced(s, 1);
                     return;
                 };
@@ -363,11 +405,15 @@ impl LaneState {
                 };
                 let ns = t.saturating_sub(open.start);
                 let secs = ns as f64 * 1e-9;
+                let probe = open.section.kind() == SectionKind::Probe;
                 for inst in s.inst {
                     inst.section(open.section, open.layer, open.site, rank, secs);
-                    if open.section.kind() == SectionKind::Probe {
+                    if probe {
                         inst.wait(open.site, open.layer, rank, secs);
                     }
+                }
+                if let (true, Some(step)) = (probe, self.step.as_mut()) {
+                    step.wait_ns += ns;
                 }
                 s.stats.sections += 1;
                 s.tally.add(open.section, ns, !self.stack.is_empty());
@@ -380,33 +426,34 @@ impl LaneState {
                 }
             }
             MarkKind::Wait => {
+                if let Some(step) = self.step.as_mut() {
+                    step.wait_ns += m.wait_ns();
+                }
                 for inst in s.inst {
-                    inst.wait(
-                        Site::from_id(m.site),
-                        Layer(m.layer),
-                        rank,
-                        m.token as f64 * 1e-9,
-                    );
+                    inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
                 }
             }
             MarkKind::Route => {
-                let n = (m.site as usize).min(4);
-                let ids: [u16; 4] = std::array::from_fn(|i| (m.token >> (16 * i)) as u16);
-                let continued = m.flag & FLAG_CONTINUED != 0;
+                let (ids, n) = m.expert_ids();
+                let layer = m.layer();
                 if s.expert_counter {
                     for inst in s.inst {
                         for &id in &ids[..n] {
-                            inst.expert(Layer(m.layer), id);
+                            inst.expert(layer, id);
                         }
                     }
                 }
                 let at = self.last_ns;
                 if let Some(tr) = self.step.as_mut().and_then(|st| st.trace.as_mut()) {
                     match tr.routes.last_mut() {
-                        Some((l, v, _)) if continued && *l == Layer(m.layer) => {
-                            v.extend_from_slice(&ids[..n]);
+                        Some(r) if m.is_continued() && r.layer == layer => {
+                            r.ids.extend_from_slice(&ids[..n]);
                         }
-                        _ => tr.routes.push((Layer(m.layer), ids[..n].to_vec(), at)),
+                        _ => tr.routes.push(Route {
+                            layer,
+                            ids: ids[..n].to_vec(),
+                            at,
+                        }),
                     }
                 }
             }
@@ -415,26 +462,32 @@ impl LaneState {
                     // A round never ended: its phases are lost, counted.
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.flag & FLAG_SAMPLED != 0 && s.tracer.is_some();
+                let sampled = m.is_sampled() && s.tracer.is_some();
                 self.round = Some(OpenRound {
                     start: t,
-                    k: m.layer,
-                    seq: (u32::from(m.id) << 16) | u32::from(m.site),
+                    k: m.k(),
+                    round: RoundRef {
+                        lane: self.lane.id,
+                        seq: m.round_seq(),
+                    },
                     last: t,
                     phases: [0; 5],
                     trace: sampled.then(RoundTrace::default),
                 });
             }
             MarkKind::Phase => {
-                let (Some(r), Some(phase)) = (self.round.as_mut(), Phase::from_u8(m.id as u8))
-                else {
+                let (Some(r), Some(phase)) = (self.round.as_mut(), m.phase_of()) else {
                     Self::unbalanced(s, 1);
                     return;
                 };
                 let ns = t.saturating_sub(r.last);
                 r.phases[phase as usize] += ns;
                 if let Some(tr) = r.trace.as_mut() {
-                    tr.phases.push((phase, r.last, t));
+                    tr.phases.push(Interval {
+                        what: phase,
+                        start: r.last,
+                        end: t,
+                    });
                 }
                 r.last = t;
             }
@@ -443,17 +496,15 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                     return;
                 };
-                let accepted = (m.layer != u32::MAX).then_some(m.layer);
+                let accepted = m.accepted();
                 if accepted.is_none() {
                     Self::unbalanced(s, 1);
                 }
-                let key = (self.lane.id, round.seq);
                 s.ended.push(EndedRound {
                     round,
                     end: t,
                     accepted,
                     rank,
-                    key,
                 });
             }
             MarkKind::PartBegin => {
@@ -462,26 +513,35 @@ impl LaneState {
                     self.parts_open.remove(0);
                     Self::unbalanced(s, 1);
                 }
-                self.parts_open.push((m, t));
+                let Some(part) = m.part() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                self.parts_open.push(OpenPart {
+                    part,
+                    round: m.round(),
+                    start: t,
+                });
             }
             MarkKind::PartEnd => {
+                let (part, round) = (m.part(), m.round());
                 let Some(pos) = self
                     .parts_open
                     .iter()
-                    .rposition(|(b, _)| b.id == m.id && b.site == m.site && b.layer == m.layer)
+                    .rposition(|b| Some(b.part) == part && b.round == round)
                 else {
                     Self::unbalanced(s, 1);
                     return;
                 };
-                let (b, start) = self.parts_open.remove(pos);
-                let Some(part) = VerifyPart::from_u8(b.id as u8) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let acc = s.parts.entry((b.site, b.layer)).or_default();
-                acc.ns[part as usize] += t.saturating_sub(start);
+                let open = self.parts_open.remove(pos);
+                let acc = s.parts.entry(open.round).or_default();
+                acc.ns[open.part as usize] += t.saturating_sub(open.start);
                 if acc.intervals.len() < ROUND_PARTS_MAX {
-                    acc.intervals.push((part.as_str(), start, t));
+                    acc.intervals.push(Interval {
+                        what: open.part,
+                        start: open.start,
+                        end: t,
+                    });
                 }
             }
         }

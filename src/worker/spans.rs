@@ -7,9 +7,10 @@
 //! spec.round ── draft | verify ── kda | mla ... | accept | rollback | maint
 //! ```
 
+use crate::config::Timing;
 use crate::names::{attr, span};
 use crate::timing::to_system_time;
-use crate::vocab::{Layer, Section, Site};
+use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
@@ -28,27 +29,47 @@ pub(crate) struct SectionSpan {
     pub(crate) parent: Option<usize>,
 }
 
+/// The expert ids routed in one layer of a sampled step, at a time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub(crate) layer: Layer,
+    pub(crate) ids: Vec<u16>,
+    pub(crate) at: u64,
+}
+
+/// The span context of the engine's `tracing` span that parents a sampled step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Parent {
+    pub(crate) trace_id: u128,
+    pub(crate) span_id: u64,
+}
+
+/// Something (a phase, a verify part) that ran from `start` to `end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Interval<T> {
+    pub(crate) what: T,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
 /// What a sampled step collected.
 #[derive(Debug, Default)]
 pub(crate) struct StepTrace {
     pub(crate) sections: Vec<SectionSpan>,
-    /// (layer, expert ids, time)
-    pub(crate) routes: Vec<(Layer, Vec<u16>, u64)>,
-    /// Parent from the engine's `tracing` span: (trace id, span id).
-    pub(crate) parent: Option<(u128, u64)>,
+    pub(crate) routes: Vec<Route>,
+    pub(crate) parent: Option<Parent>,
 }
 
-fn parent_context(parent: Option<(u128, u64)>) -> Context {
+fn parent_context(parent: Option<Parent>) -> Context {
     match parent {
-        Some((t, s)) if t != 0 && s != 0 => {
-            Context::new().with_remote_span_context(SpanContext::new(
-                TraceId::from(t),
-                SpanId::from(s),
+        Some(Parent { trace_id, span_id }) if trace_id != 0 && span_id != 0 => Context::new()
+            .with_remote_span_context(SpanContext::new(
+                TraceId::from(trace_id),
+                SpanId::from(span_id),
                 TraceFlags::SAMPLED,
                 true,
                 TraceState::default(),
-            ))
-        }
+            )),
         _ => Context::new(),
     }
 }
@@ -58,8 +79,10 @@ fn child(
     parent: &Context,
     name: &'static str,
     start: u64,
-    attrs: Vec<KeyValue>,
+    mut attrs: Vec<KeyValue>,
+    group: &KeyValue,
 ) -> Context {
+    attrs.push(group.clone());
     let s = tracer
         .span_builder(name)
         .with_start_time(to_system_time(start))
@@ -86,6 +109,7 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
 }
 
 /// Builds `decode.step -> layer -> section` spans; returns how many spans were built.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_step(
     tracer: &SdkTracer,
     trace: &StepTrace,
@@ -93,7 +117,8 @@ pub(crate) fn build_step(
     step: u64,
     start: u64,
     stop: u64,
-    timing: &'static str,
+    timing: Timing,
+    group: &KeyValue,
 ) -> usize {
     let root = child(
         tracer,
@@ -103,17 +128,18 @@ pub(crate) fn build_step(
         vec![
             KeyValue::new(attr::RANK, i64::from(rank)),
             KeyValue::new(attr::STEP, step as i64),
-            KeyValue::new(attr::TIMING, timing),
+            KeyValue::new(attr::TIMING, timing.as_str()),
         ],
+        group,
     );
     let mut built = 1;
-    for (layer, ids, at) in &trace.routes {
-        let ids: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+    for route in &trace.routes {
+        let ids: Vec<i64> = route.ids.iter().map(|&i| i64::from(i)).collect();
         root.span().add_event_with_timestamp(
             span::MOE_ROUTE_EVENT,
-            to_system_time(*at),
+            to_system_time(route.at),
             vec![
-                KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
+                KeyValue::new(attr::LAYER, i64::from(route.layer.get().unwrap_or(0))),
                 KeyValue::new(
                     attr::EXPERT_IDS,
                     opentelemetry::Value::Array(opentelemetry::Array::I64(ids)),
@@ -123,30 +149,35 @@ pub(crate) fn build_step(
     }
 
     // Layer spans cover their top-level sections.
-    let mut layers: Vec<(Layer, u64, u64)> = Vec::new();
+    let mut layers: Vec<Interval<Layer>> = Vec::new();
     for s in trace.sections.iter().filter(|s| s.parent.is_none()) {
         let (Some(end_ns), Some(_)) = (s.end, s.layer.get()) else {
             continue;
         };
-        match layers.iter_mut().find(|(l, _, _)| *l == s.layer) {
+        match layers.iter_mut().find(|l| l.what == s.layer) {
             Some(e) => {
-                e.1 = e.1.min(s.start);
-                e.2 = e.2.max(end_ns);
+                e.start = e.start.min(s.start);
+                e.end = e.end.max(end_ns);
             }
-            None => layers.push((s.layer, s.start, end_ns)),
+            None => layers.push(Interval {
+                what: s.layer,
+                start: s.start,
+                end: end_ns,
+            }),
         }
     }
     let layer_cx: Vec<(Layer, Context, u64)> = layers
         .into_iter()
-        .map(|(l, a, b)| {
+        .map(|l| {
             let cx = child(
                 tracer,
                 &root,
                 span::LAYER,
-                a,
-                vec![KeyValue::new(attr::LAYER, i64::from(l.0))],
+                l.start,
+                vec![KeyValue::new(attr::LAYER, i64::from(l.what.0))],
+                group,
             );
-            (l, cx, b)
+            (l.what, cx, l.end)
         })
         .collect();
     built += layer_cx.len();
@@ -175,7 +206,7 @@ pub(crate) fn build_step(
         if let Some(site) = s.site.as_str() {
             attrs.push(KeyValue::new(attr::SITE, site));
         }
-        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs);
+        let cx = child(tracer, parent, s.section.as_str(), s.start, attrs, group);
         cxs.push(Some(cx.clone()));
         // Ended after its children are started; children end themselves below.
         let _ = end_ns;
@@ -193,57 +224,72 @@ pub(crate) fn build_step(
     built
 }
 
-/// What a sampled round collected: its phase intervals (phase, start, end).
+/// What a sampled round collected: its phase intervals.
 #[derive(Debug, Default)]
 pub(crate) struct RoundTrace {
-    pub(crate) phases: Vec<(crate::vocab::Phase, u64, u64)>,
+    pub(crate) phases: Vec<Interval<Phase>>,
+}
+
+/// One sampled round, ready for its spans.
+pub(crate) struct RoundSpans<'a> {
+    pub(crate) phases: &'a [Interval<Phase>],
+    /// Verify parts, in start order.
+    pub(crate) parts: &'a [Interval<VerifyPart>],
+    pub(crate) rank: u32,
+    pub(crate) k: u32,
+    pub(crate) accepted: Option<u32>,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    /// `group` on every span of the round.
+    pub(crate) group: &'a KeyValue,
 }
 
 /// Builds `spec.round -> phase -> part` spans; returns how many spans were built.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn build_round(
-    tracer: &SdkTracer,
-    phases: &[(crate::vocab::Phase, u64, u64)],
-    parts: &[(&'static str, u64, u64)],
-    rank: u32,
-    k: u32,
-    accepted: Option<u32>,
-    start: u64,
-    stop: u64,
-) -> usize {
+pub(crate) fn build_round(tracer: &SdkTracer, round: &RoundSpans<'_>) -> usize {
     let mut attrs = vec![
-        KeyValue::new(attr::RANK, i64::from(rank)),
-        KeyValue::new(attr::K, i64::from(k)),
+        KeyValue::new(attr::RANK, i64::from(round.rank)),
+        KeyValue::new(attr::K, i64::from(round.k)),
     ];
-    if let Some(a) = accepted {
+    if let Some(a) = round.accepted {
         attrs.push(KeyValue::new(attr::ACCEPTED, i64::from(a)));
     }
-    let root = child(tracer, &Context::new(), span::ROUND, start, attrs);
+    let root = child(
+        tracer,
+        &Context::new(),
+        span::ROUND,
+        round.start,
+        attrs,
+        round.group,
+    );
     let mut built = 1;
-    for (phase, a, b) in phases {
+    for phase in round.phases {
+        let name = phase.what.as_str();
         let cx = child(
             tracer,
             &root,
-            phase.as_str(),
-            *a,
-            vec![KeyValue::new(attr::PHASE, phase.as_str())],
+            name,
+            phase.start,
+            vec![KeyValue::new(attr::PHASE, name)],
+            round.group,
         );
         built += 1;
-        if *phase == crate::vocab::Phase::Verify {
-            for (part, pa, pb) in parts {
+        if phase.what == Phase::Verify {
+            for part in round.parts {
+                let name = part.what.as_str();
                 let p = child(
                     tracer,
                     &cx,
-                    part,
-                    *pa,
-                    vec![KeyValue::new(attr::PART, *part)],
+                    name,
+                    part.start,
+                    vec![KeyValue::new(attr::PART, name)],
+                    round.group,
                 );
-                end(&p, *pb);
+                end(&p, part.end);
                 built += 1;
             }
         }
-        end(&cx, *b);
+        end(&cx, phase.end);
     }
-    end(&root, stop);
+    end(&root, round.end);
     built
 }

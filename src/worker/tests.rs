@@ -2,13 +2,15 @@
 
 use super::Pipeline;
 use super::aggregate::Instruments;
-use crate::record::{Recorder, RecorderOptions, Shared};
+use crate::config::{Level, SpecLevel};
+use crate::names::DropReason;
+use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, Resolved, Token};
 use crate::vocab::{Phase, Section, Site, VerifyPart};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16};
+use std::sync::atomic::{AtomicBool, AtomicU16};
 use std::sync::{Arc, Mutex};
 
 /// Hands out the scripted times in order (nanoseconds); a deferred clock when `pending` is set.
@@ -40,15 +42,15 @@ impl Clock for Script {
     fn is_deferred(&self) -> bool {
         true
     }
-    fn name(&self) -> &'static str {
-        "script"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Events
     }
 }
 
-fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
+fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
     let shared = Arc::new(Shared {
-        level: AtomicU8::new(level),
-        spec_level: AtomicU8::new(spec),
+        level: Gate::new(level),
+        spec_level: Gate::new(spec),
         trace_every: 0,
         expert_counter: true,
         queue: 1024,
@@ -57,10 +59,19 @@ fn setup(level: u8, spec: u8, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) 
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), true, 8);
-    let p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let inst = Instruments::new(&provider.meter("test"), true, 8, "tp0");
+    let p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        "tp0",
+    );
     (shared, p)
 }
 
@@ -99,7 +110,7 @@ fn nested_sections_pair_into_exact_durations() {
         700 * US,
         1000 * US,
     ]);
-    let (shared, mut p) = setup(1, 0, clock);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -131,13 +142,13 @@ fn nested_sections_pair_into_exact_durations() {
     assert_eq!(steps.len(), 1);
     assert_eq!((steps[0].0 * 1e6).round(), 1000.0);
     assert_eq!(p.stats().sections, 3);
-    assert_eq!(p.stats().dropped_unbalanced, 0);
+    assert_eq!(p.stats().dropped[DropReason::Unbalanced], 0);
 }
 
 #[test]
 fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
     let clock = Script::new(&[0, 30 * US, 40 * US, 90 * US]);
-    let (shared, mut p) = setup(2, 0, clock);
+    let (shared, mut p) = setup(Level::Collectives, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _s = r.section(Section::MOE_EXPERTS, 1u32, Site::MLP); // not recorded at level 2
@@ -166,14 +177,14 @@ fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
 #[test]
 fn unbalanced_marks_are_counted_not_fatal() {
     let clock = Script::new(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
-    let (shared, mut p) = setup(1, 0, clock);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     r.end_section(Section::NORM); // end without begin
     r.begin_section(Section::KDA_MIXER, 0u32, Site::ATTN);
     r.begin_section(Section::KDA_FRONT, 0u32, Site::ATTN);
     r.end_section(Section::KDA_MIXER); // closes mixer, front never ended
     p.flush();
-    assert_eq!(p.stats().dropped_unbalanced, 2);
+    assert_eq!(p.stats().dropped[DropReason::Unbalanced], 2);
     assert_eq!(p.stats().sections, 1);
     let dropped = values(&p, crate::names::metric::RECORDS_DROPPED);
     assert_eq!(dropped.iter().map(|d| d.0).sum::<f64>(), 2.0);
@@ -182,7 +193,7 @@ fn unbalanced_marks_are_counted_not_fatal() {
 #[test]
 fn pending_tokens_hold_the_lane_until_resolved() {
     let clock = Script::new(&[0, 500 * US]);
-    let (shared, mut p) = setup(1, 0, clock.clone());
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock.clone());
     let r = rec(&shared);
     clock.hold.store(true, std::sync::atomic::Ordering::Relaxed);
     {
@@ -200,7 +211,7 @@ fn pending_tokens_hold_the_lane_until_resolved() {
 #[test]
 fn a_full_buffer_drops_and_counts() {
     let times: Vec<u64> = (0..3000).collect();
-    let (shared, mut p) = setup(1, 0, Script::new(&times));
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, Script::new(&times));
     let r = rec(&shared);
     for _ in 0..1000 {
         let _s = r.section(Section::NORM, 0u32, Site::NONE);
@@ -209,15 +220,15 @@ fn a_full_buffer_drops_and_counts() {
     let s = p.stats();
     // 1024 marks fit: 512 begin/end pairs; every refused begin skips its end.
     assert_eq!(s.sections, 512);
-    assert_eq!(s.dropped_queue_full, 1000 - 512);
-    assert_eq!(s.dropped_unbalanced, 0);
+    assert_eq!(s.dropped[DropReason::QueueFull], 1000 - 512);
+    assert_eq!(s.dropped[DropReason::Unbalanced], 0);
 }
 
 #[test]
 fn phases_take_the_time_since_the_previous_mark_and_skipped_phases_are_absent() {
     // round [0, 1000]: draft ends 200, verify ends 900, maint ends 1000 (accept, rollback skipped)
     let clock = Script::new(&[0, 200 * US, 900 * US, 1000 * US, 1000 * US]);
-    let (shared, mut p) = setup(0, 1, clock);
+    let (shared, mut p) = setup(Level::Off, SpecLevel::Phases, clock);
     let r = rec(&shared);
     let round = r.round(4);
     round.phase(Phase::Draft);
@@ -246,7 +257,7 @@ fn phases_take_the_time_since_the_previous_mark_and_skipped_phases_are_absent() 
 #[test]
 fn a_round_ended_without_marks_counts_the_round_and_no_phase() {
     let clock = Script::new(&[0, 50 * US]);
-    let (shared, mut p) = setup(0, 1, clock);
+    let (shared, mut p) = setup(Level::Off, SpecLevel::Phases, clock);
     let r = rec(&shared);
     r.round(2).end(0);
     p.flush();
@@ -273,7 +284,7 @@ fn level_two_splits_verify_into_parts_with_rest_as_the_remainder() {
         800 * US,
         800 * US,
     ]);
-    let (shared, mut p) = setup(0, 2, clock);
+    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let other = rec(&shared); // a second thread of the same round
     let round = r.round(4);
@@ -311,7 +322,7 @@ fn level_two_splits_verify_into_parts_with_rest_as_the_remainder() {
 fn concurrent_sessions_do_not_mix_their_rounds() {
     let c1 = Script::new(&[0, 100 * US, 110 * US, 160 * US, 400 * US, 400 * US]);
     let c2 = Script::new(&[0, 300 * US, 310 * US, 330 * US, 900 * US, 900 * US]);
-    let (shared, mut p) = setup(0, 2, Script::new(&[]));
+    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, Script::new(&[]));
     let a = Recorder::new(shared.clone(), RecorderOptions::new().clock(c1));
     let b = Recorder::new(shared.clone(), RecorderOptions::new().clock(c2));
     let ra = a.round(2);
@@ -351,13 +362,13 @@ fn the_console_spec_lines_replay_through_the_importer() {
             16 * 25 * US,
             16 * 20 * US,
         ],
-        parts: [
-            16 * 130 * US,
-            16 * 60 * US,
-            16 * 70 * US,
-            16 * 150 * US,
-            16 * 220 * US,
-        ],
+        split: super::aggregate::VerifySplit {
+            kda: 16 * 130 * US,
+            kda_scan: 16 * 60 * US,
+            mla: 16 * 70 * US,
+            ffn: 16 * 150 * US,
+            rest: 16 * 220 * US,
+        },
     };
     let text = super::spec_lines(&sp, true);
     let file = import_reader(
@@ -396,7 +407,7 @@ fn the_console_spec_lines_replay_through_the_importer() {
 
 #[test]
 fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
-    let (shared, mut p) = setup(1, 0, Script::new(&[0, 1]));
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, Script::new(&[0, 1]));
     let r = rec(&shared);
     r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
     p.flush();
@@ -408,7 +419,7 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
     assert_eq!(expert3, 3);
     assert_eq!(tokens.len(), 6, "six ids fit a record");
     assert_eq!(
-        p.stats().dropped_out_of_range,
+        p.stats().dropped[DropReason::OutOfRange],
         1,
         "70000 does not fit 16 bits"
     );
@@ -417,8 +428,8 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
 #[test]
 fn layer_attribution_off_drops_only_the_layer_attribute() {
     let shared = Arc::new(Shared {
-        level: AtomicU8::new(1),
-        spec_level: AtomicU8::new(0),
+        level: Gate::new(Level::Full),
+        spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
         expert_counter: false,
         queue: 64,
@@ -427,10 +438,19 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), false, 8);
-    let mut p = Pipeline::new(shared.clone(), vec![inst], None, 0, 0, Default::default());
+    let inst = Instruments::new(&provider.meter("test"), false, 8, "tp0");
+    let mut p = Pipeline::new(
+        shared.clone(),
+        vec![inst],
+        None,
+        0,
+        0,
+        Default::default(),
+        "tp0",
+    );
     let r = rec(&shared);
     {
         let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
@@ -439,10 +459,80 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     let section = values(&p, crate::names::metric::SECTION_DURATION);
     assert_eq!(attr(&section[0].1, "layer"), None);
     assert_eq!(attr(&section[0].1, "bucket"), Some("reduce_attn_bar"));
+    // Per-layer waits fold too (sites x layers series per rank otherwise); the per-step wait
+    // total, which the straggler alert reads, never had a layer.
     let wait = values(&p, crate::names::metric::COLLECTIVE_WAIT);
-    assert_eq!(
-        attr(&wait[0].1, "layer"),
-        Some("7"),
-        "the skew histogram keeps its layer"
-    );
+    assert_eq!(attr(&wait[0].1, "layer"), None);
+    assert_eq!(attr(&wait[0].1, "site"), Some("attn"));
+}
+
+#[test]
+fn each_step_records_its_total_rendezvous_wait_beside_its_duration() {
+    // step 1 [0, 1000us]: attn probe [100, 400] (300 us), a compute section [400, 500], mlp
+    // probe [500, 550] (50 us), plus a reported wait of 25 us. step 2 [2000, 2100]: no probe.
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        400 * US,
+        400 * US,
+        500 * US,
+        500 * US,
+        550 * US,
+        1000 * US,
+        2000 * US,
+        2100 * US,
+    ]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        {
+            let _b = r.section(Section::REDUCE_ATTN_BAR, 0u32, Site::ATTN);
+        }
+        {
+            let _c = r.section(Section::MOE_EXPERTS, 0u32, Site::MLP);
+        }
+        {
+            let _b = r.section(Section::REDUCE_MLP_BAR, 0u32, Site::MLP);
+        }
+        r.collective_wait(Site::MLP, 1u32, std::time::Duration::from_micros(25));
+    }
+    {
+        let _step = r.step();
+    }
+    p.flush();
+    let waits = values(&p, crate::names::metric::STEP_COLLECTIVE_WAIT);
+    let got: Vec<f64> = waits.iter().map(|(v, _)| (v * 1e6).round()).collect();
+    // The step without a probe records a zero wait: the count is the step count, so the wait
+    // share (wait sum / step duration sum) is never biased by the steps that did not wait.
+    assert_eq!(got, vec![375.0, 0.0]);
+    for (_, a) in &waits {
+        assert_eq!(attr(a, "rank"), Some("3"));
+        assert_eq!(attr(a, "group"), Some("tp0"));
+        assert_eq!(attr(a, "layer"), None, "a per-step total has no layer");
+        assert_eq!(attr(a, "site"), None);
+    }
+    assert_eq!(values(&p, crate::names::metric::STEP_DURATION).len(), 2);
+}
+
+#[test]
+fn every_measurement_carries_the_group() {
+    let clock = Script::new(&[0, 10 * US, 20 * US, 30 * US]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _b = r.section(Section::REDUCE_ATTN_BAR, 2u32, Site::ATTN);
+    }
+    r.moe_route(2u32, &[1, 2]);
+    p.flush();
+    let log = p.inst[0].log.lock().unwrap();
+    assert!(log.len() >= 5, "{log:?}");
+    for (name, a, _) in log.iter() {
+        assert_eq!(
+            attr(a, "group"),
+            Some("tp0"),
+            "{name} without its group: {a:?}"
+        );
+    }
 }

@@ -5,6 +5,7 @@
 //!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
 //! - [`Prometheus`]: a Prometheus server scraping given targets, with PromQL queries.
 //! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
+//! - [`require_tools!`]: skips a test whose tools are missing (fails it under CI), see [`tools`].
 //!
 //! Both integration test binaries (the library's and the CLI's) use it.
 #![allow(dead_code, unused_imports)]
@@ -13,6 +14,7 @@ pub mod otlp_debug;
 pub mod process;
 pub mod prometheus;
 pub mod rotel;
+pub mod tools;
 
 pub use otlp_debug::{
     MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedLink, ReceivedMetric, ReceivedSpan,
@@ -24,3 +26,4 @@ pub use process::{
 };
 pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
 pub use rotel::{Rotel, rotel_binary};
+pub use tools::Tool;

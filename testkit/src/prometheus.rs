@@ -13,24 +13,32 @@ use super::process::{
 /// How long [`Prometheus::start`] waits for `/-/ready`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The `prometheus` binary: `$PHASETRACE_PROMETHEUS_BIN`, then `PATH`.
+/// The `prometheus` binary: `$PHASETRACE_PROMETHEUS_BIN`, then `PATH`. Panics when it is
+/// missing: tests guard with [`crate::require_tools!`] first.
 pub fn prometheus_binary() -> PathBuf {
+    find_prometheus().unwrap_or_else(|| panic!("prometheus not found: run scripts/test.sh"))
+}
+
+/// The `promtool` binary: `$PHASETRACE_PROMTOOL_BIN`, then `PATH`. Panics when it is
+/// missing: tests guard with [`crate::require_tools!`] first.
+pub fn promtool_binary() -> PathBuf {
+    find_promtool().unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
+}
+
+pub(crate) fn find_prometheus() -> Option<PathBuf> {
     locate_binary(
         "PHASETRACE_PROMETHEUS_BIN",
         &[tools_dir().join("bin").join("prometheus")],
         "prometheus",
     )
-    .unwrap_or_else(|| panic!("prometheus not found: run scripts/test.sh"))
 }
 
-/// The `promtool` binary: `$PHASETRACE_PROMTOOL_BIN`, then `PATH`.
-pub fn promtool_binary() -> PathBuf {
+pub(crate) fn find_promtool() -> Option<PathBuf> {
     locate_binary(
         "PHASETRACE_PROMTOOL_BIN",
         &[tools_dir().join("bin").join("promtool")],
         "promtool",
     )
-    .unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
 }
 
 /// What [`PrometheusBuilder::start`] runs.
@@ -48,6 +56,7 @@ pub struct PrometheusBuilder {
 impl PrometheusBuilder {
     /// Adds a scrape job. `target` is `host:port`, optionally with a path
     /// (`127.0.0.1:9464/metrics`) and an `http://` prefix; the default path is `/metrics`.
+    /// Calling it again with the same job name adds a target to that job.
     pub fn job(mut self, job_name: &str, target: &str) -> Self {
         self.jobs.push((job_name.to_string(), target.to_string()));
         self
@@ -119,17 +128,29 @@ impl PrometheusBuilder {
             }
         }
         yaml.push_str("scrape_configs:\n");
+        // Targets added under one job name share one scrape job (and so one `job` label).
+        let mut merged: Vec<(&str, &str, Vec<&str>)> = Vec::new();
         for (job, target) in &self.jobs {
             let target = target.strip_prefix("http://").unwrap_or(target);
             let (address, path) = match target.find('/') {
                 Some(i) => (&target[..i], &target[i..]),
                 None => (target, "/metrics"),
             };
+            match merged.iter_mut().find(|(j, _, _)| *j == job.as_str()) {
+                Some((_, p, targets)) => {
+                    assert_eq!(*p, path, "job {job}: one metrics path per job");
+                    targets.push(address);
+                }
+                None => merged.push((job.as_str(), path, vec![address])),
+            }
+        }
+        for (job, path, targets) in merged {
+            let targets: Vec<String> = targets.into_iter().map(yaml_quote).collect();
             yaml.push_str(&format!(
                 "  - job_name: {}\n    metrics_path: {}\n    static_configs:\n      - targets: [{}]\n",
                 yaml_quote(job),
                 yaml_quote(path),
-                yaml_quote(address)
+                targets.join(", ")
             ));
         }
         if self.jobs.is_empty() {

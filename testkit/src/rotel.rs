@@ -23,7 +23,13 @@ pub struct Rotel {
 }
 
 /// The `rotel-agent` binary: `$PHASETRACE_ROTEL_BIN`, then `.tools/venv`, then `PATH`.
+/// Panics when it is missing: tests guard with [`crate::require_tools!`] first.
 pub fn rotel_binary() -> PathBuf {
+    find_rotel().unwrap_or_else(|| panic!("rotel-agent not found: run scripts/test.sh"))
+}
+
+/// Where `rotel-agent` is installed, if it is.
+pub(crate) fn find_rotel() -> Option<PathBuf> {
     let venv = tools_dir().join("venv");
     let mut candidates = vec![venv.join("bin").join("rotel-agent")];
     if let Ok(entries) = std::fs::read_dir(venv.join("lib")) {
@@ -38,7 +44,6 @@ pub fn rotel_binary() -> PathBuf {
         }
     }
     locate_binary("PHASETRACE_ROTEL_BIN", &candidates, "rotel-agent")
-        .unwrap_or_else(|| panic!("rotel-agent not found: run scripts/test.sh"))
 }
 
 impl Rotel {

@@ -13,7 +13,7 @@ fn profiler(endpoint: &str) -> Profiler {
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(5)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_metric_export_interval(Duration::from_millis(300))
         .with_shutdown_timeout(Duration::from_secs(3))
@@ -38,6 +38,7 @@ fn steps_received(o: &support::ParsedOutput) -> f64 {
 
 #[test]
 fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
+    support::require_tools!(Rotel);
     let mut rotel = Rotel::start();
     let p = profiler(&rotel.grpc_endpoint());
     let rec = p.recorder();
@@ -97,6 +98,7 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
 
 #[test]
 fn a_collector_that_is_down_at_start_receives_once_it_is_up() {
+    support::require_tools!(Rotel);
     let mut rotel = Rotel::start();
     rotel.kill();
     let p = profiler(&rotel.grpc_endpoint());

@@ -96,7 +96,7 @@ proptest! {
             .without_env()
             .with_level(Level::Full)
             .with_spec_level(SpecLevel::VerifySplit)
-            .with_prometheus(None)
+            .without_prometheus()
             .with_expert_counter(true)
             .with_queue(256)
             .build()

@@ -11,6 +11,7 @@ use support::{MetricKind, Rotel};
 
 #[test]
 fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
@@ -18,7 +19,7 @@ fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
         .with_trace_every(0)
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_otlp_histogram(HistogramAggregation::Exponential)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let rec = p.recorder();

@@ -25,7 +25,7 @@ fn child() {
     let built = Profiler::builder()
         .with_legacy_alias(env::LEVEL, ALIAS)
         .with_legacy_alias(env::SPEC_LEVEL, SPEC_ALIAS)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(None)
         .build();
     let profiler = match built {

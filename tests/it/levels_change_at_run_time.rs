@@ -13,7 +13,7 @@ fn sections(rec: &phasetrace::Recorder) {
 fn a_profiler_built_off_starts_on_demand_and_follows_the_level() {
     let p = Profiler::builder()
         .without_env()
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     assert!(!p.is_enabled());

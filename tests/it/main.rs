@@ -5,6 +5,8 @@ use phasetrace_testkit as support;
 
 mod a_collector_outage_loses_nothing_silently;
 mod arbitrary_api_call_sequences_never_panic;
+mod every_drop_reason_reads_zero_before_anything_drops;
+mod every_example_runs_without_infrastructure;
 mod exponential_histograms_are_one_setting_away;
 mod gpu_backends_agree;
 mod gzip_compressed_export_arrives;
@@ -21,5 +23,6 @@ mod rotel_harness_parses_what_the_sdk_sends;
 mod sections_arrive_at_a_real_collector_over_grpc_and_http;
 mod sim_event_clock_matches_known_work;
 mod speculative_rounds_reach_a_collector_and_prometheus;
+mod the_readme_snippet_records_and_serves_what_it_shows;
 mod the_timing_setting_picks_the_stream_backend;
 mod tracing_spans_parent_the_step_span;

@@ -4,18 +4,19 @@
 
 use crate::support;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{DropReason, Level, Profiler, Section, Site};
 use std::time::Duration;
 use support::Rotel;
 
 #[test]
 fn a_million_sections_arrive_exactly() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1000)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_metric_export_interval(Duration::from_millis(500))
         .build()
@@ -45,10 +46,7 @@ fn a_million_sections_arrive_exactly() {
     let recorded = steps * 40;
     assert!(recorded >= 1_000_000);
     assert_eq!(s.sections, recorded);
-    assert_eq!(
-        s.dropped_queue_full + s.dropped_unbalanced + s.dropped_clock,
-        0
-    );
+    assert_eq!(s.dropped.total(), 0, "{s:?}");
     // 25 sampled steps: 1 step span + 10 layer spans + 40 section spans each.
     assert_eq!(s.spans, 25 * 51);
     let total_count = |o: &support::ParsedOutput| -> u64 {
@@ -66,10 +64,16 @@ fn a_million_sections_arrive_exactly() {
         .and_then(|p| p.value);
     assert_eq!(steps_point, Some(steps as f64));
     p.shutdown();
+    let after = p.stats();
     assert_eq!(
-        p.stats(),
-        Default::default(),
-        "stats after shutdown are empty"
+        (
+            after.sections,
+            after.steps,
+            after.spans,
+            after.dropped.total()
+        ),
+        (recorded, steps, s.spans, 0),
+        "stats after shutdown keep the final figures: {after:?}"
     );
 }
 
@@ -80,7 +84,7 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
         .with_level(Level::Full)
         .with_trace_every(0)
         .with_queue(1024)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let per_thread = 200_000u64;
@@ -98,9 +102,13 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     p.flush();
     let s = p.stats();
     let recorded = 16 * per_thread;
-    assert_eq!(s.marks + s.dropped_queue_full, recorded, "{s:?}");
+    assert_eq!(
+        s.marks + s.dropped[DropReason::QueueFull],
+        recorded,
+        "{s:?}"
+    );
     assert!(
-        s.dropped_queue_full > 0,
+        s.dropped[DropReason::QueueFull] > 0,
         "the overload should overflow 1024-record buffers"
     );
     // What the exporter serves agrees with the accounting.
@@ -119,7 +127,7 @@ fn sixteen_threads_at_full_speed_account_for_every_record() {
     );
     assert_eq!(
         sum_of("phasetrace_records_dropped_total{", "reason=\"queue_full\""),
-        s.dropped_queue_full as f64,
+        s.dropped[DropReason::QueueFull] as f64,
         "{body}"
     );
     p.shutdown();

@@ -115,7 +115,7 @@ fn run(endpoint: &str, ca: Option<&std::path::Path>, protocol: Protocol) -> Prof
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
         .with_otlp_headers(vec![("x-api-key".into(), "topsecret".into())])
         .with_shutdown_timeout(Duration::from_secs(3));
@@ -135,6 +135,7 @@ fn run(endpoint: &str, ca: Option<&std::path::Path>, protocol: Protocol) -> Prof
 
 #[test]
 fn spans_cross_tls_with_the_custom_ca_and_are_refused_without_it() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let (ca, cert, key) = certificates();
     let dir = TempDir::new("phasetrace-tls");
@@ -168,6 +169,7 @@ fn spans_cross_tls_with_the_custom_ca_and_are_refused_without_it() {
 
 #[test]
 fn http_protobuf_crosses_tls_with_the_custom_ca() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let (ca, cert, key) = certificates();
     let dir = TempDir::new("phasetrace-tls-http");
@@ -188,7 +190,7 @@ fn a_missing_ca_file_is_a_clear_error() {
     let err = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some("https://localhost:4317"))
         .with_otlp_certificate("/nonexistent/ca.pem")
         .build()
@@ -202,6 +204,7 @@ fn a_missing_ca_file_is_a_clear_error() {
 
 #[test]
 fn the_probe_completes_a_tls_handshake_only_with_the_right_ca() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let (ca, cert, key) = certificates();
     let dir = TempDir::new("phasetrace-tls-probe");

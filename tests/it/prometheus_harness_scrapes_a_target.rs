@@ -33,6 +33,7 @@ groups:
 
 #[test]
 fn prometheus_scrapes_exact_values_and_evaluates_rules() {
+    support::require_tools!(Prometheus);
     let target = StaticHttpServer::start(&exposition(3.0), CONTENT_TYPE);
     let prometheus = Prometheus::builder()
         .targets(&[target.address()])
@@ -103,6 +104,7 @@ fn prometheus_scrapes_exact_values_and_evaluates_rules() {
 
 #[test]
 fn wait_for_up_covers_every_target() {
+    support::require_tools!(Prometheus);
     let first = StaticHttpServer::start(&exposition(1.0), CONTENT_TYPE);
     let second = StaticHttpServer::start(&exposition(2.0), CONTENT_TYPE);
     let prometheus = Prometheus::start(&[first.address(), second.address()], "1s");

@@ -179,6 +179,7 @@ fn assert_received(rotel: &Rotel, service: &str, transport: &str) {
 
 #[test]
 fn grpc_export_round_trips_through_the_parser() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     // The tonic exporters must be built inside a Tokio runtime, which outlives them.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -218,6 +219,7 @@ fn grpc_export_round_trips_through_the_parser() {
 
 #[test]
 fn http_protobuf_export_round_trips_through_the_parser() {
+    support::require_tools!(Rotel);
     install_crypto_provider();
     let rotel = Rotel::start();
     // The reqwest-blocking client must be built outside any Tokio runtime.
@@ -249,6 +251,7 @@ fn http_protobuf_export_round_trips_through_the_parser() {
 
 #[test]
 fn restart_keeps_the_same_endpoints() {
+    support::require_tools!(Rotel);
     install_crypto_provider();
     let mut rotel = Rotel::start();
     let endpoint = rotel.http_endpoint();

@@ -8,7 +8,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phasetrace::names::{attr, metric, span};
+use phasetrace::names::{attr, metric, resource, span};
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 use support::{MetricKind, ParsedOutput, ReceivedSpan, Rotel};
 
@@ -19,6 +19,8 @@ const LAYERS: u32 = 2;
 const TRACE_EVERY: u64 = 2;
 const SAMPLED: [u64; 2] = [0, 2];
 const RANK: u32 = 3;
+/// The collective group: on every span and series.
+const GROUP: &str = "tp-a";
 /// Routed expert ids per layer: five ids travel as two records and arrive as one event.
 const EXPERTS: [u32; 5] = [3, 17, 42, 101, 7];
 /// Sections per layer in [`drive`].
@@ -64,8 +66,9 @@ fn profiler(endpoint: String, protocol: Protocol, service: &str) -> Profiler {
         .with_level(Level::Full)
         .with_trace_every(TRACE_EVERY)
         .with_rank(RANK)
+        .with_group(GROUP)
         .with_service_name(service)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&endpoint))
         .with_otlp_protocol(protocol)
         .with_metric_export_interval(Duration::from_millis(500))
@@ -135,6 +138,7 @@ fn assert_section(
         (attr::LAYER, layer.to_string()),
         (attr::SITE, site.to_string()),
         (attr::RANK, RANK.to_string()),
+        (attr::GROUP, GROUP.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -168,13 +172,27 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
         assert_eq!(step.attr(attr::STEP), Some(number.to_string().as_str()));
         assert_eq!(step.attr(attr::RANK), Some(RANK.to_string().as_str()));
         assert_eq!(step.attr(attr::TIMING), Some("host"));
+        assert_eq!(step.attr(attr::GROUP), Some(GROUP));
         assert_eq!(
             step.resource.get("service.name").map(String::as_str),
             Some(service)
         );
+        // The SDK keeps its own name; phasetrace names itself as the distribution.
         assert_eq!(
             step.resource.get("telemetry.sdk.name").map(String::as_str),
-            Some("phasetrace")
+            Some("opentelemetry")
+        );
+        assert_eq!(
+            step.resource
+                .get(resource::TELEMETRY_DISTRO_NAME)
+                .map(String::as_str),
+            Some(resource::DISTRO)
+        );
+        assert_eq!(
+            step.resource
+                .get(resource::TELEMETRY_DISTRO_VERSION)
+                .map(String::as_str),
+            Some(env!("CARGO_PKG_VERSION"))
         );
         // Every span of the step is in the step's trace.
         let in_trace = p
@@ -221,6 +239,7 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 layer_span.attr(attr::LAYER),
                 Some(layer.to_string().as_str())
             );
+            assert_eq!(layer_span.attr(attr::GROUP), Some(GROUP));
             assert_within(step, layer_span);
             let mixer = assert_section(&p, layer_span, "kda_mixer", layer, "attn");
             assert_section(&p, layer_span, "reduce_attn_bar", layer, "attn");
@@ -264,11 +283,12 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 (attr::LAYER, layer.as_str()),
                 (attr::SITE, site),
                 (attr::RANK, "3"),
+                (attr::GROUP, GROUP),
             ];
             let pt = sections
                 .point(&labels)
                 .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
-            assert_eq!(pt.attributes.len(), 4, "{pt:#?}");
+            assert_eq!(pt.attributes.len(), 5, "{pt:#?}");
             assert_eq!(pt.count, Some(STEPS), "{labels:?}: {pt:#?}");
             assert_eq!(pt.explicit_bounds, bounds);
             assert_eq!(pt.bucket_counts.iter().sum::<u64>(), STEPS, "{pt:#?}");
@@ -318,16 +338,38 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
     let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
     assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));
 
-    // Nothing was dropped.
+    // The per-step wait total: one point per step, summing every probe and explicit wait.
+    let pt = p
+        .latest_point(
+            metric::STEP_COLLECTIVE_WAIT,
+            &[(attr::RANK, "3"), (attr::GROUP, GROUP)],
+        )
+        .unwrap_or_else(|| panic!("no per-step wait; {}", context()));
+    assert_eq!(pt.count, Some(STEPS), "{pt:#?}");
+    let per_probe: f64 = waits.points.iter().filter_map(|pt| pt.sum).sum();
+    let per_step = pt.sum.unwrap_or(f64::NAN);
     assert!(
-        p.last_metric(metric::RECORDS_DROPPED).is_none(),
-        "{:#?}",
-        p.last_metric(metric::RECORDS_DROPPED)
+        (per_step - per_probe).abs() <= 1e-9 * per_probe.max(1e-9),
+        "per-step wait total {per_step} != the probes' {per_probe}"
     );
+
+    // Nothing was dropped, and every reason has its series, at 0, from the start.
+    let dropped = p
+        .last_metric(metric::RECORDS_DROPPED)
+        .unwrap_or_else(|| panic!("no {}; {}", metric::RECORDS_DROPPED, context()));
+    for reason in phasetrace::DropReason::ALL {
+        let point = dropped
+            .points
+            .iter()
+            .find(|pt| pt.attr(attr::REASON) == Some(reason.as_str()))
+            .unwrap_or_else(|| panic!("no {reason} series: {dropped:#?}"));
+        assert_eq!(point.value, Some(0.0), "{reason}: {point:#?}");
+    }
 }
 
 #[test]
 fn sections_arrive_over_grpc() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(rotel.grpc_endpoint(), Protocol::Grpc, "sections-grpc");
     drive(&profiler);
@@ -338,6 +380,7 @@ fn sections_arrive_over_grpc() {
 
 #[test]
 fn sections_arrive_over_http_protobuf() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = profiler(
         rotel.http_endpoint(),

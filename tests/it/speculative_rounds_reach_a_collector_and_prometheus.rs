@@ -28,8 +28,8 @@ impl Clock for Manual {
     fn resolve(&self, t: Token) -> Resolved {
         Resolved::At(t.0)
     }
-    fn name(&self) -> &'static str {
-        "manual"
+    fn timing(&self) -> phasetrace::Timing {
+        phasetrace::Timing::Host
     }
 }
 
@@ -78,13 +78,14 @@ fn round(rec: &phasetrace::Recorder, clock: &Manual, t0: u64, accepted: u32) -> 
 
 #[test]
 fn round_spans_and_spec_metrics_arrive_at_rotel() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Off)
         .with_spec_level(SpecLevel::VerifySplit)
         .with_trace_every(1)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_service_name("spec-e2e")
         .with_spec_k_max(4)
@@ -175,12 +176,13 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
 
 #[test]
 fn prometheus_computes_the_verify_share_and_acceptance_rate() {
+    support::require_tools!(Prometheus);
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Off)
         .with_spec_level(SpecLevel::Phases)
         .with_trace_every(0)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");
     let addr = p.prometheus_addr().expect("prometheus endpoint");

@@ -14,7 +14,7 @@ fn run(timing: Timing) -> (Duration, Duration) {
     let p = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(Some("127.0.0.1:0"))
+        .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_timing(timing)
         .with_sim_stream(stream.clone())
         .build()
@@ -98,7 +98,7 @@ fn sync_or_events_without_a_stream_is_a_clear_error() {
     let err = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .with_timing(Timing::Events)
         .build()
         .expect_err("no stream");

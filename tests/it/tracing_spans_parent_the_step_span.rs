@@ -17,13 +17,14 @@ const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let profiler = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
         .with_trace_every(1)
         .with_service_name("tracing-bridge")
-        .with_prometheus(None)
+        .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .build()
         .expect("building the profiler");
@@ -110,7 +111,7 @@ fn without_a_traces_exporter_there_is_no_layer() {
     let profiler = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
-        .with_prometheus(None)
+        .without_prometheus()
         .build()
         .unwrap();
     let layer = profiler.tracing_layer::<tracing_subscriber::Registry>();

@@ -219,7 +219,9 @@ def check_rules(dashboard_uids: set[str]) -> None:
                 for label in ("site", "rank", "layer", "reason"):
                     if re.search(rf"\b{label}\b", rule["expr"]) and f"$labels.{label}" not in text and f".Labels.{label}" not in text:
                         problem(where, f"annotations should name the {label} ($labels.{label})")
-                if ":threshold" not in rule["expr"]:
+                # A condition with a number compares against a threshold series; an alert on a
+                # recorded condition (phasetrace:rank_silent) has no number to tune.
+                if re.search(r"[<>]=?|==|!=", rule["expr"]) and ":threshold" not in rule["expr"]:
                     problem(where, "compare against a `...:threshold` recording rule (phasetrace-thresholds.yml), not a literal")
                 counts = tests.get(name, {"firing": 0, "quiet": 0})
                 if not counts["firing"] or not counts["quiet"]:

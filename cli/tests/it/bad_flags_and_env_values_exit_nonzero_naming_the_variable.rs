@@ -48,14 +48,27 @@ fn bad_flags_are_usage_errors() {
             &["demo", "--level", "9"],
             "off, 0, full, 1, collectives or 2",
         ),
-        (&["demo", "--spec-level", "3"], "expected off, 0, 1 or 2"),
+        (
+            &["demo", "--spec-level", "3"],
+            "expected off, 0, phases, 1, verify or 2",
+        ),
         (
             &["check", "--otlp-protocol", "http/json"],
             "grpc or http/protobuf",
         ),
-        (&["check", "--expert-counter", "maybe"], "on or off"),
+        (
+            &["check", "--expert-counter", "maybe"],
+            "expected on, off, true, false, 1 or 0",
+        ),
         (&["demo", "--steps", "many"], "--steps"),
         (&["demo", "--no-such-flag"], "--no-such-flag"),
+        // Only this rank of the group runs here: it needs the address to meet the others at.
+        (&["demo", "--rank", "1"], "--rendezvous"),
+        (&["demo", "--rendezvous", "127.0.0.1:29500"], "--rank"),
+        (
+            &["demo", "--group", "a/b"],
+            "expected a group name of letters, digits",
+        ),
         (&["frobnicate"], "frobnicate"),
         (&[], "Usage"),
     ];
@@ -120,6 +133,11 @@ fn bad_environment_values_are_configuration_errors_naming_variable_value_and_acc
             "PHASETRACE_TIMING",
             "gpu",
             "PHASETRACE_TIMING=\"gpu\": expected host, sync or events",
+        ),
+        (
+            "PHASETRACE_GROUP",
+            "tp 0",
+            "PHASETRACE_GROUP=\"tp 0\": expected a group name of letters, digits, '_', '-', '.' or ':' (at most 64 bytes)",
         ),
     ];
     // The demo without `--prometheus off`, which would hide a bad PHASETRACE_PROMETHEUS.
@@ -227,6 +245,21 @@ fn other_bad_demo_numbers_are_configuration_errors() {
             &["--duration", "0"],
             "--duration 0: expected a positive number",
         ),
+        (
+            &["--rank", "1", "--rendezvous", "127.0.0.1:1"],
+            "--rank 1: expected a rank below --ranks 1",
+        ),
+        (
+            &[
+                "--rank",
+                "0",
+                "--rendezvous",
+                "127.0.0.1:1",
+                "--rendezvous-timeout",
+                "0",
+            ],
+            "--rendezvous-timeout 0: expected a positive number of seconds",
+        ),
     ];
     for (extra, message) in cases {
         let run = phasetrace(&tiny_demo_with(extra), &[], RUN);
@@ -286,6 +319,40 @@ fn header_values_are_never_printed() {
     );
     assert!(!run.all().contains("topsecret"), "{run}");
     assert_no_panic(&run);
+}
+
+#[test]
+fn a_taken_default_port_is_reported_as_the_built_in_default() {
+    // Hold the default port (or find it held by another process: taken either way).
+    let _held = TcpListener::bind("127.0.0.1:9464");
+    let run = phasetrace(
+        &["demo", "--steps", "1", "--ranks", "1", "--layers", "1"],
+        &[],
+        RUN,
+    );
+    assert_eq!(run.code, Some(1), "{run}");
+    assert!(
+        run.stderr
+            .contains("the built-in default Prometheus endpoint 127.0.0.1:9464 cannot listen"),
+        "{run}"
+    );
+    assert!(
+        run.stderr.contains("PHASETRACE_PROMETHEUS is not set"),
+        "{run}"
+    );
+    assert!(
+        !run.stderr.contains("PHASETRACE_PROMETHEUS=127.0.0.1:9464"),
+        "{run}"
+    );
+    assert_no_panic(&run);
+    let check = phasetrace(&["check"], &[], RUN);
+    assert_eq!(check.code, Some(4), "{check}");
+    assert!(
+        check
+            .stdout
+            .contains("FAIL  Prometheus: the built-in default Prometheus endpoint 127.0.0.1:9464"),
+        "{check}"
+    );
 }
 
 #[test]

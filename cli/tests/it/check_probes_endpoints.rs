@@ -73,6 +73,7 @@ fn a_dead_endpoint_fails_with_exit_4_and_says_it_is_unreachable() {
 
 #[test]
 fn a_live_collector_passes_over_grpc_and_http() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let cases = [
         ("grpc", rotel.grpc_endpoint(), "gRPC (HTTP/2) endpoint at"),
@@ -204,7 +205,15 @@ fn a_peer_speaking_the_wrong_protocol_fails() {
 #[test]
 fn origins_say_whether_a_value_came_from_the_environment_a_flag_or_the_default() {
     let run = phasetrace(
-        &["check", "--trace-every", "5", "--prometheus", "127.0.0.1:0"],
+        &[
+            "check",
+            "--trace-every",
+            "5",
+            "--prometheus",
+            "127.0.0.1:0",
+            "--group",
+            "tp1",
+        ],
         &[
             ("PHASETRACE_LEVEL", "full"),
             ("PHASETRACE_QUEUE", "4096"),
@@ -223,6 +232,7 @@ fn origins_say_whether_a_value_came_from_the_environment_a_flag_or_the_default()
     assert_eq!(row(&run, "OTEL_SERVICE_NAME"), ("checked", "env"));
     // A launcher's rank variable counts as the environment.
     assert_eq!(row(&run, "PHASETRACE_RANK"), ("3", "env"));
+    assert_eq!(row(&run, "PHASETRACE_GROUP"), ("tp1", "flag"));
     assert_eq!(row(&run, "PHASETRACE_SPEC_LEVEL"), ("off", "default"));
     assert_eq!(row(&run, "PHASETRACE_TIMING"), ("host", "default"));
     assert_eq!(

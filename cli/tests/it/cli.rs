@@ -19,7 +19,18 @@ pub fn binary() -> &'static str {
 
 /// `phasetrace` with every variable phasetrace reads removed from its environment.
 pub fn command() -> Command {
-    let mut cmd = Command::new(binary());
+    clean(Command::new(binary()))
+}
+
+/// `PREFIX... phasetrace` (a launcher such as `ip netns exec NS`), the environment cleaned as
+/// for [`command`].
+pub fn wrapped(prefix: &[&str]) -> Command {
+    let mut cmd = Command::new(prefix[0]);
+    cmd.args(&prefix[1..]).arg(binary());
+    clean(cmd)
+}
+
+fn clean(mut cmd: Command) -> Command {
     for (key, _) in std::env::vars_os() {
         let Some(key) = key.to_str() else { continue };
         if READ_PREFIXES.iter().any(|p| key.starts_with(p)) || READ_EXACT.contains(&key) {
@@ -134,6 +145,11 @@ impl Demo {
         for (k, v) in envs {
             cmd.env(k, v);
         }
+        Demo::spawn_command(cmd)
+    }
+
+    /// Starts a prepared command (from [`wrapped`]) whose output is collected like the demo's.
+    pub fn spawn_command(mut cmd: Command) -> Demo {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -255,6 +271,21 @@ impl Demo {
             let _ = r.join();
         }
         status
+    }
+
+    /// Kills the demo at once (SIGKILL), as a crash or the OOM killer would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the demo has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Asks the demo to stop (SIGINT, as Ctrl-C) and waits for it to exit.

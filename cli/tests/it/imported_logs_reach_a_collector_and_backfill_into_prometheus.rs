@@ -29,6 +29,7 @@ fn close(a: f64, b: f64) -> bool {
 
 #[test]
 fn imported_logs_reach_rotel_with_their_timestamps() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let glm = fixture("glm_run_tracing.log.gz");
     let spec = fixture("spec_phases_stderr.log");
@@ -121,6 +122,7 @@ fn imported_logs_reach_rotel_with_their_timestamps() {
 
 #[test]
 fn openmetrics_output_backfills_prometheus_at_the_logs_timestamps() {
+    support::require_tools!(Prometheus, Promtool);
     let dir = TempDir::new("phasetrace-backfill");
     let om = dir.path().join("import.om");
     let tsdb = dir.path().join("tsdb");

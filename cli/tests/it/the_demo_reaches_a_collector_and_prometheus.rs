@@ -40,6 +40,7 @@ fn demo_args(extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn the_demo_exports_spans_and_metrics_to_a_collector_over_otlp() {
+    support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let endpoint = rotel.grpc_endpoint();
     let mut cmd = cli::command();
@@ -165,6 +166,7 @@ fn the_demo_exports_spans_and_metrics_to_a_collector_over_otlp() {
 
 #[test]
 fn prometheus_scrapes_the_demos_embedded_endpoint() {
+    support::require_tools!(Prometheus);
     let port = free_port();
     let target = format!("127.0.0.1:{port}");
     let prometheus = Prometheus::builder()

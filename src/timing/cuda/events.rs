@@ -574,8 +574,8 @@ impl Clock for CudaEventClock {
         true
     }
 
-    fn name(&self) -> &'static str {
-        "events"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Events
     }
 
     fn dropped(&self) -> u64 {

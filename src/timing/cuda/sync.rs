@@ -110,8 +110,8 @@ impl Clock for CudaSyncClock {
         self.inner.resolve(token)
     }
 
-    fn name(&self) -> &'static str {
-        "sync"
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Sync
     }
 
     fn dropped(&self) -> u64 {

@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""Writes phasetrace-alerts.test.yml, the promtool unit tests of the bundled alerts.
+
+    python3 otel-config/rules/gen-alert-tests.py      # rewrite the test file
+    python3 otel-config/rules/gen-alert-tests.py --check   # fail if the file is out of date
+
+Generated because the fleet cases are big: a 96-layer model has 192 per-(site, layer) wait
+series per rank. Edit the scenarios here, never the YAML. Series are sampled every 15 s (a
+typical scrape and evaluation interval), so the times asserted below are the ones a
+production Prometheus would show.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "phasetrace-alerts.test.yml")
+STEP_S = 15  # seconds between samples
+N = 60  # samples per series: 15 minutes
+DASH = "/d/phasetrace-collectives/phasetrace-collectives-and-rank-skew"
+
+
+def fmt(x: float) -> str:
+    return repr(round(x, 9))
+
+
+def labels(**kv: str) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in kv.items())
+
+
+def series(name: str, values: str, **kv: str) -> str:
+    return f"      - series: '{name}{{{labels(**kv)}}}'\n        values: '{values}'\n"
+
+
+def ramp(per_sample: float, n: int = N) -> str:
+    """A counter growing by `per_sample` every sample."""
+    return f"0+{fmt(per_sample)}x{n}"
+
+
+def pieces(*parts: tuple[float, int]) -> str:
+    """A counter growing by rate r for n samples, then the next (rate, n), ...: 'a+bxn c+dxm'."""
+    out, start, first = [], 0.0, True
+    for per_sample, n in parts:
+        begin = start if first else start + per_sample
+        out.append(f"{fmt(begin)}+{fmt(per_sample)}x{n if first else n - 1}")
+        start = begin + per_sample * (n if first else n - 1)
+        first = False
+    return " ".join(out)
+
+
+def rank_series(job, group, rank, instance, share, steps_per_s=50.0, stop_after=None, stale=False):
+    """Per-step series of one rank: step time 1 s per second (always busy), `share` of it
+    waiting. `share` may be a list of (share, samples) pieces. With `stop_after`, the counters
+    stop there: frozen (still exported) or, with `stale`, gone (stale markers)."""
+    kv = dict(job=job, group=group, rank=str(rank), instance=instance)
+    shares = share if isinstance(share, list) else [(share, N + 1)]
+    wait = pieces(*[(s * STEP_S, n) for s, n in shares])
+    total = N + 1
+    if stop_after is None:
+        dur, steps = ramp(STEP_S), ramp(steps_per_s * STEP_S)
+    else:
+        tail = total - 1 - stop_after
+        end_d, end_s = STEP_S * stop_after, steps_per_s * STEP_S * stop_after
+        if stale:
+            suffix_d = suffix_s = " " + " ".join(["stale"] * tail)
+            shares = [(s, n) for s, n in shares]
+            wait = pieces(*[(s * STEP_S, n) for s, n in shares]).rsplit("x", 1)[0] + f"x{stop_after}" + suffix_d
+        else:
+            suffix_d, suffix_s = f" {fmt(end_d)}x{tail}", f" {fmt(end_s)}x{tail}"
+        dur = f"0+{fmt(STEP_S)}x{stop_after}{suffix_d}"
+        steps = f"0+{fmt(steps_per_s * STEP_S)}x{stop_after}{suffix_s}"
+    return (
+        series("phasetrace_step_duration_seconds_sum", dur, **kv)
+        + series("phasetrace_step_collective_wait_seconds_sum", wait, **kv)
+        + series("phasetrace_steps_total", steps, **kv)
+    )
+
+
+def layer_series(job, group, rank, instance, layers, mean_wait, sites=("attn", "mlp"), calls_per_s=50.0):
+    """Per-(site, layer) collective wait histograms' sum and count; `mean_wait(site, layer)`."""
+    out = []
+    for site in sites:
+        for layer in layers:
+            kv = dict(job=job, group=group, rank=str(rank), instance=instance, site=site)
+            if layer is not None:
+                kv["layer"] = str(layer)
+            calls = calls_per_s * STEP_S
+            out.append(series("phasetrace_collective_wait_seconds_sum", ramp(calls * mean_wait(site, layer)), **kv))
+            out.append(series("phasetrace_collective_wait_seconds_count", ramp(calls), **kv))
+    return "".join(out)
+
+
+def target_info(job, instance, host):
+    return series("target_info", f"1x{N}", job=job, instance=instance, host_name=host)
+
+
+def alert(name, at, exp=None):
+    text = f"      - alertname: {name}\n        eval_time: {at}\n"
+    if not exp:
+        return text + "        exp_alerts: []\n"
+    text += "        exp_alerts:\n"
+    for labels_, annotations in exp:
+        text += "          - exp_labels:\n"
+        for k, v in labels_.items():
+            text += f"              {k}: {quote(v)}\n"
+        if annotations:
+            text += "            exp_annotations:\n"
+            for k, v in annotations.items():
+                text += f"              {k}: {quote(v)}\n"
+    return text
+
+
+def quote(v: str) -> str:
+    return "'" + v.replace("'", "''") + "'"
+
+
+def test(name, inputs, alerts, exprs=""):
+    return (
+        f"  - name: {quote(name)}\n    interval: {STEP_S}s\n    input_series:\n{inputs}"
+        + (f"    promql_expr_test:\n{exprs}" if exprs else "")
+        + f"    alert_rule_test:\n{alerts}"
+    )
+
+
+def expr_test(expr, at, samples):
+    text = f"      - expr: {quote(expr)}\n        eval_time: {at}\n        exp_samples:\n"
+    for lbl, value in samples:
+        text += f"          - labels: {quote(lbl)}\n            value: {value}\n"
+    return text
+
+
+def straggler_annotations(rank, group, job, instance, host, lost, own, others, worst):
+    where = f"instance {instance}" + (f", host {host}" if host else "")
+    desc = (
+        f"Rank {rank} of group {group} in {job} ({where}) is the rank its group waits for: the "
+        f"other ranks spend {lost} more of each step waiting at the collectives than it does "
+        f"({own} for it, {others} for the others on average), so the group runs about that much "
+        f"slower than it would if this rank kept up."
+    )
+    if worst:
+        desc += " " + worst
+    return {
+        "summary": f"Rank {rank} of group {group} is a straggler: it costs its group {lost} of its step time",
+        "description": desc,
+        "dashboard": DASH,
+    }
+
+
+# The per-site p99 and dropped-records alerts: hand-written, one sample a minute.
+OTHER_ALERTS = """  # --- PhasetraceCollectiveWaitHigh --------------------------------------------------------
+  # attn: every wait in (5 ms, 10 ms] for 20 minutes (p99 ~ 9.95 ms > 5 ms), then all under
+  # 1 ms (resolved). mlp: every wait under 1 ms all along (quiet).
+  - name: collective wait p99 fires, stays quiet elsewhere, resolves
+    interval: 1m
+    input_series:
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.001"}'
+        values: '0x20 60+60x19'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.005"}'
+        values: '0x20 60+60x19'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.01"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="+Inf"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.001"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.005"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.01"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="+Inf"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.001"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.005"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.01"}'
+        values: '0+60x40'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="+Inf"}'
+        values: '0+60x40'
+    alert_rule_test:
+      - alertname: PhasetraceCollectiveWaitHigh
+        eval_time: 4m
+        exp_alerts: []
+      - alertname: PhasetraceCollectiveWaitHigh
+        eval_time: 15m
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              job: phasetrace
+              group: tp0
+              site: attn
+            exp_annotations:
+              summary: High p99 collective wait at site attn in group tp0
+              description: >-
+                p99 of the rendezvous wait at the attn collectives of group
+                tp0 in phasetrace is
+                9.9ms (threshold
+                5ms).
+                Worst:
+                rank 2 at layer 5 (9.95ms).
+              dashboard: /d/phasetrace-collectives/phasetrace-collectives-and-rank-skew
+      - alertname: PhasetraceCollectiveWaitHigh
+        eval_time: 35m
+        exp_alerts: []
+
+  # --- PhasetraceRecordsDropped ------------------------------------------------------------
+  - name: records dropped fires, stays quiet without drops, resolves
+    interval: 1m
+    input_series:
+      # queue_full drops for 20 minutes, then none.
+      - series: 'phasetrace_records_dropped_total{job="phasetrace",group="tp0",reason="queue_full",rank="0"}'
+        values: '0+120x20 2400x20'
+      # A reason that is exported but never increments.
+      - series: 'phasetrace_records_dropped_total{job="phasetrace",group="tp0",reason="clock",rank="0"}'
+        values: '0x40'
+    alert_rule_test:
+      - alertname: PhasetraceRecordsDropped
+        eval_time: 5m
+        exp_alerts: []
+      - alertname: PhasetraceRecordsDropped
+        eval_time: 15m
+        exp_alerts:
+          - exp_labels:
+              severity: info
+              job: phasetrace
+              group: tp0
+              reason: queue_full
+            exp_annotations:
+              summary: phasetrace is dropping records (queue_full)
+              description: >-
+                phasetrace (group tp0) drops 2 records/s
+                for reason queue_full; the section and collective metrics undercount while it
+                lasts.
+              dashboard: /d/phasetrace-decode/phasetrace-decode-sections
+      - alertname: PhasetraceRecordsDropped
+        eval_time: 35m
+        exp_alerts: []
+"""
+
+
+def silent_annotations(rank, group, job, instance, host):
+    where = f"instance {instance}" + (f", host {host}" if host else "")
+    return {
+        "summary": f"Rank {rank} of group {group} is silent",
+        "description": (
+            f"Rank {rank} of group {group} in {job} ({where}) has stopped reporting decode steps "
+            "while other ranks of its group still report: its process died, hung, or stopped "
+            "exporting. The group cannot make progress without it; straggler alerts for the group "
+            "are held back while this lasts."
+        ),
+        "dashboard": DASH,
+    }
+
+
+def main() -> int:
+    tests = []
+    job = "engine"
+
+    # 1. A 1.2x straggler among 4 ranks of a 96-layer model, per-layer waits on: exactly one
+    #    alert, for the straggler, naming its host and the worst (site, layer); it resolves
+    #    once the rank keeps up again (from sample 40 = 10m).
+    #    Shares: the others wait 16% of each step (1 - 1/1.2 of a compute-bound step), the
+    #    straggler 1%: 15% of the group's time is lost to it.
+    inputs = ""
+    layers = list(range(96))
+    for r in range(4):
+        inst = f"10.0.0.{r + 1}:9464"
+        slow = r == 2
+        share = [(0.01, 41), (0.16, 20)] if slow else 0.16
+        inputs += rank_series(job, "tp0", r, inst, share)
+        inputs += target_info(job, inst, f"node-{r}")
+        # Everyone waits 100 us per collective, except where the others wait for the straggler:
+        # mlp layer 57 is the slowest (1.2 ms), where the straggler waits 10 us.
+        inputs += layer_series(
+            job, "tp0", r, inst, layers,
+            lambda site, layer, slow=slow: (1e-5 if slow else 1.2e-3) if (site, layer) == ("mlp", 57) else 1e-4,
+        )
+    ann = straggler_annotations(
+        2, "tp0", job, "10.0.0.3:9464", "node-2", "15%", "1%", "16%",
+        "Worst at the mlp collective of layer 57 (1.19ms between the ranks' mean waits there).",
+    )
+    alerts = (
+        alert("PhasetraceRankStraggler", "45s")
+        + alert("PhasetraceRankStraggler", "2m", [({"severity": "warning", "job": job, "group": "tp0", "rank": "2"}, ann)])
+        + alert("PhasetraceRankStraggler", "9m", [({"severity": "warning", "job": job, "group": "tp0", "rank": "2"}, ann)])
+        + alert("PhasetraceRankStraggler", "14m")
+        + alert("PhasetraceRankSilent", "9m")
+    )
+    exprs = expr_test(
+        "count(phasetrace:rank_time_lost:ratio2m > on () group_left () phasetrace:straggler_time_lost_ratio:threshold)",
+        "5m", [("{}", 1)],
+    ) + expr_test(
+        "round(phasetrace:rank_time_lost:ratio2m{rank=\"2\"}, 0.001)",
+        "5m", [('{job="engine",group="tp0",rank="2"}', 0.15)],
+    )
+    tests.append(test("a 1.2x straggler among 4 ranks of a 96-layer model raises exactly one alert, then resolves", inputs, alerts, exprs))
+
+    # 2. A 3x straggler, 2 ranks, per-layer attribute off (waits without `layer`), no
+    #    target_info: fires within 2 minutes; the worst site is named without a layer.
+    inputs = ""
+    for r in range(2):
+        inst = f"127.0.0.1:{9464 + r}"
+        slow = r == 0
+        inputs += rank_series(job, "default", r, inst, 0.0 if slow else 0.64)
+        inputs += layer_series(job, "default", r, inst, [None], lambda site, layer, slow=slow: 0.0 if slow else (2e-3 if site == "attn" else 1e-3))
+    ann = straggler_annotations(
+        0, "default", job, "127.0.0.1:9464", None, "64%", "0%", "64%",
+        "Worst at the attn collective (2ms between the ranks' mean waits there).",
+    )
+    alerts = (
+        alert("PhasetraceRankStraggler", "1m")
+        + alert("PhasetraceRankStraggler", "1m30s", [({"severity": "warning", "job": job, "group": "default", "rank": "0"}, ann)])
+    )
+    tests.append(test("a 3x straggler fires within 2 minutes, also without per-layer data", inputs, alerts))
+
+    # 3. Balanced groups: 8 ranks whose wait shares differ by scheduling noise (up to 3 points
+    #    apart), 4 ranks that all wait a lot (oversubscribed cores), and a group of one rank
+    #    (nothing to compare with): no alert over 15 minutes.
+    inputs = ""
+    noise = [0.50, 0.52, 0.49, 0.51, 0.50, 0.48, 0.51, 0.50]
+    for r, s in enumerate(noise):
+        inputs += rank_series(job, "tp8", r, "127.0.0.1:9464", s)
+    for r in range(4):
+        inputs += rank_series(job, "tp4", r, f"10.0.1.{r + 1}:9464", 0.62 + 0.01 * (r % 2))
+    inputs += rank_series(job, "solo", 0, "127.0.0.1:9470", 0.3)
+    alerts = "".join(alert("PhasetraceRankStraggler", t) for t in ("2m", "5m", "10m", "15m"))
+    alerts += alert("PhasetraceRankSilent", "15m")
+    exprs = expr_test("count(phasetrace:rank_time_lost:ratio2m{group=\"solo\"})", "5m", [])
+    tests.append(test("balanced ranks and single-rank groups raise no straggler alert", inputs, alerts, exprs))
+
+    # 4. Two groups of one job with the same rank numbers: a straggler in tp1 only.
+    inputs = ""
+    for g, slow_rank in (("tp0", None), ("tp1", 3)):
+        for r in range(4):
+            inst = f"10.0.{2 if g == 'tp0' else 3}.{r + 1}:9464"
+            inputs += rank_series(job, g, r, inst, 0.02 if r == slow_rank else 0.2)
+    ann = straggler_annotations(3, "tp1", job, "10.0.3.4:9464", None, "18%", "2%", "20%", None)
+    alerts = alert("PhasetraceRankStraggler", "3m", [({"severity": "warning", "job": job, "group": "tp1", "rank": "3"}, ann)])
+    tests.append(test("two groups in one job: only the straggler's group alerts, for the right rank", inputs, alerts))
+
+    # 5. A killed rank: rank 1 of 4 stops at 5m (its series go stale: scrape failing); the
+    #    others go on, and their last windows look skewed (rank 0 would pass for a straggler). The silent alert fires within 2 minutes, for rank 1 only,
+    #    and no straggler alert fires for the others.
+    inputs = ""
+    for r in range(4):
+        inst = f"10.0.4.{r + 1}:9464"
+        if r == 1:
+            inputs += rank_series(job, "tp0", r, inst, 0.2, stop_after=20, stale=True)
+        else:
+            inputs += rank_series(job, "tp0", r, inst, [(0.2, 21), (0.0 if r == 0 else 0.6, 40)], stop_after=None)
+        inputs += target_info(job, inst, f"node-{r}")
+    alerts = (
+        alert("PhasetraceRankSilent", "5m")
+        + alert("PhasetraceRankSilent", "6m15s", [({"severity": "critical", "job": job, "group": "tp0", "rank": "1", "instance": "10.0.4.2:9464"}, silent_annotations(1, "tp0", job, "10.0.4.2:9464", "node-1"))])
+        + alert("PhasetraceRankStraggler", "6m45s")
+        + alert("PhasetraceRankStraggler", "9m")
+    )
+    tests.append(test("a killed rank raises the silent alert and no straggler alert for the others", inputs, alerts))
+
+    # 6. A hung rank: still exported, its steps stop at 5m while the others go on.
+    #    And a whole group that stops (a job that ended): no silent alert.
+    inputs = ""
+    for r in range(2):
+        inputs += rank_series(job, "tp0", r, f"10.0.5.{r + 1}:9464", 0.2, stop_after=20 if r == 1 else None)
+    for r in range(2):
+        inputs += rank_series(job, "done", r, f"10.0.6.{r + 1}:9464", 0.2, stop_after=20, stale=True)
+    alerts = (
+        alert("PhasetraceRankSilent", "5m30s")
+        + alert("PhasetraceRankSilent", "7m", [({"severity": "critical", "job": job, "group": "tp0", "rank": "1", "instance": "10.0.5.2:9464"}, silent_annotations(1, "tp0", job, "10.0.5.2:9464", None))])
+    )
+    tests.append(test("a hung rank is silent; a group that stops as a whole is not", inputs, alerts))
+
+    rest = OTHER_ALERTS
+
+    text = (
+        "# promtool unit tests of phasetrace-alerts.yml, GENERATED by gen-alert-tests.py: edit that,\n"
+        "# then run it. `promtool test rules otel-config/rules/phasetrace-alerts.test.yml`.\n"
+        "# Every alert is tested to fire on a bad series, stay quiet on a healthy one, and resolve.\n"
+        "# The thresholds are the ones in phasetrace-thresholds.yml, so retuning them re-runs these\n"
+        "# scenarios against the new values.\n\n"
+        "rule_files:\n  - phasetrace-thresholds.yml\n  - phasetrace-recording.yml\n  - phasetrace-alerts.yml\n\n"
+        f"evaluation_interval: {STEP_S}s\n\ntests:\n" + "".join(tests) + rest
+    )
+    if "--check" in sys.argv[1:]:
+        with open(OUT, encoding="utf-8") as f:
+            if f.read() != text:
+                print(f"{OUT} is out of date: run {sys.argv[0]}", file=sys.stderr)
+                return 1
+        return 0
+    with open(OUT, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
