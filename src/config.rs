@@ -476,6 +476,8 @@ pub struct Config {
     pub spec_summary_every: u64,
     /// The embedded Prometheus endpoint's listen address.
     pub prometheus: Option<SocketAddr>,
+    /// The Prometheus endpoint's web configuration file (TLS, basic auth), read at `build()`.
+    pub prometheus_web_config: Option<PathBuf>,
     /// Per-thread buffer capacity in records.
     pub queue: usize,
     /// This process's rank.
@@ -844,6 +846,7 @@ impl ConfigBuilder {
             summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
             spec_summary_every,
             prometheus,
+            prometheus_web_config: src.value(&s::PROMETHEUS_WEB_CONFIG)?,
             queue,
             rank,
             group,
@@ -1262,7 +1265,8 @@ mod tests {
             assert!(
                 s.check("\u{1}bogus value\u{1}").is_err()
                     || s.var() == env::OTEL_SERVICE_NAME
-                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE
+                    || s.var() == env::PROMETHEUS_WEB_CONFIG,
                 "{}",
                 s.var()
             );

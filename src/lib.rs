@@ -48,7 +48,7 @@ pub mod vocab;
 mod worker;
 
 pub use config::{Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing};
-pub use export::ExportError;
+pub use export::{ExportError, WebConfigError};
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{

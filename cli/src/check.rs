@@ -77,27 +77,28 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         out += "  -     OTLP: no endpoint configured (set OTEL_EXPORTER_OTLP_ENDPOINT)\n";
     }
     if let Some(addr) = cfg.prometheus {
-        match TcpListener::bind(addr) {
-            Ok(_) => {
-                out += &format!("  ok    Prometheus: {addr} is free to listen on\n");
-                if !addr.ip().is_loopback() {
-                    out += "        note: not a loopback address: anyone who reaches it can read the engine's timings\n";
+        // The endpoint as configured (web config: TLS, client certificates, basic auth).
+        match cfg.probe_prometheus(timeout) {
+            Ok(m) => {
+                out += &format!("  ok    Prometheus: {m}\n");
+                if !addr.ip().is_loopback() && cfg.prometheus_web_config.is_none() {
+                    out += &format!(
+                        "        note: not a loopback address, and no TLS or basic auth ({}): anyone who reaches it can read the engine's timings\n",
+                        env::PROMETHEUS_WEB_CONFIG
+                    );
                 }
             }
-            Err(e) => {
-                let m = match cfg.origin(env::PROMETHEUS) {
-                    Origin::Default => format!(
+            Err(probe) => {
+                let m = match (TcpListener::bind(addr), cfg.origin(env::PROMETHEUS)) {
+                    (Err(e), Origin::Default) => format!(
                         "the built-in default Prometheus endpoint {addr} cannot listen there \
                          ({e}); set {}=host:port (a free port) or off, or pass --prometheus",
                         env::PROMETHEUS
                     ),
-                    Origin::Env => format!(
-                        "{}={addr}: cannot listen there ({e}); pick a free port or off",
-                        env::PROMETHEUS
-                    ),
-                    Origin::Code => format!(
+                    (Err(e), Origin::Code) => format!(
                         "--prometheus {addr}: cannot listen there ({e}); pick a free port or off"
                     ),
+                    _ => probe,
                 };
                 out += &format!("  FAIL  Prometheus: {m}\n");
                 problems.push(m);

@@ -427,6 +427,22 @@ pub static PROMETHEUS: Setting<Listen> = Setting {
     get: |c| Some(c.prometheus.map_or(Listen::Off, Listen::At)),
 };
 
+/// The Prometheus endpoint's web configuration file.
+pub static PROMETHEUS_WEB_CONFIG: Setting<Option<PathBuf>> = Setting {
+    var: env::PROMETHEUS_WEB_CONFIG,
+    fallbacks: &[],
+    flag: Some("prometheus-web-config"),
+    doc: "The Prometheus endpoint's web configuration file: TLS and basic auth in the exporter-toolkit format (unset: plain HTTP, no auth)",
+    expected: "a path",
+    example: "/etc/phasetrace/web.yml",
+    default_note: "",
+    secret: false,
+    default: || None,
+    parse: |s| Ok(Some(PathBuf::from(s))),
+    show: |p| p.as_ref().map(|p| p.display().to_string()),
+    get: |c| Some(c.prometheus_web_config.clone()),
+};
+
 /// Per-recorder buffer capacity.
 pub static QUEUE: Setting<usize> = Setting {
     var: env::QUEUE,
@@ -761,6 +777,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &SUMMARY_EVERY,
     &SPEC_SUMMARY_EVERY,
     &PROMETHEUS,
+    &PROMETHEUS_WEB_CONFIG,
     &QUEUE,
     &RANK,
     &GROUP,

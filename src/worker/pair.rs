@@ -404,12 +404,11 @@ impl LaneState {
                     return;
                 };
                 let ns = t.saturating_sub(open.start);
-                let secs = ns as f64 * 1e-9;
                 let probe = open.section.kind() == SectionKind::Probe;
                 for inst in s.inst {
-                    inst.section(open.section, open.layer, open.site, rank, secs);
+                    inst.section(open.section, open.layer, open.site, rank, ns);
                     if probe {
-                        inst.wait(open.site, open.layer, rank, secs);
+                        inst.wait(open.site, open.layer, rank, ns);
                     }
                 }
                 if let (true, Some(step)) = (probe, self.step.as_mut()) {
@@ -430,7 +429,7 @@ impl LaneState {
                     step.wait_ns += m.wait_ns();
                 }
                 for inst in s.inst {
-                    inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
+                    inst.wait(m.site(), m.layer(), rank, m.wait_ns());
                 }
             }
             MarkKind::Route => {
