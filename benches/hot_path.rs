@@ -2,7 +2,8 @@
 //!
 //! - `section/*`: one section begin+end: phasetrace off and on (host clock), against baselines
 //!   that reproduce the reference GLM profiler (a once-read level; clock read + two relaxed
-//!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
+//!   `fetch_add` into static arrays), the physical floor (two TSC reads and two 24-byte stores),
+//!   and one span through `tracing` + `tracing-opentelemetry`.
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
 //! - `graph/*`: one `Recorder::replay` guard around a CUDA-graph launch (simulated stream, event
@@ -92,6 +93,40 @@ fn section(c: &mut Criterion) {
             reference::end(black_box(3), t);
         })
     });
+    // The floor of an enabled section: two TSC reads and two 24-byte stores into a ring, timed
+    // in batches like `phasetrace_on_host_clock`.
+    #[cfg(target_arch = "x86_64")]
+    {
+        const SLOTS: usize = 4096;
+        let mut ring = vec![[0u64; 3]; SLOTS].into_boxed_slice();
+        let rdtsc = || {
+            // SAFETY: rdtsc has no preconditions on x86-64.
+            #[allow(unused_unsafe)]
+            unsafe {
+                std::arch::x86_64::_rdtsc()
+            }
+        };
+        g.bench_function("baseline_floor_tsc", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                let mut i = 0usize;
+                while left > 0 {
+                    let n = left.min(BATCH);
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        ring[i % SLOTS] = [rdtsc(), 12, 3];
+                        ring[(i + 1) % SLOTS] = [rdtsc(), 0, 4];
+                        i = i.wrapping_add(2);
+                    }
+                    total += t.elapsed();
+                    black_box(&mut ring);
+                    left -= n;
+                }
+                total
+            })
+        });
+    }
     let on = profiler(Level::Full, SpecLevel::Off);
     let rec_on = on.recorder();
     g.bench_function("phasetrace_on_host_clock", |b| {

@@ -14,7 +14,8 @@
 //!
 //! The hot path stores marks, not durations: a 24-byte record per boundary into a per-thread
 //! bounded single-producer ring. Off, each call is one relaxed atomic load. On, it is a clock
-//! mark and a push, never a lock or a wait; a full ring drops and counts. The measured costs,
+//! mark and a push, never a lock or a wait (with the host clock a raw TSC read, converted on the
+//! worker); a full ring drops and counts. The measured costs,
 //! with their commands and machine, are in [`benchmarks`] (`BENCHMARKS.md`).
 //!
 //! ## Integrating

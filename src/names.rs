@@ -106,6 +106,9 @@ pub mod attr {
     pub const ACCEPTED: &str = "accepted";
     /// Timing backend (span attribute).
     pub const TIMING: &str = "phasetrace.timing";
+    /// Where host-clock boundaries are read from, `tsc` or `monotonic` (resource attribute; see
+    /// [`crate::timing::host_source`]).
+    pub const HOST_CLOCK: &str = "phasetrace.host_clock";
     /// The caller's tag of an imported speculative line (`glm5-phase`).
     pub const TAG: &str = "tag";
     /// The log file an imported record came from.

@@ -27,6 +27,25 @@ fn origin(cfg: &Config, var: &str) -> &'static str {
     }
 }
 
+/// Which source host-clock boundaries are read from, and why.
+fn host_clock_lines(info: &phasetrace::timing::HostClockInfo) -> String {
+    let mut out = format!(
+        "\nhost clock\n  {:<57} {}\n  {:<57} {}\n",
+        phasetrace::names::attr::HOST_CLOCK,
+        info.source,
+        "why",
+        info.reason
+    );
+    if let Some(hz) = info.tsc_hz {
+        out += &format!(
+            "  {:<57} {:.4} GHz against the monotonic clock, refreshed while running\n",
+            "TSC rate",
+            hz / 1e9
+        );
+    }
+    out
+}
+
 pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     let builder = a
         .flags
@@ -42,6 +61,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         let value = s.shown(&cfg);
         out += &format!("  {var:<57} {value:<34} ({})\n", origin(&cfg, var));
     }
+    out += &host_clock_lines(&phasetrace::timing::host_source());
     let timeout = Duration::from_millis(a.timeout_ms);
     let mut problems = Vec::new();
     out += "\nprobes\n";

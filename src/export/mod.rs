@@ -126,6 +126,10 @@ pub(crate) fn resource(cfg: &Config) -> Resource {
             resource::TELEMETRY_DISTRO_VERSION,
             env!("CARGO_PKG_VERSION"),
         ),
+        KeyValue::new(
+            crate::names::attr::HOST_CLOCK,
+            crate::timing::host_source().source.as_str(),
+        ),
     ];
     if let Some(exe) = std::env::current_exe()
         .ok()

@@ -45,7 +45,8 @@ pub(crate) enum MarkKind {
     ReplayEnd,
 }
 
-/// `flag` bit: the token comes from the host clock, whatever the lane's clock is.
+/// `flag` bit: the token is a raw host-clock reading (converted on the worker), whatever the
+/// lane's clock is.
 const FLAG_HOST: u8 = 1;
 /// `flag` bit: the step or round is sampled for spans.
 const FLAG_SAMPLED: u8 = 2;

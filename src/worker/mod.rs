@@ -102,6 +102,7 @@ impl Pipeline {
 
     /// One pass: adopt new lanes, drain each, finalize rounds ended in the previous pass.
     pub(crate) fn pass(&mut self) {
+        crate::timing::maintain();
         {
             let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
             for l in lanes.iter() {

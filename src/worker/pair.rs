@@ -6,7 +6,7 @@ use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepT
 use crate::names::DropReason;
 use crate::record::mark::{Mark, MarkKind};
 use crate::record::{Lane, RoundRef};
-use crate::timing::{Resolved, Token};
+use crate::timing::{Conversion, Resolved, Token};
 use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
@@ -200,6 +200,8 @@ pub(crate) struct LaneState {
     seen: [u64; DropReason::COUNT],
     replay: Option<OpenReplay>,
     awaiting_replay: bool,
+    /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
+    host: bool,
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -231,7 +233,9 @@ impl ParentWords {
 
 impl LaneState {
     pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
+        let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
+            host,
             lane,
             backlog: VecDeque::new(),
             stack: Vec::new(),
@@ -282,11 +286,17 @@ impl LaneState {
                 None => break,
             }
         }
+        if self.backlog.is_empty() {
+            return;
+        }
+        // Host readings are raw (TSC ticks where the CPU has an invariant TSC): one snapshot of
+        // the calibration converts this drain's marks.
+        let host = Conversion::current();
         while let Some(m) = self.backlog.front().copied() {
             let t = if m.is_untimed() {
                 0
-            } else if m.is_host() {
-                m.token()
+            } else if self.host || m.is_host() {
+                host.to_ns(m.token())
             } else {
                 let token = Token(m.token());
                 match self.lane.clock.resolve(token) {

@@ -12,6 +12,8 @@ mod gpu_backends_agree;
 mod graph_replays_are_timed_and_overwritten_replays_are_counted;
 mod gzip_compressed_export_arrives;
 mod header_secrets_never_reach_logs;
+mod host_clock_durations_agree_with_instant;
+mod host_clock_spans_stay_on_the_monotonic_clock;
 mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
 mod levels_change_at_run_time;
 mod nothing_is_lost_when_healthy_and_drops_add_up_under_overload;

@@ -4,8 +4,9 @@
 //!   clock (the reference profilers' semantics; exact, but it serializes the stream).
 //! - [`CudaEventClock`]: records a pooled, timing-enabled CUDA event onto the engine's stream at
 //!   every boundary without waiting; the worker polls the events and converts their GPU
-//!   timestamps to the host timeline ([`now_ns`](super::now_ns)) through an anchor. Cheap enough
-//!   to keep on in production.
+//!   timestamps to the host timeline ([`now_ns`](super::now_ns), the same timeline the host
+//!   clock's TSC readings are converted to) through an anchor. Cheap enough to keep on in
+//!   production.
 //!
 //! Both wrap either a cudarc [`Arc<CudaStream>`](cudarc::driver::CudaStream) (`new`) or a raw
 //! `CUstream` owned by the engine (`from_raw_stream`, `unsafe`: the engine keeps the stream and
