@@ -16,6 +16,13 @@
 //! - `events`: a recorder on `SimEventClock`: every boundary records a pooled event and returns;
 //!   phasetrace's worker resolves the events as the device reaches them.
 //!
+//! Then the same step as a CUDA graph (captured once, replayed per token), interleaved:
+//! unprofiled replays against replays whose 40 sections were captured with
+//! `Recorder::begin_capture` and are read by the background worker, with 0 and 300 µs of host
+//! work (sampling) between a token's synchronize and the next launch: the table gives the
+//! throughput ratio and how many replays the worker read before the next launch re-recorded
+//! their events (the others are counted, not attributed).
+//!
 //! Run: `cargo bench --bench backends -- --warm-up-time 1 --measurement-time 5`. After criterion's
 //! own report, a table gives each variant's median step time, tokens per second, and its ratio to
 //! the unprofiled loop (goal for `events`: at least 0.97), both from criterion's samples and from
@@ -167,6 +174,66 @@ fn main() {
         }
     }
 
+    // CUDA graphs: the step captured once, replayed per token.
+    let p_graph = profiler();
+    let rec_graph = p_graph
+        .recorder_with(RecorderOptions::new().clock(Arc::new(SimEventClock::new(stream.clone()))));
+    stream.synchronize();
+    stream.begin_capture().expect("capture");
+    for d in &work {
+        stream.enqueue(*d);
+    }
+    let plain_graph = stream.end_capture().expect("graph");
+    stream.begin_capture().expect("capture");
+    let capture = rec_graph.begin_capture();
+    for (i, d) in work.iter().enumerate() {
+        let _s = rec_graph.section(KINDS[i % KINDS.len()], (i / KINDS.len()) as u32, Site::MLP);
+        stream.enqueue(*d);
+    }
+    let profiled_graph = stream.end_capture().expect("graph");
+    let handle = capture.finish();
+    let host_work = |gap: Duration| {
+        let t = Instant::now();
+        while t.elapsed() < gap {
+            std::hint::spin_loop();
+        }
+    };
+    let mut graph_rows = Vec::new();
+    for gap in [Duration::ZERO, Duration::from_micros(300)] {
+        let before = p_graph.stats();
+        let mut times: [Vec<Duration>; 2] = Default::default();
+        for _ in 0..rounds {
+            stream.synchronize();
+            let t0 = Instant::now();
+            plain_graph.launch(&stream);
+            stream.synchronize();
+            host_work(gap);
+            times[0].push(t0.elapsed());
+            let t0 = Instant::now();
+            {
+                let _step = rec_graph.step();
+                let replay = rec_graph.replay(&handle);
+                profiled_graph.launch(&stream);
+                replay.end();
+                stream.synchronize();
+            }
+            host_work(gap);
+            times[1].push(t0.elapsed());
+        }
+        p_graph.drain();
+        let after = p_graph.stats();
+        for t in &mut times {
+            t.sort();
+        }
+        graph_rows.push((
+            gap,
+            times[0][rounds / 2],
+            times[1][rounds / 2],
+            after.graph_replays - before.graph_replays,
+            after.dropped_graph_replays - before.dropped_graph_replays,
+        ));
+    }
+
     p_sync.drain();
     p_events.drain();
     let (s_stats, e_stats) = (p_sync.stats(), p_events.stats());
@@ -224,6 +291,28 @@ fn main() {
             fmt(drops),
         );
     }
+    println!();
+    println!(
+        "CUDA graph on the simulated stream ({rounds} replays per row, interleaved with unprofiled replays):"
+    );
+    println!(
+        "{:<14} {:>14} {:>14} {:>8} {:>16} {:>10}",
+        "host gap", "unprofiled µs", "events µs", "ratio", "replays read", "counted"
+    );
+    for (gap, plain, prof, read, dropped) in graph_rows {
+        println!(
+            "{:<14} {:>14.1} {:>14.1} {:>8.4} {:>16} {:>10}",
+            format!("{} µs", gap.as_micros()),
+            plain.as_secs_f64() * 1e6,
+            prof.as_secs_f64() * 1e6,
+            plain.as_secs_f64() / prof.as_secs_f64(),
+            format!("{read} of {rounds}"),
+            dropped
+        );
+    }
+    drop(handle);
+    drop(rec_graph);
+    p_graph.shutdown();
     drop(rec_sync);
     drop(rec_events);
     p_sync.shutdown();

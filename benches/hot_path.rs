@@ -2,9 +2,12 @@
 //!
 //! - `section/*`: one section begin+end: phasetrace off and on (host clock), against baselines
 //!   that reproduce the reference GLM profiler (a once-read level; clock read + two relaxed
-//!   `fetch_add` into static arrays), and one span through `tracing` + `tracing-opentelemetry`.
+//!   `fetch_add` into static arrays), the physical floor (two TSC reads and two 24-byte stores),
+//!   and one span through `tracing` + `tracing-opentelemetry`.
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
+//! - `graph/*`: one `Recorder::replay` guard around a CUDA-graph launch (simulated stream, event
+//!   clock): off, a replay the read-every setting skips, a replay that is read (two fences).
 //! - `worker/drain_steps_tail_*`: 48-section steps drained with tail-based tracing off, on with
 //!   no step slow enough (the cost of holding every step's sections), and on at `p99` (about
 //!   one step in a hundred traced, spans and exemplars built).
@@ -93,6 +96,40 @@ fn section(c: &mut Criterion) {
             reference::end(black_box(3), t);
         })
     });
+    // The floor of an enabled section: two TSC reads and two 24-byte stores into a ring, timed
+    // in batches like `phasetrace_on_host_clock`.
+    #[cfg(target_arch = "x86_64")]
+    {
+        const SLOTS: usize = 4096;
+        let mut ring = vec![[0u64; 3]; SLOTS].into_boxed_slice();
+        let rdtsc = || {
+            // SAFETY: rdtsc has no preconditions on x86-64.
+            #[allow(unused_unsafe)]
+            unsafe {
+                std::arch::x86_64::_rdtsc()
+            }
+        };
+        g.bench_function("baseline_floor_tsc", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                let mut i = 0usize;
+                while left > 0 {
+                    let n = left.min(BATCH);
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        ring[i % SLOTS] = [rdtsc(), 12, 3];
+                        ring[(i + 1) % SLOTS] = [rdtsc(), 0, 4];
+                        i = i.wrapping_add(2);
+                    }
+                    total += t.elapsed();
+                    black_box(&mut ring);
+                    left -= n;
+                }
+                total
+            })
+        });
+    }
     let on = profiler(Level::Full, SpecLevel::Off);
     let rec_on = on.recorder();
     g.bench_function("phasetrace_on_host_clock", |b| {
@@ -225,6 +262,65 @@ fn worker(c: &mut Criterion) {
     g.finish();
 }
 
+/// The replay guard around a launch of a graph of 8 captured sections (the launch itself, the
+/// engine's cost, is not timed).
+fn graph(c: &mut Criterion) {
+    use phasetrace::Timing;
+    use phasetrace::timing::sim::{SimEventClock, SimStream};
+    use std::sync::Arc;
+    let mut g = c.benchmark_group("graph");
+    g.throughput(Throughput::Elements(1));
+    for (name, level, read_every) in [
+        ("replay_off", Level::Off, 1),
+        ("replay_not_read", Level::Full, u64::MAX),
+        ("replay_read", Level::Full, 1),
+    ] {
+        let stream = SimStream::new();
+        let p = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .without_prometheus()
+            .with_trace_every(0)
+            .with_queue(1 << 20)
+            .with_timing(Timing::Events)
+            .with_clock(Arc::new(SimEventClock::new(stream.clone())))
+            .with_graph_read_every(read_every)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler");
+        let rec = p.recorder();
+        stream.begin_capture().expect("capture");
+        let capture = rec.begin_capture();
+        for layer in 0..8u32 {
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        let _graph = stream.end_capture().expect("graph");
+        let handle = capture.finish();
+        p.set_level(level).expect("level");
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let n = left.min(BATCH);
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        let r = rec.replay(black_box(&handle));
+                        r.end();
+                    }
+                    total += t.elapsed();
+                    p.drain();
+                    left -= n;
+                }
+                total
+            })
+        });
+        drop(handle);
+        p.shutdown();
+    }
+    g.finish();
+}
+
 fn worker_tail(c: &mut Criterion) {
     use phasetrace::TraceSlowerThan;
     let mut g = c.benchmark_group("worker");
@@ -286,5 +382,5 @@ fn worker_tail(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, section, spec, worker, worker_tail);
+criterion_group!(benches, section, spec, worker, graph, worker_tail);
 criterion_main!(benches);

@@ -546,6 +546,8 @@ pub struct Config {
     pub trace_slower_than: TraceSlowerThan,
     /// Most tail traces a second per rank; the excess is counted as dropped (`tail_budget`).
     pub trace_slow_budget: u32,
+    /// Read one CUDA-graph replay in N; 0 = never.
+    pub graph_read_every: u64,
     /// The `layer` attribute on section metrics.
     pub layer_attr: bool,
     /// Console summary every N steps; 0 = off.
@@ -554,6 +556,8 @@ pub struct Config {
     pub spec_summary_every: u64,
     /// The embedded Prometheus endpoint's listen address.
     pub prometheus: Option<SocketAddr>,
+    /// The Prometheus endpoint's web configuration file (TLS, basic auth), read at `build()`.
+    pub prometheus_web_config: Option<PathBuf>,
     /// Per-thread buffer capacity in records.
     pub queue: usize,
     /// This process's rank.
@@ -843,6 +847,7 @@ impl ConfigBuilder {
         let trace_every = src.value(&s::TRACE_EVERY)?;
         let trace_slower_than = src.value(&s::TRACE_SLOWER_THAN)?;
         let trace_slow_budget = src.value(&s::TRACE_SLOW_BUDGET)?;
+        let graph_read_every = src.value(&s::GRAPH_READ_EVERY)?;
         let layer_attr = src.value(&s::LAYER_ATTR)?;
         let summary_every = src.get(&s::SUMMARY_EVERY)?;
         let spec_summary_every = src.value(&s::SPEC_SUMMARY_EVERY)?;
@@ -922,10 +927,12 @@ impl ConfigBuilder {
             trace_every,
             trace_slower_than,
             trace_slow_budget,
+            graph_read_every,
             layer_attr,
             summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
             spec_summary_every,
             prometheus,
+            prometheus_web_config: src.value(&s::PROMETHEUS_WEB_CONFIG)?,
             queue,
             rank,
             group,
@@ -972,6 +979,7 @@ mod tests {
         assert_eq!(c.trace_every, 100);
         assert_eq!(c.trace_slower_than, TraceSlowerThan::Percentile(99.0));
         assert_eq!(c.trace_slow_budget, 5);
+        assert_eq!(c.graph_read_every, 1, "every CUDA-graph replay is read");
         assert!(c.layer_attr);
         assert_eq!(c.summary_every, 0);
         assert_eq!(c.prometheus, Some("127.0.0.1:9464".parse().unwrap()));
@@ -1105,6 +1113,11 @@ mod tests {
             ),
             ("PHASETRACE_TRACE_SLOWER_THAN", "25", "(25ms, 1.5s, 800us)"),
             ("PHASETRACE_TRACE_SLOW_BUDGET", "0", "from 1 to 10000"),
+            (
+                "PHASETRACE_GRAPH_READ_EVERY",
+                "all",
+                "a whole number of replays (1 = every replay, 0 = none)",
+            ),
             ("PHASETRACE_LAYER_ATTR", "maybe", "on, off"),
             ("PHASETRACE_SUMMARY_EVERY", "x", "whole number"),
             ("PHASETRACE_SPEC_SUMMARY_EVERY", "1.5", "whole number"),
@@ -1395,7 +1408,8 @@ mod tests {
             assert!(
                 s.check("\u{1}bogus value\u{1}").is_err()
                     || s.var() == env::OTEL_SERVICE_NAME
-                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                    || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE
+                    || s.var() == env::PROMETHEUS_WEB_CONFIG,
                 "{}",
                 s.var()
             );

@@ -14,7 +14,8 @@
 //!
 //! The hot path stores marks, not durations: a 24-byte record per boundary into a per-thread
 //! bounded single-producer ring. Off, each call is one relaxed atomic load. On, it is a clock
-//! mark and a push, never a lock or a wait; a full ring drops and counts. The measured costs,
+//! mark and a push, never a lock or a wait (with the host clock a raw TSC read, converted on the
+//! worker); a full ring drops and counts. The measured costs,
 //! with their commands and machine, are in [`benchmarks`] (`BENCHMARKS.md`).
 //!
 //! ## Integrating
@@ -49,11 +50,12 @@ mod worker;
 pub use config::{
     Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing, TraceSlowerThan,
 };
-pub use export::ExportError;
+pub use export::{ExportError, WebConfigError};
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
-    PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
+    CapturedGraph, GraphCapture, PartGuard, Recorder, RecorderOptions, ReplayGuard, RoundGuard,
+    RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
 pub use worker::{Dropped, Stats};

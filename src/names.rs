@@ -8,8 +8,17 @@
 /// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
 /// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
-    /// Histogram of one section's duration, attributes `bucket`, `layer`, `site`, `rank`.
+    /// Histogram of one section's duration, attributes `bucket`, `site`, `rank`: the buckets
+    /// that quantiles need, without `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and
+    /// [`SECTION_LAYER_CALLS`], two series per (bucket, layer) instead of 25).
     pub const SECTION_DURATION: &str = "phasetrace.section.duration";
+    /// Counter of the time spent in one section per layer, attributes `bucket`, `layer`,
+    /// `site`, `rank` (`phasetrace_section_layer_time_seconds_total`). Off with
+    /// `PHASETRACE_LAYER_ATTR=off`.
+    pub const SECTION_LAYER_TIME: &str = "phasetrace.section.layer.time";
+    /// Counter of the calls of one section per layer, the same attributes
+    /// (`phasetrace_section_layer_calls_total`).
+    pub const SECTION_LAYER_CALLS: &str = "phasetrace.section.layer.calls";
     /// Histogram of one decode step (token), attributes `rank`, `group`.
     pub const STEP_DURATION: &str = "phasetrace.step.duration";
     /// Histogram of the time one decode step spent waiting at collective rendezvous probes (the
@@ -20,8 +29,15 @@ pub mod metric {
     pub const STEP_COLLECTIVE_WAIT: &str = "phasetrace.step.collective_wait";
     /// Counter of decode steps, attribute `rank`.
     pub const STEPS: &str = "phasetrace.steps";
-    /// Histogram of the time a rank waited at a collective's rendezvous probe: its arrival skew.
+    /// Histogram of the time a rank waited at a collective's rendezvous probe (its arrival skew),
+    /// attributes `site`, `rank`.
     pub const COLLECTIVE_WAIT: &str = "phasetrace.collective.wait";
+    /// Counter of the time waited at a collective's rendezvous probe per layer, attributes
+    /// `site`, `layer`, `rank` (`phasetrace_collective_layer_wait_time_seconds_total`).
+    pub const COLLECTIVE_LAYER_WAIT_TIME: &str = "phasetrace.collective.layer.wait.time";
+    /// Counter of the rendezvous waits per layer, the same attributes
+    /// (`phasetrace_collective_layer_wait_calls_total`).
+    pub const COLLECTIVE_LAYER_WAIT_CALLS: &str = "phasetrace.collective.layer.wait.calls";
     /// Counter of tokens routed to each MoE expert, attributes `layer`, `expert` (opt-in).
     pub const MOE_EXPERT_TOKENS: &str = "phasetrace.moe.expert.tokens";
     /// Counter of records dropped, attribute `reason`.
@@ -49,6 +65,8 @@ pub mod metric {
     pub const UNIT_ROUNDS: &str = "{round}";
     /// Unit of the dropped-records counter.
     pub const UNIT_RECORDS: &str = "{record}";
+    /// Unit of the per-layer call counters.
+    pub const UNIT_CALLS: &str = "{call}";
 
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [
@@ -91,6 +109,9 @@ pub mod attr {
     /// Why a step or round was traced: `head` (one in `PHASETRACE_TRACE_EVERY`) or `tail`
     /// (slower than `PHASETRACE_TRACE_SLOWER_THAN`) (span attribute).
     pub const SAMPLED: &str = "phasetrace.sampled";
+    /// Where host-clock boundaries are read from, `tsc` or `monotonic` (resource attribute; see
+    /// [`crate::timing::host_source`]).
+    pub const HOST_CLOCK: &str = "phasetrace.host_clock";
     /// The caller's tag of an imported speculative line (`glm5-phase`).
     pub const TAG: &str = "tag";
     /// The log file an imported record came from.
@@ -156,11 +177,15 @@ pub enum DropReason {
     /// Sections, expert ids or waits of one step beyond what the worker holds for its trace
     /// (the step is still measured; its trace is built without them).
     TraceBound,
+    /// Boundaries of a CUDA-graph replay whose events a later launch re-recorded before the
+    /// worker read them (or whose graph was dropped first): counted, never attributed to
+    /// another replay.
+    GraphReplay,
 }
 
 impl DropReason {
     /// How many reasons there are.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
     /// Every reason, in the order of [`DropReason::index`].
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::QueueFull,
@@ -171,6 +196,7 @@ impl DropReason {
         DropReason::SpanExport,
         DropReason::TailBudget,
         DropReason::TraceBound,
+        DropReason::GraphReplay,
     ];
 
     /// The `reason` attribute value.
@@ -184,6 +210,7 @@ impl DropReason {
             DropReason::SpanExport => "span_export",
             DropReason::TailBudget => "tail_budget",
             DropReason::TraceBound => "trace_bound",
+            DropReason::GraphReplay => "graph_replay",
         }
     }
 
@@ -212,6 +239,8 @@ pub mod env {
     pub const TRACE_SLOWER_THAN: &str = "PHASETRACE_TRACE_SLOWER_THAN";
     /// Most slow-step (tail) traces a second per rank.
     pub const TRACE_SLOW_BUDGET: &str = "PHASETRACE_TRACE_SLOW_BUDGET";
+    /// Read one CUDA-graph replay in N; `0` reads none.
+    pub const GRAPH_READ_EVERY: &str = "PHASETRACE_GRAPH_READ_EVERY";
     /// `on`/`off`: the `layer` attribute on section metrics.
     pub const LAYER_ATTR: &str = "PHASETRACE_LAYER_ATTR";
     /// Console summary table every N steps; `0` = off.
@@ -220,6 +249,9 @@ pub mod env {
     pub const SPEC_SUMMARY_EVERY: &str = "PHASETRACE_SPEC_SUMMARY_EVERY";
     /// Prometheus listen address, or `off`.
     pub const PROMETHEUS: &str = "PHASETRACE_PROMETHEUS";
+    /// Path of the Prometheus endpoint's web configuration file (the exporter-toolkit format:
+    /// `tls_server_config`, `basic_auth_users`).
+    pub const PROMETHEUS_WEB_CONFIG: &str = "PHASETRACE_PROMETHEUS_WEB_CONFIG";
     /// Per-thread buffer capacity in records.
     pub const QUEUE: &str = "PHASETRACE_QUEUE";
     /// This process's rank.
@@ -279,10 +311,23 @@ pub mod default {
     pub const TRACE_SLOWER_THAN_PERCENTILE: f64 = 99.0;
     /// Most tail traces a second per rank.
     pub const TRACE_SLOW_BUDGET: u32 = 5;
+    /// Read every CUDA-graph replay.
+    pub const GRAPH_READ_EVERY: u64 = 1;
     /// OTLP export timeout.
     pub const OTLP_TIMEOUT_MS: u64 = 10_000;
     /// Metric export interval.
     pub const METRIC_EXPORT_INTERVAL_MS: u64 = 10_000;
     /// How long `shutdown()` may take before it gives up.
     pub const SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
+    /// Connections the Prometheus endpoint serves at once; more are closed at accept.
+    pub const PROMETHEUS_MAX_CONNECTIONS: usize = 512;
+    /// Largest request head (request line and headers) the Prometheus endpoint reads.
+    pub const PROMETHEUS_MAX_HEADER_BYTES: usize = 16 * 1024;
+    /// Time a Prometheus request may take at each stage: the TLS handshake, reading the request
+    /// head (an idle kept-alive connection included), answering, and each stalled write.
+    pub const PROMETHEUS_REQUEST_TIMEOUT_MS: u64 = 10_000;
+    /// Series each per-layer instrument may hold before new attribute sets fold into the SDK's
+    /// overflow series (the SDK's default is 2,000): room for 4 ranks as threads of one process
+    /// at 96 layers and 20 sections a layer.
+    pub const LAYER_SERIES_LIMIT: usize = 8_192;
 }

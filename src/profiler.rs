@@ -92,7 +92,16 @@ impl ProfilerBuilder {
         self
     }
 
-    /// The `layer` attribute on section metrics. Env: `PHASETRACE_LAYER_ATTR`; default on.
+    /// Read one CUDA-graph replay in `n` ([`crate::Recorder::replay`]); 0 = none. Reading a
+    /// replay costs the worker one event query per captured boundary; the others cost the hot
+    /// path one atomic increment. Env: `PHASETRACE_GRAPH_READ_EVERY`; default 1 (every replay).
+    pub fn with_graph_read_every(mut self, n: u64) -> Self {
+        self.cfg.set(&settings::GRAPH_READ_EVERY, n);
+        self
+    }
+
+    /// The per-layer section counters (`phasetrace.section.layer.time` and `.calls`, two series
+    /// per (bucket, layer)). Env: `PHASETRACE_LAYER_ATTR`; default on.
     pub fn with_layer_attr(mut self, on: bool) -> Self {
         self.cfg.set(&settings::LAYER_ATTR, on);
         self
@@ -118,6 +127,16 @@ impl ProfilerBuilder {
     /// when no OTLP endpoint is set, else off. Leave it unset to keep that default.
     pub fn with_prometheus_at(mut self, addr: impl Into<SocketAddr>) -> Self {
         self.cfg.set(&settings::PROMETHEUS, Listen::At(addr.into()));
+        self
+    }
+
+    /// The Prometheus endpoint's web configuration file: TLS (`tls_server_config`) and basic
+    /// auth (`basic_auth_users`, bcrypt hashes) in the Prometheus exporter-toolkit format. Read
+    /// and checked by `build()`: an unreadable or invalid file is an error naming the file and
+    /// the field. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP, no auth).
+    pub fn with_prometheus_web_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.cfg
+            .set(&settings::PROMETHEUS_WEB_CONFIG, Some(path.into()));
         self
     }
 
@@ -337,6 +356,11 @@ impl ProfilerBuilder {
         for w in &cfg.alias_warnings {
             eprintln!("{w}");
         }
+        // Checked now even when the profiler starts off: a bad file is never found only later,
+        // when an operator turns profiling on.
+        if let (Some(_), Some(path)) = (cfg.prometheus, &cfg.prometheus_web_config) {
+            crate::export::web_config::load(path).map_err(ExportError::from)?;
+        }
         let clock: Arc<dyn Clock> = match (cfg.timing, self.clock) {
             (t, None) if self.stream.is_some() => match &self.stream {
                 Some(s) => s.clock(t)?,
@@ -373,6 +397,8 @@ impl ProfilerBuilder {
                 SpecLevel::Off
             }),
             trace_every: cfg.trace_every,
+            graph_read_every: cfg.graph_read_every,
+            graphs: Default::default(),
             expert_counter: cfg.expert_counter,
             queue: cfg.queue,
             rank: cfg.rank,

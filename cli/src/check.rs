@@ -27,6 +27,25 @@ fn origin(cfg: &Config, var: &str) -> &'static str {
     }
 }
 
+/// Which source host-clock boundaries are read from, and why.
+fn host_clock_lines(info: &phasetrace::timing::HostClockInfo) -> String {
+    let mut out = format!(
+        "\nhost clock\n  {:<57} {}\n  {:<57} {}\n",
+        phasetrace::names::attr::HOST_CLOCK,
+        info.source,
+        "why",
+        info.reason
+    );
+    if let Some(hz) = info.tsc_hz {
+        out += &format!(
+            "  {:<57} {:.4} GHz against the monotonic clock, refreshed while running\n",
+            "TSC rate",
+            hz / 1e9
+        );
+    }
+    out
+}
+
 pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     let builder = a
         .flags
@@ -42,6 +61,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         let value = s.shown(&cfg);
         out += &format!("  {var:<57} {value:<34} ({})\n", origin(&cfg, var));
     }
+    out += &host_clock_lines(&phasetrace::timing::host_source());
     let timeout = Duration::from_millis(a.timeout_ms);
     let mut problems = Vec::new();
     out += "\nprobes\n";
@@ -57,27 +77,28 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         out += "  -     OTLP: no endpoint configured (set OTEL_EXPORTER_OTLP_ENDPOINT)\n";
     }
     if let Some(addr) = cfg.prometheus {
-        match TcpListener::bind(addr) {
-            Ok(_) => {
-                out += &format!("  ok    Prometheus: {addr} is free to listen on\n");
-                if !addr.ip().is_loopback() {
-                    out += "        note: not a loopback address: anyone who reaches it can read the engine's timings\n";
+        // The endpoint as configured (web config: TLS, client certificates, basic auth).
+        match cfg.probe_prometheus(timeout) {
+            Ok(m) => {
+                out += &format!("  ok    Prometheus: {m}\n");
+                if !addr.ip().is_loopback() && cfg.prometheus_web_config.is_none() {
+                    out += &format!(
+                        "        note: not a loopback address, and no TLS or basic auth ({}): anyone who reaches it can read the engine's timings\n",
+                        env::PROMETHEUS_WEB_CONFIG
+                    );
                 }
             }
-            Err(e) => {
-                let m = match cfg.origin(env::PROMETHEUS) {
-                    Origin::Default => format!(
+            Err(probe) => {
+                let m = match (TcpListener::bind(addr), cfg.origin(env::PROMETHEUS)) {
+                    (Err(e), Origin::Default) => format!(
                         "the built-in default Prometheus endpoint {addr} cannot listen there \
                          ({e}); set {}=host:port (a free port) or off, or pass --prometheus",
                         env::PROMETHEUS
                     ),
-                    Origin::Env => format!(
-                        "{}={addr}: cannot listen there ({e}); pick a free port or off",
-                        env::PROMETHEUS
-                    ),
-                    Origin::Code => format!(
+                    (Err(e), Origin::Code) => format!(
                         "--prometheus {addr}: cannot listen there ({e}); pick a free port or off"
                     ),
+                    _ => probe,
                 };
                 out += &format!("  FAIL  Prometheus: {m}\n");
                 problems.push(m);

@@ -79,7 +79,8 @@ def rank_series(job, group, rank, instance, share, steps_per_s=50.0, stop_after=
 
 
 def layer_series(job, group, rank, instance, layers, mean_wait, sites=("attn", "mlp"), calls_per_s=50.0):
-    """Per-(site, layer) collective wait histograms' sum and count; `mean_wait(site, layer)`."""
+    """Per-(site, layer) collective wait totals (the per-layer time and calls counters);
+    `mean_wait(site, layer)`."""
     out = []
     for site in sites:
         for layer in layers:
@@ -87,8 +88,8 @@ def layer_series(job, group, rank, instance, layers, mean_wait, sites=("attn", "
             if layer is not None:
                 kv["layer"] = str(layer)
             calls = calls_per_s * STEP_S
-            out.append(series("phasetrace_collective_wait_seconds_sum", ramp(calls * mean_wait(site, layer)), **kv))
-            out.append(series("phasetrace_collective_wait_seconds_count", ramp(calls), **kv))
+            out.append(series("phasetrace_collective_layer_wait_time_seconds_total", ramp(calls * mean_wait(site, layer)), **kv))
+            out.append(series("phasetrace_collective_layer_wait_calls_total", ramp(calls), **kv))
     return "".join(out)
 
 
@@ -155,29 +156,29 @@ OTHER_ALERTS = """  # --- PhasetraceCollectiveWaitHigh -------------------------
   - name: collective wait p99 fires, stays quiet elsewhere, resolves
     interval: 1m
     input_series:
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.001"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="2",le="0.001"}'
         values: '0x20 60+60x19'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.005"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="2",le="0.005"}'
         values: '0x20 60+60x19'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="0.01"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="2",le="0.01"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="2",le="+Inf"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="2",le="+Inf"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.001"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="1",le="0.001"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.005"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="1",le="0.005"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="0.01"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="1",le="0.01"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",layer="5",rank="1",le="+Inf"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="attn",rank="1",le="+Inf"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.001"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",rank="2",le="0.001"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.005"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",rank="2",le="0.005"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="0.01"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",rank="2",le="0.01"}'
         values: '0+60x40'
-      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",layer="5",rank="2",le="+Inf"}'
+      - series: 'phasetrace_collective_wait_seconds_bucket{job="phasetrace",group="tp0",site="mlp",rank="2",le="+Inf"}'
         values: '0+60x40'
     alert_rule_test:
       - alertname: PhasetraceCollectiveWaitHigh
@@ -199,7 +200,7 @@ OTHER_ALERTS = """  # --- PhasetraceCollectiveWaitHigh -------------------------
                 9.9ms (threshold
                 5ms).
                 Worst:
-                rank 2 at layer 5 (9.95ms).
+                rank 2 (9.95ms).
               dashboard: /d/phasetrace-collectives/phasetrace-collectives-and-rank-skew
       - alertname: PhasetraceCollectiveWaitHigh
         eval_time: 35m

@@ -398,6 +398,22 @@ pub static TRACE_SLOW_BUDGET: Setting<u32> = Setting {
     get: |c| Some(c.trace_slow_budget),
 };
 
+/// Read one CUDA-graph replay in N.
+pub static GRAPH_READ_EVERY: Setting<u64> = Setting {
+    var: env::GRAPH_READ_EVERY,
+    fallbacks: &[],
+    flag: Some("graph-read-every"),
+    doc: "Read one CUDA-graph replay in N (Recorder::replay)",
+    expected: "a whole number of replays (1 = every replay, 0 = none)",
+    example: "10",
+    default_note: "",
+    secret: false,
+    default: || default::GRAPH_READ_EVERY,
+    parse: whole,
+    show: shown,
+    get: |c| Some(c.graph_read_every),
+};
+
 /// The `layer` attribute on section metrics.
 pub static LAYER_ATTR: Setting<bool> = Setting {
     var: env::LAYER_ATTR,
@@ -460,6 +476,22 @@ pub static PROMETHEUS: Setting<Listen> = Setting {
     parse: closed,
     show: shown,
     get: |c| Some(c.prometheus.map_or(Listen::Off, Listen::At)),
+};
+
+/// The Prometheus endpoint's web configuration file.
+pub static PROMETHEUS_WEB_CONFIG: Setting<Option<PathBuf>> = Setting {
+    var: env::PROMETHEUS_WEB_CONFIG,
+    fallbacks: &[],
+    flag: Some("prometheus-web-config"),
+    doc: "The Prometheus endpoint's web configuration file: TLS and basic auth in the exporter-toolkit format (unset: plain HTTP, no auth)",
+    expected: "a path",
+    example: "/etc/phasetrace/web.yml",
+    default_note: "",
+    secret: false,
+    default: || None,
+    parse: |s| Ok(Some(PathBuf::from(s))),
+    show: |p| p.as_ref().map(|p| p.display().to_string()),
+    get: |c| Some(c.prometheus_web_config.clone()),
 };
 
 /// Per-recorder buffer capacity.
@@ -794,10 +826,12 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &TRACE_EVERY,
     &TRACE_SLOWER_THAN,
     &TRACE_SLOW_BUDGET,
+    &GRAPH_READ_EVERY,
     &LAYER_ATTR,
     &SUMMARY_EVERY,
     &SPEC_SUMMARY_EVERY,
     &PROMETHEUS,
+    &PROMETHEUS_WEB_CONFIG,
     &QUEUE,
     &RANK,
     &GROUP,

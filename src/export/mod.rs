@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics
-//!                               └─ Prometheus reader <── GET /metrics (export::prometheus)
+//!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
+//!                                                   TLS, basic auth, classic | OpenMetrics, gzip)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //! ```
 
@@ -20,13 +21,16 @@ pub(crate) mod tracing_layer;
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
-pub(crate) use self::prometheus::PrometheusServer;
+pub use self::prometheus::web_config::WebConfigError;
+pub(crate) use self::prometheus::{PrometheusServer, web_config};
 
 use crate::config::{Config, HistogramAggregation};
-use crate::names::{metric, resource};
+use crate::names::{default, metric, resource};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{Aggregation, Instrument, SdkMeterProvider, Stream};
+use opentelemetry_sdk::metrics::{
+    Aggregation, Instrument, InstrumentKind, SdkMeterProvider, Stream,
+};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter,
 };
@@ -67,9 +71,9 @@ pub enum ExportError {
         /// Why.
         source: std::io::Error,
     },
-    /// The Prometheus exporter failed to build.
-    #[error("the Prometheus exporter failed to build: {0}")]
-    Prometheus(String),
+    /// The Prometheus endpoint's web configuration file is unreadable or invalid.
+    #[error(transparent)]
+    WebConfig(#[from] WebConfigError),
     /// An OTLP exporter failed to build.
     #[error(
         "OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: the OTLP {signal} exporter failed to build: {detail}"
@@ -129,6 +133,10 @@ pub(crate) fn resource(cfg: &Config) -> Resource {
             resource::TELEMETRY_DISTRO_VERSION,
             env!("CARGO_PKG_VERSION"),
         ),
+        KeyValue::new(
+            crate::names::attr::HOST_CLOCK,
+            crate::timing::host_source().source.as_str(),
+        ),
     ];
     if let Some(exe) = std::env::current_exe()
         .ok()
@@ -161,19 +169,38 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok())
 }
 
-fn exponential_view(i: &Instrument) -> Option<Stream> {
-    (i.unit() == metric::UNIT_SECONDS)
-        .then(|| {
-            Stream::builder()
-                .with_aggregation(Aggregation::Base2ExponentialHistogram {
-                    max_size: 160,
-                    max_scale: 20,
-                    record_min_max: true,
-                })
+/// The per-layer instruments, whose cardinality limit is raised to
+/// [`default::LAYER_SERIES_LIMIT`].
+const LAYER_INSTRUMENTS: [&str; 4] = [
+    metric::SECTION_LAYER_TIME,
+    metric::SECTION_LAYER_CALLS,
+    metric::COLLECTIVE_LAYER_WAIT_TIME,
+    metric::COLLECTIVE_LAYER_WAIT_CALLS,
+];
+
+/// The one view of a provider: per-layer instruments get room for their series, and with
+/// `exponential` the duration histograms become base-2 exponential histograms (OTLP only).
+fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send + Sync + 'static {
+    move |i: &Instrument| {
+        if LAYER_INSTRUMENTS.contains(&i.name()) {
+            return Stream::builder()
+                .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
                 .build()
-                .ok()
-        })
-        .flatten()
+                .ok();
+        }
+        (exponential && i.kind() == InstrumentKind::Histogram && i.unit() == metric::UNIT_SECONDS)
+            .then(|| {
+                Stream::builder()
+                    .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                        max_size: 160,
+                        max_scale: 20,
+                        record_min_max: true,
+                    })
+                    .build()
+                    .ok()
+            })
+            .flatten()
+    }
 }
 
 pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
@@ -196,7 +223,12 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     let mut prometheus_reader = None;
     let mut prometheus = None;
     if let Some(addr) = cfg.prometheus {
-        let (reader, server) = self::prometheus::start(addr)?;
+        let web = cfg
+            .prometheus_web_config
+            .as_deref()
+            .map(web_config::load)
+            .transpose()?;
+        let (reader, server) = self::prometheus::start(addr, web)?;
         prometheus_reader = Some(reader);
         prometheus = Some(server);
     }
@@ -221,13 +253,14 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                 SdkMeterProvider::builder()
                     .with_resource(res.clone())
                     .with_reader(o)
-                    .with_view(exponential_view)
+                    .with_view(view(true))
                     .build(),
             );
             meter_providers.push(
                 SdkMeterProvider::builder()
                     .with_resource(res.clone())
                     .with_reader(p)
+                    .with_view(view(false))
                     .build(),
             );
         }
@@ -239,10 +272,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
             if let Some(p) = p {
                 b = b.with_reader(p);
             }
-            if exp {
-                b = b.with_view(exponential_view);
-            }
-            meter_providers.push(b.build());
+            meter_providers.push(b.with_view(view(exp)).build());
         }
     }
 

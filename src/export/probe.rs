@@ -1,6 +1,7 @@
 //! Reachability probes of an OTLP endpoint, as `phasetrace check` runs them: a TCP connect, for
 //! `https://` a TLS handshake trusting the same roots the exporters use, then a protocol probe (an
-//! HTTP/2 preface answered with SETTINGS for gRPC; an empty export POST answered 2xx for HTTP).
+//! HTTP/2 preface answered with SETTINGS for gRPC; an empty export POST answered 2xx for HTTP);
+//! and of the Prometheus endpoint as configured (TLS, client certificates, basic auth).
 
 use crate::config::{OtlpConfig, Protocol};
 use std::io::{Read, Write};
@@ -161,6 +162,181 @@ fn probe_grpc(
             "{endpoint}: {a} answered, but not with HTTP/2 SETTINGS: is this an OTLP/gRPC endpoint?"
         )),
         Err(e) => Err(format!("{endpoint}: no HTTP/2 answer from {a} ({e})")),
+    }
+}
+
+impl crate::Config {
+    /// Probes the Prometheus endpoint as configured, as `phasetrace check` runs it: the web
+    /// configuration file is loaded (an error names the file and the field); when the address is
+    /// free the endpoint is started there for the probe, otherwise what listens there (a running
+    /// engine) is probed; then a client without a certificate and without credentials must be
+    /// refused where the configuration says so (TLS handshake, 401), or served.
+    /// `Ok` says what answered, `Err` what failed (never a credential).
+    pub fn probe_prometheus(&self, timeout: Duration) -> Result<String, String> {
+        let Some(addr) = self.prometheus else {
+            return Err("the Prometheus endpoint is off".to_owned());
+        };
+        let web = self
+            .prometheus_web_config
+            .as_deref()
+            .map(super::web_config::load)
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let described = web
+            .as_ref()
+            .map_or_else(|| "no TLS, no basic auth".to_owned(), |w| w.describe());
+        let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) {
+            "https"
+        } else {
+            "http"
+        };
+        let free = std::net::TcpListener::bind(addr).is_ok();
+        let (answer, where_) = if free {
+            let (reader, server) =
+                super::prometheus::start(addr, web.clone()).map_err(|e| e.to_string())?;
+            // An empty provider, so that the probe's scrape collects something.
+            let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+                .with_reader(reader)
+                .build();
+            let target = server.addr();
+            let r = probe_scrape(target, web.as_ref(), timeout);
+            server.stop();
+            let _ = provider.shutdown();
+            (r, format!("{scheme}://{addr}/metrics would serve"))
+        } else {
+            (
+                probe_scrape(addr, web.as_ref(), timeout),
+                format!("{scheme}://{addr}/metrics is already served (a running engine?) and"),
+            )
+        };
+        match answer {
+            Ok(what) => Ok(format!("{where_} as configured ({described}): {what}")),
+            Err(why) if free => Err(format!(
+                "{}={addr}: the endpoint does not answer as configured ({described}): {why}",
+                crate::names::env::PROMETHEUS
+            )),
+            Err(why) => Err(format!(
+                "{}={addr}: cannot listen there (in use), and what listens does not answer as configured ({described}): {why}",
+                crate::names::env::PROMETHEUS
+            )),
+        }
+    }
+}
+
+/// One scrape by a client without a certificate or credentials: what the endpoint did with it,
+/// judged against `web`.
+fn probe_scrape(
+    addr: SocketAddr,
+    web: Option<&super::web_config::WebConfig>,
+    timeout: Duration,
+) -> Result<String, String> {
+    let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    let _ = tcp.set_read_timeout(Some(timeout));
+    let _ = tcp.set_write_timeout(Some(timeout));
+    let tls = web.and_then(|w| w.tls.as_ref());
+    let cert_required = tls.is_some_and(|t| t.client_auth.required());
+    let mut stream: Box<dyn ReadWrite> = match tls {
+        None => Box::new(tcp),
+        Some(_) => {
+            let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+            let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .dangerous()
+                .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider)))
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::from(addr.ip());
+            let conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name)
+                .map_err(|e| e.to_string())?;
+            let mut s = rustls::StreamOwned::new(conn, tcp);
+            while s.conn.is_handshaking() {
+                if let Err(e) = s.conn.complete_io(&mut s.sock) {
+                    return if cert_required {
+                        Ok(format!("a client without a certificate is refused ({e})"))
+                    } else {
+                        Err(format!("TLS handshake failed: {e}"))
+                    };
+                }
+            }
+            Box::new(s)
+        }
+    };
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let sent = stream
+        .write_all(req.as_bytes())
+        .and_then(|()| stream.flush());
+    let mut buf = Vec::new();
+    let read = sent.and_then(|()| stream.take(1 << 20).read_to_end(&mut buf));
+    let head = String::from_utf8_lossy(&buf);
+    let status = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+    let auth = web.is_some_and(|w| w.users.is_some());
+    match (cert_required, auth, status.as_str()) {
+        (true, _, "") => Ok(format!(
+            "a client without a certificate is refused ({})",
+            read.err()
+                .map_or("connection closed".to_owned(), |e| e.to_string())
+        )),
+        (true, _, s) => Err(format!(
+            "a client without a certificate was answered {s}, although client_auth_type requires one"
+        )),
+        (false, true, "401") => Ok("a scrape without credentials is refused with 401".to_owned()),
+        (false, false, "200") => Ok(format!("GET /metrics answered 200 ({} bytes)", buf.len())),
+        (_, _, "") => Err(format!(
+            "no HTTP answer ({})",
+            read.err()
+                .map_or("connection closed".to_owned(), |e| e.to_string())
+        )),
+        (_, _, s) => Err(format!("GET /metrics without credentials answered {s}")),
+    }
+}
+
+/// The probe's view of the server certificate: accepted as it is (the probe checks what the
+/// endpoint does, not whom to trust), its handshake signature still checked.
+#[derive(Debug)]
+struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

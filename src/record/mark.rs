@@ -39,9 +39,14 @@ pub(crate) enum MarkKind {
     ParentLo,
     /// See [`MarkKind::ParentHi`].
     ParentSpan,
+    /// A captured CUDA graph is about to be launched; the token is the fence before the launch.
+    ReplayBegin,
+    /// The launch was enqueued; the token is the fence after it (same graph and sequence).
+    ReplayEnd,
 }
 
-/// `flag` bit: the token comes from the host clock, whatever the lane's clock is.
+/// `flag` bit: the token is a raw host-clock reading (converted on the worker), whatever the
+/// lane's clock is.
 const FLAG_HOST: u8 = 1;
 /// `flag` bit: the step or round is sampled for spans.
 const FLAG_SAMPLED: u8 = 2;
@@ -66,6 +71,7 @@ const ACCEPTED_UNKNOWN: u32 = u32::MAX;
 /// | `RoundEnd` | accepted | | | time |
 /// | `PartBegin`/`PartEnd` | round seq | part | round lane | time |
 /// | `Parent*` | | | | id word |
+/// | `ReplayBegin`/`ReplayEnd` | graph id | launch seq high | launch seq low | fence time |
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark {
     token: u64,
@@ -215,6 +221,51 @@ impl Mark {
         let mut m = Mark::new(kind, 0, 0, 0, 0);
         m.token = word;
         m
+    }
+
+    /// Launch `seq` of captured graph `graph` is about to be enqueued; `sampled` when its steps
+    /// and rounds get spans.
+    #[inline]
+    pub(crate) const fn replay_begin(graph: u32, seq: u32, sampled: bool) -> Mark {
+        Mark::new(
+            MarkKind::ReplayBegin,
+            graph,
+            (seq >> 16) as u16,
+            seq as u16,
+            Mark::sampled_flag(sampled),
+        )
+    }
+
+    /// Launch `seq` of graph `graph` was enqueued.
+    #[inline]
+    pub(crate) const fn replay_end(graph: u32, seq: u32) -> Mark {
+        Mark::new(
+            MarkKind::ReplayEnd,
+            graph,
+            (seq >> 16) as u16,
+            seq as u16,
+            0,
+        )
+    }
+
+    /// The same mark sampled (or not) for spans: a captured step or round takes its replay's
+    /// sampling, not the one decided at capture.
+    #[inline]
+    pub(crate) const fn with_sampled(mut self, sampled: bool) -> Mark {
+        self.flag = (self.flag & !FLAG_SAMPLED) | Mark::sampled_flag(sampled);
+        self
+    }
+
+    /// The graph id of a `ReplayBegin` or `ReplayEnd`.
+    #[inline]
+    pub(crate) const fn graph(&self) -> u32 {
+        self.wide
+    }
+
+    /// The launch sequence of a `ReplayBegin` or `ReplayEnd`.
+    #[inline]
+    pub(crate) const fn replay_seq(&self) -> u32 {
+        ((self.id as u32) << 16) | self.aux as u32
     }
 
     /// The mark with its time token (a host time for a host mark).
@@ -380,6 +431,16 @@ mod tests {
         let m = Mark::route(Layer(2), &[1, 2, 65_535], true);
         assert_eq!(m.expert_ids(), ([1, 2, 65_535, 0], 3));
         assert!(m.is_continued() && m.is_untimed());
+
+        let m = Mark::replay_begin(7, 0x0001_0004, true);
+        assert_eq!(
+            (m.kind(), m.graph(), m.replay_seq(), m.is_sampled()),
+            (MarkKind::ReplayBegin, 7, 0x0001_0004, true)
+        );
+        assert!(!m.with_sampled(false).is_sampled());
+        let m = Mark::replay_end(7, 0x0001_0004);
+        assert_eq!((m.graph(), m.replay_seq()), (7, 0x0001_0004));
+        assert!(Mark::step_begin(false).with_sampled(true).is_sampled());
 
         let m = Mark::wait(Site::MLP, Layer(4), 1_500);
         assert_eq!(

@@ -7,11 +7,13 @@
 //!                                                                      crate::worker
 //! ```
 
+pub(crate) mod graph;
 mod lane;
 pub(crate) mod mark;
 mod recorder;
 mod ring;
 
+pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
 pub(crate) use lane::Lane;
 pub use recorder::{
     PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
@@ -85,6 +87,10 @@ pub(crate) struct Shared {
     pub(crate) next_lane: AtomicU16,
     /// Set once a `tracing` layer is installed: sampled steps then carry the current span.
     pub(crate) tracing_parent: AtomicBool,
+    /// Read one CUDA-graph replay in N (`PHASETRACE_GRAPH_READ_EVERY`); 0 reads none.
+    pub(crate) graph_read_every: u64,
+    /// Captured graphs, for the worker.
+    pub(crate) graphs: graph::Registry,
     /// The speculative level is off because nobody set it: the first round recorded says so
     /// once on stderr (and clears this).
     pub(crate) spec_off_hint: AtomicBool,

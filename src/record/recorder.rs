@@ -4,7 +4,7 @@ use super::mark::Mark;
 use super::{Lane, Shared};
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
-use crate::timing::{Clock, HostClock, now_ns};
+use crate::timing::{Clock, HostReader};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -56,15 +56,20 @@ impl RecorderOptions {
 /// this recorder's bounded buffer: no lock, no allocation, no waiting. A full buffer drops the
 /// mark and counts it under `phasetrace.records.dropped{reason="queue_full"}`.
 ///
+/// With the host clock, a boundary stores a raw TSC reading (where the CPU has an invariant TSC;
+/// see [`crate::timing::host_source`]) and the worker converts it to nanoseconds.
+///
 /// The measured costs of each call, off and on, beside the reference profiler's and a
 /// `tracing-opentelemetry` span, with the command and the machine: [`crate::benchmarks`].
 pub struct Recorder {
     shared: Arc<Shared>,
     lane: Arc<Lane>,
     host_clock: bool,
+    host: HostReader,
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
+    capture: super::graph::CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -86,8 +91,8 @@ impl Drop for Recorder {
 impl Recorder {
     pub(crate) fn new(shared: Arc<Shared>, opts: RecorderOptions) -> Recorder {
         let clock = opts.clock.unwrap_or_else(|| shared.clock.clone());
-        // The host clock is read inline rather than through the trait object.
-        let host_clock = (clock.as_ref() as &dyn std::any::Any).is::<HostClock>();
+        // The host clock is read inline (a raw reading) rather than through the trait object.
+        let host_clock = crate::timing::is_host(clock.as_ref());
         let id = shared.next_lane.fetch_add(1, Relaxed);
         let lane = Arc::new(Lane::new(
             id,
@@ -104,9 +109,11 @@ impl Recorder {
             shared,
             lane,
             host_clock,
+            host: HostReader::new(),
             steps: Cell::new(0),
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
+            capture: Default::default(),
             _not_sync: PhantomData,
         }
     }
@@ -116,8 +123,24 @@ impl Recorder {
         self.lane.rank
     }
 
+    pub(super) fn capture_slot(&self) -> &super::graph::CaptureSlot {
+        &self.capture
+    }
+
+    pub(super) fn lane_clock(&self) -> &Arc<dyn Clock> {
+        &self.lane.clock
+    }
+
+    pub(super) fn shared_state(&self) -> &Shared {
+        &self.shared
+    }
+
+    pub(super) fn count_clock_drop(&self) {
+        self.lane.count_drop(DropReason::Clock);
+    }
+
     #[inline]
-    fn level(&self) -> Level {
+    pub(super) fn level(&self) -> Level {
         if cfg!(feature = "record") {
             self.shared.level.load()
         } else {
@@ -145,11 +168,15 @@ impl Recorder {
     }
 
     /// Stamps `mark` with a time from this recorder's clock (the host clock for a host mark)
-    /// and pushes it; on failure gives a deferred token back to its clock.
+    /// and pushes it; on failure gives a deferred token back to its clock. Host readings are raw
+    /// (TSC ticks where the CPU has an invariant TSC), converted on the worker.
     #[inline]
-    fn push_timed(&self, mark: Mark) -> bool {
+    pub(super) fn push_timed(&self, mark: Mark) -> bool {
+        if self.capture.active() {
+            return self.capture_mark(mark);
+        }
         if mark.is_host() || self.host_clock {
-            return self.lane.push(mark.at(now_ns()));
+            return self.lane.push(mark.at(self.host.read()));
         }
         let Some(token) = self.lane.clock.mark() else {
             self.lane.count_drop(DropReason::Clock);

@@ -5,26 +5,39 @@
 //! Clock::mark() -> Token  ───────> Clock::resolve(Token) -> Resolved::At(ns) | Pending | Failed
 //! ```
 //!
-//! Every clock hands the hot path a [`Token`]: a `Copy` word. For the [`HostClock`] and the
-//! [`SyncClock`] the token already *is* the time (nanoseconds since the process-wide epoch, see
-//! [`now_ns`]); a deferred clock (CUDA events, the simulated stream) hands out a handle that the
+//! Every clock hands the hot path a [`Token`]: a `Copy` word, resolved on the worker to a time on
+//! one process timeline ([`now_ns`], nanoseconds since the process-wide epoch). The
+//! [`HostClock`]'s token is a raw reading of the host source, the invariant TSC where the CPU has
+//! one (see [`host_source`]), converted to nanoseconds on the worker; the [`SyncClock`]'s already
+//! *is* the time; a deferred clock (CUDA events, the simulated stream) hands out a handle that the
 //! worker resolves later, off the hot path. The core has one code path for all of them: it always
-//! asks the clock to resolve, and only deferred clocks have work to do there.
+//! asks the clock to resolve.
+//!
+//! Every clock resolves to [`now_ns`]: the sync clock reads it after synchronizing, the simulated
+//! stream schedules its device on it, and the CUDA event clock anchors GPU timestamps to it. So a
+//! step's spans from different clocks (a host section inside a synchronized one, say) nest as the
+//! engine ran them.
 
 mod host;
 mod pool;
 pub mod sim;
 mod sync;
+mod timeline;
+mod tsc;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
 pub use host::HostClock;
 pub use sync::{StreamSync, SyncClock};
+pub use timeline::{
+    HostClockInfo, HostSource, HostSourceReason, host_source, monotonic_ns, now_ns, to_system_time,
+};
+
+pub(crate) use host::is_host;
+pub(crate) use timeline::{Conversion, HostReader, maintain};
 
 use crate::config::Timing;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A timestamp token returned by [`Clock::mark`]: either a time or a handle, as the clock decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +72,19 @@ pub trait Clock: std::any::Any + Send + Sync {
     /// Gives the token's resources back (a pooled event) once the worker is done with it.
     fn release(&self, _token: Token) {}
 
+    /// Takes a token while the engine's stream is being captured into a CUDA graph, for a
+    /// boundary that must be timed every time the graph is replayed.
+    ///
+    /// The event clocks record their pooled event *into the graph* (CUDA:
+    /// `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`), so every launch of the graph
+    /// records it again; the token then stands for "this boundary in the latest replay", and the
+    /// worker reads it once per replay (see [`crate::Recorder::begin_capture`]). Clocks that
+    /// cannot time work inside a graph (host, sync) return `None` (the default), and the
+    /// recorder counts the drop. Must never panic or block.
+    fn mark_captured(&self) -> Option<Token> {
+        None
+    }
+
     /// Whether tokens are handles resolved later (`true`) or already times (`false`).
     fn is_deferred(&self) -> bool {
         false
@@ -73,37 +99,4 @@ pub trait Clock: std::any::Any + Send + Sync {
     fn dropped(&self) -> u64 {
         0
     }
-}
-
-struct Epoch {
-    instant: Instant,
-    unix_ns: u64,
-}
-
-fn epoch() -> &'static Epoch {
-    static EPOCH: OnceLock<Epoch> = OnceLock::new();
-    EPOCH.get_or_init(|| Epoch {
-        instant: Instant::now(),
-        // A system clock before 1970 is a broken machine; 0 keeps spans ordered anyway.
-        unix_ns: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    })
-}
-
-/// Nanoseconds on the monotonic host clock since the process-wide epoch (the first call).
-///
-/// This is the timeline every clock resolves to. It costs one `Instant::now()` (a vDSO clock
-/// read on Linux) plus a subtraction; measured: [`crate::benchmarks`].
-#[inline]
-pub fn now_ns() -> u64 {
-    let e = epoch();
-    Instant::now()
-        .saturating_duration_since(e.instant)
-        .as_nanos() as u64
-}
-
-/// Converts a time on the [`now_ns`] timeline into wall-clock time for span timestamps.
-pub fn to_system_time(ns: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_nanos(epoch().unix_ns.saturating_add(ns))
 }

@@ -33,6 +33,25 @@
 //! `synchronize` (and an `enqueue` into a full queue) waits on the calling thread the way CUDA's
 //! default spin scheduling does: it sleeps while the remaining time is long and spins for the
 //! last few hundred microseconds, so it returns within a few microseconds of the device time.
+//!
+//! # Graph capture and replay
+//!
+//! Like a CUDA stream, a [`SimStream`] can be captured into a graph
+//! ([`SimStream::begin_capture`] .. [`SimStream::end_capture`]): while capturing, work and
+//! *external* event records ([`SimStream::record_external`], what
+//! `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)` does) are appended to the graph instead
+//! of being scheduled, and a plain record does nothing (CUDA only adds a dependency). Each
+//! [`SimGraph::launch`] enqueues the graph's work again and **re-records its events at launch
+//! time**, so after a second launch an event refers to that launch: pending until the stream
+//! reaches it, then carrying its time. That is what makes overlapping replays observable here.
+//! [`SimStream::invalidate_capture`] models an illegal call during capture, after which
+//! `end_capture` fails as `cuStreamEndCapture` does.
+//!
+//! ```text
+//! capture:  begin_capture  record_external(a) enqueue(30µs) record_external(b)  end_capture -> g
+//! replay 1: g.launch()  ..a1[── 30µs ──]b1..          (a, b hold replay 1's times)
+//! replay 2: g.launch()  ..a2[── 30µs ──]b2..          (a, b now refer to replay 2)
+//! ```
 
 use super::pool::TokenPool;
 use super::{Clock, Resolved, StreamSync, Token, now_ns};
@@ -84,6 +103,21 @@ struct Schedule {
     /// End times of the operations not yet finished at the last look, in order (at most
     /// `capacity`).
     ends: VecDeque<u64>,
+    /// The graph being captured, when the stream is in capture mode.
+    capture: Option<Capture>,
+}
+
+/// One operation of a captured graph.
+#[derive(Clone, Debug)]
+enum Op {
+    Work(u64),
+    Record(SimEvent),
+}
+
+struct Capture {
+    ops: Vec<Op>,
+    /// An illegal call happened during the capture: `end_capture` fails.
+    invalid: bool,
 }
 
 impl Schedule {
@@ -217,6 +251,7 @@ impl SimStream {
                 schedule: Mutex::new(Schedule {
                     cursor: 0,
                     ends: VecDeque::with_capacity(capacity.min(DEFAULT_QUEUE_CAPACITY)),
+                    capture: None,
                 }),
                 capacity,
                 launch_latency_ns: u64::try_from(options.launch_latency.as_nanos())
@@ -226,10 +261,71 @@ impl SimStream {
     }
 
     /// Enqueues `duration` of device work and returns at once (waits only while the queue is
-    /// full, as a CUDA launch does).
+    /// full, as a CUDA launch does). While the stream is capturing, the work is added to the
+    /// graph instead.
     pub fn enqueue(&self, duration: Duration) {
         let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        if self.captured(Op::Work(ns)) {
+            return;
+        }
         let _ = self.inner.push(ns, true);
+    }
+
+    /// Appends `op` to the graph being captured; `false` when the stream is not capturing.
+    fn captured(&self, op: Op) -> bool {
+        match self.inner.lock().capture.as_mut() {
+            Some(c) => {
+                c.ops.push(op);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Starts capturing the stream into a graph (`cuStreamBeginCapture`). Fails when a capture
+    /// is already in progress.
+    pub fn begin_capture(&self) -> Result<(), SimCaptureError> {
+        let mut st = self.inner.lock();
+        if st.capture.is_some() {
+            return Err(SimCaptureError::AlreadyCapturing);
+        }
+        st.capture = Some(Capture {
+            ops: Vec::new(),
+            invalid: false,
+        });
+        Ok(())
+    }
+
+    /// Whether the stream is being captured (`cuStreamIsCapturing`).
+    pub fn is_capturing(&self) -> bool {
+        self.inner.lock().capture.is_some()
+    }
+
+    /// Makes the capture in progress fail at [`SimStream::end_capture`], as an illegal call
+    /// during a CUDA capture does. Does nothing when the stream is not capturing.
+    pub fn invalidate_capture(&self) {
+        if let Some(c) = self.inner.lock().capture.as_mut() {
+            c.invalid = true;
+        }
+    }
+
+    /// Ends the capture (`cuStreamEndCapture`) and returns the graph, or why there is none. The
+    /// stream leaves capture mode either way.
+    pub fn end_capture(&self) -> Result<SimGraph, SimCaptureError> {
+        match self.inner.lock().capture.take() {
+            None => Err(SimCaptureError::NotCapturing),
+            Some(c) if c.invalid => Err(SimCaptureError::Invalidated),
+            Some(c) => Ok(SimGraph {
+                ops: Arc::from(c.ops),
+            }),
+        }
+    }
+
+    /// Records `event` into the graph being captured, so every launch of the graph records it
+    /// again (`cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`). Returns `false`, recording
+    /// nothing, when the stream is not capturing.
+    pub fn record_external(&self, event: &SimEvent) -> bool {
+        self.captured(Op::Record(event.clone()))
     }
 
     /// Creates an event and records it onto the stream (`cudaEventRecord` on a new event).
@@ -241,15 +337,23 @@ impl SimStream {
 
     /// Records `event` onto the stream: it completes when the stream reaches this point. Like
     /// CUDA, re-recording an event replaces its previous record (queries then refer to the new
-    /// one). Waits only while the queue is full.
+    /// one). Waits only while the queue is full. During a capture it records nothing (a plain
+    /// CUDA record there only adds a dependency to the graph).
     pub fn record(&self, event: &SimEvent) {
+        if self.is_capturing() {
+            return;
+        }
         if let Some(at) = self.inner.push(0, true) {
             event.0.store(at, Ordering::Release);
         }
     }
 
-    /// Records `event` unless the queue is full; never waits. Returns whether it was recorded.
+    /// Records `event` unless the queue is full or the stream is capturing; never waits.
+    /// Returns whether it was recorded.
     pub fn try_record(&self, event: &SimEvent) -> bool {
+        if self.is_capturing() {
+            return false;
+        }
         match self.inner.push(0, false) {
             Some(at) => {
                 event.0.store(at, Ordering::Release);
@@ -300,6 +404,67 @@ impl StreamSync for SimStream {
     fn synchronize(&self) -> Result<(), String> {
         SimStream::synchronize(self);
         Ok(())
+    }
+}
+
+/// Why a [`SimStream`] capture produced no graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimCaptureError {
+    /// `begin_capture` on a stream that is already capturing.
+    #[error("the stream is already being captured")]
+    AlreadyCapturing,
+    /// `end_capture` on a stream that is not capturing.
+    #[error("the stream is not being captured")]
+    NotCapturing,
+    /// An illegal call invalidated the capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+    #[error("the capture was invalidated")]
+    Invalidated,
+}
+
+/// A graph captured from a [`SimStream`] (`cudaGraphExec_t`). Cheap to clone.
+#[derive(Clone)]
+pub struct SimGraph {
+    ops: Arc<[Op]>,
+}
+
+impl std::fmt::Debug for SimGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimGraph")
+            .field("operations", &self.ops.len())
+            .finish()
+    }
+}
+
+impl SimGraph {
+    /// Enqueues the graph's work on `stream` (`cuGraphLaunch`) and returns at once. Its events
+    /// are re-recorded now: from this call on they refer to this launch.
+    pub fn launch(&self, stream: &SimStream) {
+        for op in self.ops.iter() {
+            match op {
+                Op::Work(ns) => {
+                    let _ = stream.inner.push(*ns, true);
+                }
+                Op::Record(event) => {
+                    if let Some(at) = stream.inner.push(0, true) {
+                        event.0.store(at, Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Total device work of one launch.
+    pub fn work(&self) -> Duration {
+        Duration::from_nanos(
+            self.ops
+                .iter()
+                .map(|op| match op {
+                    Op::Work(ns) => *ns,
+                    Op::Record(_) => 0,
+                })
+                .sum(),
+        )
     }
 }
 
@@ -368,6 +533,7 @@ pub struct SimEventClock {
     dropped: AtomicU64,
     pool_exhausted: AtomicU64,
     queue_full: AtomicU64,
+    captured: AtomicU64,
 }
 
 impl std::fmt::Debug for SimEventClock {
@@ -395,6 +561,7 @@ impl SimEventClock {
             dropped: AtomicU64::new(0),
             pool_exhausted: AtomicU64::new(0),
             queue_full: AtomicU64::new(0),
+            captured: AtomicU64::new(0),
         }
     }
 
@@ -422,6 +589,18 @@ impl SimEventClock {
     pub fn queue_full(&self) -> u64 {
         self.queue_full.load(Ordering::Relaxed)
     }
+
+    /// Marks dropped because `mark` came during a capture, or `mark_captured` outside one.
+    pub fn captured(&self) -> u64 {
+        self.captured.load(Ordering::Relaxed)
+    }
+
+    fn refuse(&self, index: u32, counter: &AtomicU64) -> Option<Token> {
+        self.pool.cancel(index);
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        None
+    }
 }
 
 impl Clock for SimEventClock {
@@ -431,11 +610,24 @@ impl Clock for SimEventClock {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return None;
         };
+        // As the CUDA event clock: a plain mark during a capture is skipped and counted.
+        if self.stream.is_capturing() {
+            return self.refuse(index, &self.captured);
+        }
         if !self.stream.try_record(event) {
-            self.pool.cancel(index);
-            self.queue_full.fetch_add(1, Ordering::Relaxed);
+            return self.refuse(index, &self.queue_full);
+        }
+        Some(self.pool.token(index))
+    }
+
+    fn mark_captured(&self) -> Option<Token> {
+        let Some((index, event)) = self.pool.acquire() else {
+            self.pool_exhausted.fetch_add(1, Ordering::Relaxed);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return None;
+        };
+        if !self.stream.record_external(event) {
+            return self.refuse(index, &self.captured);
         }
         Some(self.pool.token(index))
     }
@@ -732,6 +924,59 @@ mod tests {
         assert!(matches!(clock.resolve(a), Resolved::At(_)));
         assert!(matches!(clock.resolve(b), Resolved::At(_)));
         drop(clock);
+    }
+
+    #[test]
+    fn a_captured_graph_replays_its_work_and_rerecords_its_events_at_launch() {
+        let s = SimStream::new();
+        s.begin_capture().unwrap();
+        assert_eq!(s.begin_capture(), Err(SimCaptureError::AlreadyCapturing));
+        assert!(s.is_capturing());
+        let (a, b, plain) = (SimEvent::new(), SimEvent::new(), SimEvent::new());
+        assert!(s.record_external(&a));
+        s.enqueue(us(1_000));
+        s.record(&plain);
+        assert!(
+            !s.try_record(&plain),
+            "a plain record during capture records nothing"
+        );
+        assert!(s.record_external(&b));
+        assert_eq!(s.pending(), 0, "captured work is not scheduled");
+        let g = s.end_capture().unwrap();
+        assert!(!s.is_capturing());
+        assert_eq!(g.work(), us(1_000));
+        assert_eq!(plain.completed_ns(), None);
+        assert_eq!(s.elapsed(&a, &b), None, "not launched yet");
+
+        // Behind queued work, as an engine running ahead: device time is exact.
+        s.enqueue(us(2_000));
+        g.launch(&s);
+        s.synchronize();
+        assert_eq!(s.elapsed(&a, &b), Some(us(1_000)));
+        let first = b.completed_ns().unwrap();
+
+        // A second launch behind queued work: the events now refer to it, pending.
+        s.enqueue(us(5_000));
+        g.launch(&s);
+        assert!(!s.query(&a) && !s.query(&b));
+        s.synchronize();
+        assert_eq!(s.elapsed(&a, &b), Some(us(1_000)));
+        assert!(a.completed_ns().unwrap() >= first + 5_000_000);
+        assert!(!s.record_external(&a), "not capturing");
+    }
+
+    #[test]
+    fn an_invalidated_capture_gives_no_graph() {
+        let s = SimStream::new();
+        assert_eq!(s.end_capture().err(), Some(SimCaptureError::NotCapturing));
+        s.begin_capture().unwrap();
+        s.enqueue(us(10));
+        s.invalidate_capture();
+        assert_eq!(s.end_capture().err(), Some(SimCaptureError::Invalidated));
+        assert!(!s.is_capturing(), "the stream leaves capture mode");
+        s.invalidate_capture();
+        s.begin_capture().unwrap();
+        assert!(s.end_capture().is_ok(), "a later capture is unaffected");
     }
 
     #[test]

@@ -22,7 +22,9 @@ where
     }
 }
 
-/// Synchronizes the engine's stream, then reads the host clock.
+/// Synchronizes the engine's stream, then reads the process timeline ([`now_ns`]: the host
+/// clock, converted at once since the boundary waits anyway), so that its boundaries and the host
+/// clock's raw ones land on one timeline and nest.
 ///
 /// Exact per-boundary walls of device work, at the price the reference profilers pay: every
 /// boundary serializes the stream, so a profiled run's throughput is not a serving figure and its

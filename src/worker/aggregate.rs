@@ -1,9 +1,107 @@
 //! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
+//!
+//! The series budget: histograms with buckets carry only the attributes that quantiles and
+//! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed here on the worker, per
+//! (section, layer, site, rank), and read by observable counters at each collection (a scrape or
+//! an OTLP export): two series per (bucket, layer) instead of a histogram's 25.
 
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// (total ns, calls)
+type Totals = (u64, u64);
+/// (section, layer, site, rank)
+type SectionKey = (Section, u32, Site, u32);
+/// (site, layer, rank)
+type WaitKey = (Site, u32, u32);
+
+/// Time (ns) and calls per (section, layer, site, rank) and per rendezvous (site, layer, rank),
+/// summed on the worker.
+pub(crate) struct LayerTotals {
+    /// `group` on every per-layer series, like every other series.
+    group: KeyValue,
+    sections: Mutex<HashMap<SectionKey, Totals>>,
+    waits: Mutex<HashMap<WaitKey, Totals>>,
+}
+
+impl LayerTotals {
+    fn new(group: KeyValue) -> LayerTotals {
+        LayerTotals {
+            group,
+            sections: Mutex::default(),
+            waits: Mutex::default(),
+        }
+    }
+
+    fn add_section(&self, s: Section, layer: u32, site: Site, rank: u32, ns: u64) {
+        let mut m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry((s, layer, site, rank)).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+
+    fn add_wait(&self, site: Site, layer: u32, rank: u32, ns: u64) {
+        let mut m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        let e = m.entry((site, layer, rank)).or_default();
+        e.0 += ns;
+        e.1 += 1;
+    }
+
+    fn section_attrs(&self, s: Section, layer: u32, site: Site, rank: u32) -> Vec<KeyValue> {
+        let mut kv = vec![
+            KeyValue::new(attr::BUCKET, s.as_str()),
+            KeyValue::new(attr::LAYER, i64::from(layer)),
+            Instruments::rank(rank),
+            self.group.clone(),
+        ];
+        if let Some(site) = site.as_str() {
+            kv.push(KeyValue::new(attr::SITE, site));
+        }
+        kv
+    }
+
+    fn wait_attrs(&self, site: Site, layer: u32, rank: u32) -> Vec<KeyValue> {
+        let mut kv = vec![
+            KeyValue::new(attr::LAYER, i64::from(layer)),
+            Instruments::rank(rank),
+            self.group.clone(),
+        ];
+        if let Some(site) = site.as_str() {
+            kv.push(KeyValue::new(attr::SITE, site));
+        }
+        kv
+    }
+
+    /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
+    fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        // Copied out under the lock, so that the worker waits only for the copy.
+        let snapshot: Vec<_> = {
+            let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        for ((s, layer, site, rank), (ns, calls)) in snapshot {
+            f(
+                &self.section_attrs(s, layer, site, rank),
+                ns as f64 * 1e-9,
+                calls,
+            );
+        }
+    }
+
+    fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        let snapshot: Vec<_> = {
+            let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        for ((site, layer, rank), (ns, calls)) in snapshot {
+            f(&self.wait_attrs(site, layer, rank), ns as f64 * 1e-9, calls);
+        }
+    }
+}
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
@@ -20,6 +118,10 @@ pub(crate) struct Instruments {
     draft_tokens: Counter<u64>,
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
+    layers: Arc<LayerTotals>,
+    /// The per-layer observable counters: registered callbacks, kept with the instruments.
+    _layer_counters: [ObservableCounter<f64>; 2],
+    _layer_calls: [ObservableCounter<u64>; 2],
     layer_attr: bool,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
@@ -58,15 +160,72 @@ impl Instruments {
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
+        let group = KeyValue::new(
+            attr::GROUP,
+            opentelemetry::StringValue::from(std::sync::Arc::<str>::from(group)),
+        );
+        let layers = Arc::new(LayerTotals::new(group.clone()));
+        let time = |name: &'static str, desc: &'static str, waits: bool| {
+            let l = layers.clone();
+            meter
+                .f64_observable_counter(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let obs = |kv: &[KeyValue], secs: f64, _: u64| o.observe(secs, kv);
+                    if waits {
+                        l.each_wait(obs)
+                    } else {
+                        l.each_section(obs)
+                    }
+                })
+                .build()
+        };
+        let calls = |name: &'static str, desc: &'static str, waits: bool| {
+            let l = layers.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_unit(metric::UNIT_CALLS)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let obs = |kv: &[KeyValue], _: f64, n: u64| o.observe(n, kv);
+                    if waits {
+                        l.each_wait(obs)
+                    } else {
+                        l.each_section(obs)
+                    }
+                })
+                .build()
+        };
+        let layer_counters = [
+            time(
+                metric::SECTION_LAYER_TIME,
+                "Time spent in one decode section per layer",
+                false,
+            ),
+            time(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                "Time this rank waited at a collective's rendezvous probe, per layer",
+                true,
+            ),
+        ];
+        let layer_calls = [
+            calls(
+                metric::SECTION_LAYER_CALLS,
+                "Calls of one decode section per layer",
+                false,
+            ),
+            calls(
+                metric::COLLECTIVE_LAYER_WAIT_CALLS,
+                "Rendezvous waits at a collective per layer",
+                true,
+            ),
+        ];
         let dropped = meter
             .u64_counter(metric::RECORDS_DROPPED)
             .with_unit(metric::UNIT_RECORDS)
             .with_description("Records dropped, by reason")
             .build();
-        let group = KeyValue::new(
-            attr::GROUP,
-            opentelemetry::StringValue::from(std::sync::Arc::<str>::from(group)),
-        );
         // Every reason has a series from the start, so that `rate()` reads 0, not "no data".
         for reason in DropReason::ALL {
             dropped.add(
@@ -75,6 +234,9 @@ impl Instruments {
             );
         }
         Instruments {
+            layers,
+            _layer_counters: layer_counters,
+            _layer_calls: layer_calls,
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
             step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
             steps: meter
@@ -136,26 +298,21 @@ impl Instruments {
         KeyValue::new(attr::RANK, i64::from(rank))
     }
 
-    /// The attributes of a section measurement (the first `n`); exemplars key on the same.
+    /// The attributes of a section measurement (the first `n`): bucket, rank, group and site;
+    /// exemplars key on the same.
     pub(crate) fn section_attrs(
         &self,
         s: Section,
-        layer: Layer,
         site: Site,
         rank: u32,
-    ) -> ([KeyValue; 5], usize) {
-        let mut kv: [KeyValue; 5] = [
+    ) -> ([KeyValue; 4], usize) {
+        let mut kv: [KeyValue; 4] = [
             KeyValue::new(attr::BUCKET, s.as_str()),
             Self::rank(rank),
             self.group.clone(),
             KeyValue::new(attr::RANK, 0),
-            KeyValue::new(attr::RANK, 0),
         ];
         let mut n = 3;
-        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
-            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
-            n += 1;
-        }
         if let Some(site) = site.as_str() {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
@@ -163,18 +320,29 @@ impl Instruments {
         (kv, n)
     }
 
-    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, secs: f64) {
-        let (kv, n) = self.section_attrs(s, layer, site, rank);
+    /// One section of `ns` nanoseconds: the histogram (bucket, site, rank, group) and, with the
+    /// layer attribute on, the per-layer totals.
+    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, ns: u64) {
+        let secs = ns as f64 * 1e-9;
+        let (kv, n) = self.section_attrs(s, site, rank);
         self.note(metric::SECTION_DURATION, &kv[..n], secs);
         self.section.record(secs, &kv[..n]);
+        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
+            self.layers.add_section(s, l, site, rank, ns);
+            #[cfg(test)]
+            self.note(
+                metric::SECTION_LAYER_TIME,
+                &self.layers.section_attrs(s, l, site, rank),
+                secs,
+            );
+        }
     }
 
-    /// The attributes of a collective-wait measurement (the first `n`).
-    pub(crate) fn wait_attrs(&self, site: Site, layer: Layer, rank: u32) -> ([KeyValue; 4], usize) {
-        let mut kv: [KeyValue; 4] = [
+    /// The attributes of a collective-wait measurement (the first `n`): rank, group and site.
+    pub(crate) fn wait_attrs(&self, site: Site, rank: u32) -> ([KeyValue; 3], usize) {
+        let mut kv: [KeyValue; 3] = [
             Self::rank(rank),
             self.group.clone(),
-            KeyValue::new(attr::RANK, 0),
             KeyValue::new(attr::RANK, 0),
         ];
         let mut n = 2;
@@ -182,19 +350,25 @@ impl Instruments {
             kv[n] = KeyValue::new(attr::SITE, site);
             n += 1;
         }
-        // Per-layer waits cost sites x layers series per rank: PHASETRACE_LAYER_ATTR=off folds
-        // them, as for sections (the straggler signal is per step and needs neither).
-        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
-            kv[n] = KeyValue::new(attr::LAYER, i64::from(l));
-            n += 1;
-        }
         (kv, n)
     }
 
-    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, secs: f64) {
-        let (kv, n) = self.wait_attrs(site, layer, rank);
+    /// One rendezvous wait of `ns` nanoseconds: the histogram (site, rank, group) and the
+    /// per-layer totals (kept with the layer attribute off too: two counters per (site, layer)).
+    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, ns: u64) {
+        let secs = ns as f64 * 1e-9;
+        let (kv, n) = self.wait_attrs(site, rank);
         self.note(metric::COLLECTIVE_WAIT, &kv[..n], secs);
         self.wait.record(secs, &kv[..n]);
+        if let Some(l) = layer.get() {
+            self.layers.add_wait(site, l, rank, ns);
+            #[cfg(test)]
+            self.note(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                &self.layers.wait_attrs(site, l, rank),
+                secs,
+            );
+        }
     }
 
     /// The attributes of a step measurement.

@@ -13,6 +13,7 @@
 
 pub(crate) mod aggregate;
 mod pair;
+mod replay;
 pub(crate) mod spans;
 pub(crate) mod tail;
 
@@ -34,6 +35,8 @@ use std::time::Duration;
 
 /// How far idle passes stretch the drain interval (1 ms -> 16 ms by default).
 const IDLE_BACKOFF: u32 = 16;
+/// How much sooner the worker polls while a graph replay waits to be read (1 ms -> 100 µs).
+const REPLAY_SPEEDUP: u32 = 10;
 
 /// Most rounds with verify parts awaiting their round's end; beyond, they are given up and
 /// counted (bounded memory).
@@ -57,6 +60,8 @@ pub(crate) struct Pipeline {
     expert_counter: bool,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
+    /// A lane waits for a graph replay's end fence (see [`pair::LaneState::awaiting_replay`]).
+    awaiting_replay: bool,
     /// `group` on every span.
     group: opentelemetry::KeyValue,
     tail: tail::Tail,
@@ -94,6 +99,7 @@ impl Pipeline {
             expert_counter,
             span_counts,
             span_failed_seen: 0,
+            awaiting_replay: false,
             group: opentelemetry::KeyValue::new(
                 crate::names::attr::GROUP,
                 opentelemetry::StringValue::from(Arc::<str>::from(group)),
@@ -105,6 +111,7 @@ impl Pipeline {
 
     /// One pass: adopt new lanes, drain each, finalize rounds ended in the previous pass.
     pub(crate) fn pass(&mut self) {
+        crate::timing::maintain();
         {
             let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
             for l in lanes.iter() {
@@ -122,13 +129,16 @@ impl Pipeline {
             ended: &mut self.ended_now,
             expert_counter: self.expert_counter,
             span_counts: &self.span_counts,
+            graphs: &self.shared.graphs,
             group: &self.group,
             tail: &mut self.tail,
             exemplars: self.exemplars.as_deref(),
         };
+        self.awaiting_replay = false;
         for lane in &mut self.lanes {
             lane.drain(&mut sinks);
             lane.collect_drops(&mut sinks);
+            self.awaiting_replay |= lane.awaiting_replay();
         }
         // Forget lanes whose recorder is gone and whose marks are all processed.
         let before = self.lanes.len();
@@ -413,13 +423,17 @@ impl Worker {
                 // engine costs few wake-ups; the first mark found snaps back to the interval.
                 let mut wait = interval;
                 while !st.load(Ordering::Acquire) {
-                    let busy = {
+                    let (busy, replay) = {
                         let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
                         let before = p.stats.marks;
                         p.pass();
-                        p.stats.marks != before
+                        (p.stats.marks != before, p.awaiting_replay)
                     };
-                    wait = if busy {
+                    // A graph replay is readable only until the engine launches the graph
+                    // again: poll sooner while one waits for its end fence.
+                    wait = if replay {
+                        interval / REPLAY_SPEEDUP
+                    } else if busy {
                         interval
                     } else {
                         (wait * 2).min(interval * IDLE_BACKOFF)

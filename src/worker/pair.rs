@@ -8,7 +8,7 @@ use crate::export::exemplars::{Exemplar, ExemplarStore};
 use crate::names::DropReason;
 use crate::record::mark::{Mark, MarkKind};
 use crate::record::{Lane, RoundRef};
-use crate::timing::{Resolved, Token};
+use crate::timing::{Conversion, Resolved, Token};
 use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
 use opentelemetry_sdk::trace::SdkTracer;
 use std::collections::{HashMap, VecDeque};
@@ -140,6 +140,12 @@ pub struct Stats {
     pub dropped: Dropped,
     /// Steps and rounds traced because they were slower than `PHASETRACE_TRACE_SLOWER_THAN`.
     pub tail_traces: u64,
+    /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
+    pub graph_replays: u64,
+    /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded
+    /// their events before the worker read them, or the graph was dropped first. Their
+    /// boundaries are counted under `reason="graph_replay"`.
+    pub dropped_graph_replays: u64,
 }
 
 /// Counts `n` records dropped for `reason`: in the stats and in every provider's
@@ -164,6 +170,7 @@ pub(crate) struct Sinks<'a> {
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
+    pub(crate) graphs: &'a crate::record::graph::Registry,
     /// `group` on every span.
     pub(crate) group: &'a opentelemetry::KeyValue,
     pub(crate) tail: &'a mut Tail,
@@ -210,6 +217,18 @@ pub(crate) struct LaneState {
     last_ns: u64,
     /// The lane's hot-path drop counts already moved into the stats.
     seen: [u64; DropReason::COUNT],
+    replay: Option<OpenReplay>,
+    awaiting_replay: bool,
+    /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
+    host: bool,
+}
+
+/// A graph launch whose begin fence has resolved.
+struct OpenReplay {
+    graph: u32,
+    seq: u32,
+    start: u64,
+    sampled: bool,
 }
 
 /// The parent span context of the next sampled step, as its three marks arrive.
@@ -233,7 +252,9 @@ impl ParentWords {
 
 impl LaneState {
     pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
+        let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
+            host,
             lane,
             backlog: VecDeque::new(),
             stack: Vec::new(),
@@ -245,6 +266,8 @@ impl LaneState {
             parent: ParentWords::default(),
             last_ns: 0,
             seen: [0; DropReason::COUNT],
+            replay: None,
+            awaiting_replay: false,
         }
     }
 
@@ -265,8 +288,15 @@ impl LaneState {
         self.seen = now;
     }
 
+    /// Whether the lane waits for the end fence of a graph replay: the worker then polls sooner,
+    /// since the replay is readable only until the engine launches the graph again.
+    pub(crate) fn awaiting_replay(&self) -> bool {
+        self.awaiting_replay
+    }
+
     /// Drains the lane and processes marks in order until one is not resolvable yet.
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+        self.awaiting_replay = false;
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
         let max = self.lane.queue.capacity();
@@ -276,11 +306,17 @@ impl LaneState {
                 None => break,
             }
         }
+        if self.backlog.is_empty() {
+            return;
+        }
+        // Host readings are raw (TSC ticks where the CPU has an invariant TSC): one snapshot of
+        // the calibration converts this drain's marks.
+        let host = Conversion::current();
         while let Some(m) = self.backlog.front().copied() {
             let t = if m.is_untimed() {
                 0
-            } else if m.is_host() {
-                m.token()
+            } else if self.host || m.is_host() {
+                host.to_ns(m.token())
             } else {
                 let token = Token(m.token());
                 match self.lane.clock.resolve(token) {
@@ -288,7 +324,10 @@ impl LaneState {
                         self.lane.clock.release(token);
                         ns
                     }
-                    Resolved::Pending => break,
+                    Resolved::Pending => {
+                        self.awaiting_replay = m.kind() == MarkKind::ReplayEnd;
+                        return;
+                    }
                     Resolved::Failed => {
                         self.lane.clock.release(token);
                         self.backlog.pop_front();
@@ -349,6 +388,31 @@ impl LaneState {
         s.stats.spans += built as u64;
         if why == Why::Tail {
             s.stats.tail_traces += 1;
+        }
+    }
+
+    /// Processes the captured boundaries of one graph launch whose end fence completed at `end`,
+    /// or counts the launch when its events are not (or no longer) its own.
+    fn replayed(&mut self, r: &OpenReplay, end: u64, s: &mut Sinks<'_>) {
+        let Some(g) = s.graphs.get(r.graph) else {
+            s.stats.dropped_graph_replays += 1;
+            return;
+        };
+        let Some(times) = super::replay::read(&g, r.seq, r.start, end) else {
+            s.stats.dropped_graph_replays += 1;
+            s.drop(DropReason::GraphReplay, g.template.len() as u64);
+            return;
+        };
+        s.stats.graph_replays += 1;
+        for (m, t) in g.template.iter().zip(times) {
+            let m = match m.kind() {
+                // Sampling is decided per replay, not once at capture.
+                MarkKind::StepBegin | MarkKind::RoundBegin => m.with_sampled(r.sampled),
+                MarkKind::ReplayBegin | MarkKind::ReplayEnd => continue,
+                _ => *m,
+            };
+            self.last_ns = t;
+            self.process(m, t, s);
         }
     }
 
@@ -449,12 +513,11 @@ impl LaneState {
                     return;
                 };
                 let ns = t.saturating_sub(open.start);
-                let secs = ns as f64 * 1e-9;
                 let probe = open.section.kind() == SectionKind::Probe;
                 for inst in s.inst {
-                    inst.section(open.section, open.layer, open.site, rank, secs);
+                    inst.section(open.section, open.layer, open.site, rank, ns);
                     if probe {
-                        inst.wait(open.site, open.layer, rank, secs);
+                        inst.wait(open.site, open.layer, rank, ns);
                     }
                 }
                 if let (true, Some(step)) = (probe, self.step.as_mut()) {
@@ -471,7 +534,7 @@ impl LaneState {
                     step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
                 }
                 for inst in s.inst {
-                    inst.wait(m.site(), m.layer(), rank, m.wait_ns() as f64 * 1e-9);
+                    inst.wait(m.site(), m.layer(), rank, m.wait_ns());
                 }
                 if self.step.as_ref().is_some_and(|st| st.collect) {
                     if self.trace.waits.len() < STEP_IDS_MAX {
@@ -574,6 +637,28 @@ impl LaneState {
                     rank,
                 });
             }
+            MarkKind::ReplayBegin => {
+                if self.replay.take().is_some() {
+                    Self::unbalanced(s, 1);
+                }
+                self.replay = Some(OpenReplay {
+                    graph: m.graph(),
+                    seq: m.replay_seq(),
+                    start: t,
+                    sampled: m.is_sampled(),
+                });
+            }
+            MarkKind::ReplayEnd => {
+                let Some(r) = self
+                    .replay
+                    .take()
+                    .filter(|r| r.graph == m.graph() && r.seq == m.replay_seq())
+                else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                self.replayed(&r, t, s);
+            }
             MarkKind::PartBegin => {
                 if self.parts_open.len() >= STACK_MAX {
                     // The oldest open part never ended (its round is long gone): give it up.
@@ -643,15 +728,15 @@ fn offer_step_exemplars(
             continue;
         };
         let d = e.saturating_sub(sec.start);
-        let (kv, n) = inst.section_attrs(sec.section, sec.layer, sec.site, rank);
+        let (kv, n) = inst.section_attrs(sec.section, sec.site, rank);
         store.offer(metric::SECTION_DURATION, &kv[..n], ex(*id, d, e));
         if sec.section.kind() == SectionKind::Probe {
-            let (kv, n) = inst.wait_attrs(sec.site, sec.layer, rank);
+            let (kv, n) = inst.wait_attrs(sec.site, rank);
             store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(*id, d, e));
         }
     }
     for w in &trace.waits {
-        let (kv, n) = inst.wait_attrs(w.site, w.layer, rank);
+        let (kv, n) = inst.wait_attrs(w.site, rank);
         store.offer(
             metric::COLLECTIVE_WAIT,
             &kv[..n],

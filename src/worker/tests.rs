@@ -59,6 +59,8 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
@@ -137,9 +139,14 @@ fn nested_sections_pair_into_exact_durations() {
         ]
     );
     let a = &v[0].1;
-    assert_eq!(attr(a, "layer"), Some("12"));
+    assert_eq!(attr(a, "layer"), None, "the histogram has no layer");
     assert_eq!(attr(a, "site"), Some("attn"));
     assert_eq!(attr(a, "rank"), Some("3"));
+    let per_layer = values(&p, crate::names::metric::SECTION_LAYER_TIME);
+    assert_eq!(per_layer.len(), 3);
+    assert_eq!(attr(&per_layer[0].1, "layer"), Some("12"));
+    assert_eq!(attr(&per_layer[0].1, "bucket"), Some("kda_front"));
+    assert_eq!((per_layer[0].0 * 1e6).round(), 100.0);
     let steps = values(&p, crate::names::metric::STEP_DURATION);
     assert_eq!(steps.len(), 1);
     assert_eq!((steps[0].0 * 1e6).round(), 1000.0);
@@ -168,7 +175,10 @@ fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
     assert_eq!((waits[0].0 * 1e6).round(), 30.0);
     assert_eq!(attr(&waits[0].1, "site"), Some("mlp"));
     assert_eq!((waits[1].0 * 1e6).round(), 7.0);
-    assert_eq!(attr(&waits[1].1, "layer"), Some("2"));
+    assert_eq!(attr(&waits[1].1, "layer"), None);
+    let per_layer = values(&p, crate::names::metric::COLLECTIVE_LAYER_WAIT_TIME);
+    assert_eq!(attr(&per_layer[1].1, "layer"), Some("2"));
+    assert_eq!((per_layer[1].0 * 1e6).round(), 7.0);
     let buckets: Vec<_> = values(&p, crate::names::metric::SECTION_DURATION)
         .into_iter()
         .map(|(_, a)| attr(&a, "bucket").unwrap().to_owned())
@@ -440,6 +450,8 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
@@ -463,11 +475,18 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     let section = values(&p, crate::names::metric::SECTION_DURATION);
     assert_eq!(attr(&section[0].1, "layer"), None);
     assert_eq!(attr(&section[0].1, "bucket"), Some("reduce_attn_bar"));
-    // Per-layer waits fold too (sites x layers series per rank otherwise); the per-step wait
-    // total, which the straggler alert reads, never had a layer.
+    // The wait histogram has no layer (the per-layer totals are counters); the per-step wait
+    // total, which the straggler alert reads, never had one.
     let wait = values(&p, crate::names::metric::COLLECTIVE_WAIT);
     assert_eq!(attr(&wait[0].1, "layer"), None);
     assert_eq!(attr(&wait[0].1, "site"), Some("attn"));
+    assert!(values(&p, crate::names::metric::SECTION_LAYER_TIME).is_empty());
+    let wait = values(&p, crate::names::metric::COLLECTIVE_LAYER_WAIT_TIME);
+    assert_eq!(
+        attr(&wait[0].1, "layer"),
+        Some("7"),
+        "the per-layer waits keep their layer"
+    );
 }
 
 #[test]
@@ -595,6 +614,8 @@ fn traced(
         next_lane: AtomicU16::new(1),
         tracing_parent: AtomicBool::new(false),
         spec_off_hint: AtomicBool::new(false),
+        graph_read_every: 1,
+        graphs: Default::default(),
     });
     let capture = Arc::new(Capture::default());
     let store = Arc::new(crate::export::ExemplarStore::default());

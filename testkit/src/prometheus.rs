@@ -51,9 +51,18 @@ pub struct PrometheusBuilder {
     rule_texts: Vec<(String, String)>,
     extra_args: Vec<String>,
     data_dir: Option<PathBuf>,
+    /// Scrape jobs given as YAML (TLS, basic auth, ...), each its own list item.
+    raw_jobs: Vec<String>,
 }
 
 impl PrometheusBuilder {
+    /// Adds a scrape job written out in full: the YAML of one `scrape_configs` item without
+    /// its leading `- ` (`job_name: x\nscheme: https\n...`), indented by this builder.
+    pub fn raw_job(mut self, yaml: &str) -> Self {
+        self.raw_jobs.push(yaml.to_string());
+        self
+    }
+
     /// Adds a scrape job. `target` is `host:port`, optionally with a path
     /// (`127.0.0.1:9464/metrics`) and an `http://` prefix; the default path is `/metrics`.
     /// Calling it again with the same job name adds a target to that job.
@@ -153,7 +162,13 @@ impl PrometheusBuilder {
                 targets.join(", ")
             ));
         }
-        if self.jobs.is_empty() {
+        for raw in &self.raw_jobs {
+            for (i, line) in raw.lines().enumerate() {
+                let lead = if i == 0 { "  - " } else { "    " };
+                yaml.push_str(&format!("{lead}{line}\n"));
+            }
+        }
+        if self.jobs.is_empty() && self.raw_jobs.is_empty() {
             // Prometheus accepts an empty list; keep the key for readability.
             yaml.push_str("  []\n");
         }
@@ -208,7 +223,7 @@ impl PrometheusBuilder {
                 Some(true) => {
                     return Prometheus {
                         base_url,
-                        job_count: self.jobs.len(),
+                        job_count: self.jobs.len() + self.raw_jobs.len(),
                         config_path,
                         output,
                         child: Some(child),
@@ -254,6 +269,7 @@ impl Prometheus {
             rule_texts: Vec::new(),
             extra_args: Vec::new(),
             data_dir: None,
+            raw_jobs: Vec::new(),
         }
     }
 

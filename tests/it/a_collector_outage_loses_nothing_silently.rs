@@ -76,11 +76,11 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
     // Metrics are cumulative: nothing recorded during the outage is missing from the counts.
     let norm = out
         .latest_point(
-            "phasetrace.section.duration",
+            phasetrace::names::metric::SECTION_LAYER_CALLS,
             &[("bucket", "norm"), ("layer", "0")],
         )
         .expect("norm point");
-    assert_eq!(norm.count, Some(200));
+    assert_eq!(norm.value, Some(200.0));
     let s = p.stats();
     assert_eq!(s.spans_failed, s.spans - s.spans_exported, "{s:?}");
 

@@ -14,6 +14,9 @@
 //!   phasetrace's worker) vs sync backend; prints the throughput ratios.
 //! - `graph_capture_is_skipped_and_not_disturbed`: marks during capture are skipped and
 //!   counted; resolving from another thread during a global-mode capture does not invalidate it.
+//! - `sections_inside_a_captured_graph_are_timed_at_every_replay`: sections captured with
+//!   `Recorder::begin_capture` are recorded into the graph as external events and read at
+//!   every replay (the worker reads before the next launch).
 
 #![cfg(feature = "cuda")]
 
@@ -158,6 +161,12 @@ fn backends_agree_on_memsets_of_known_relative_cost() {
             e / 1e3,
             diff,
             e / first_event
+        );
+        println!(
+            "FIGURE\tmemset {mult}x: events vs sync\t{:.1} vs {:.1} µs ({diff:+.2} %)\twithin 5 %\t{}",
+            e / 1e3,
+            s / 1e3,
+            if diff.abs() <= 5.0 { "met" } else { "MISSED" }
         );
         assert!(diff.abs() <= 5.0, "{mult}x: sync {s} ns vs events {e} ns");
         let ratio = e / first_event;
@@ -334,6 +343,19 @@ fn event_backend_throughput_overhead() {
         for (_, dropped, resolved) in &ev {
             println!("  events run: {resolved} tokens resolved, {dropped} marks dropped");
         }
+        println!(
+            "FIGURE\tthroughput {label}: events / sync vs unprofiled\t{ex:.3}x / {sx:.3}x\t{}\t{}",
+            if bytes >= 64 << 20 {
+                "events >= 0.95x"
+            } else {
+                ""
+            },
+            match (bytes >= 64 << 20, ex >= 0.95) {
+                (false, _) => "",
+                (true, true) => "met",
+                (true, false) => "MISSED",
+            }
+        );
         if bytes >= 64 << 20 {
             // GPU-bound: the event records hide behind device work.
             assert!(
@@ -406,6 +428,99 @@ fn graph_capture_is_skipped_and_not_disturbed() {
     let (ta, tb) = (resolve_now(&*clock, a), resolve_now(&*clock, b));
     assert!(tb >= ta);
     println!("graph replay: {} µs", (tb - ta) / 1_000);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU: scripts/gpu-check.sh runs it"]
+fn sections_inside_a_captured_graph_are_timed_at_every_replay() {
+    if !gpu_enabled("sections_inside_a_captured_graph_are_timed_at_every_replay") {
+        return;
+    }
+    use phasetrace::{Level, Profiler, Section, Site, Timing};
+    let (ctx, stream) = setup();
+    let buf = Buf::new(&ctx, 256 << 20);
+    let sizes = [
+        (Section::KDA_MIXER, 16usize << 20),
+        (Section::MLP_DENSE, 64 << 20),
+    ];
+    let clock = Arc::new(CudaEventClock::new(Arc::clone(&stream)).unwrap());
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .without_prometheus()
+        .with_timing(Timing::Events)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let rec = p.recorder();
+
+    // The same sections eagerly, for their durations.
+    for _ in 0..20 {
+        for (section, bytes) in sizes {
+            let _s = rec.section(section, 0u32, Site::ATTN);
+            buf.memset(&stream, bytes);
+        }
+    }
+    stream.synchronize().unwrap();
+    p.flush();
+    let eager = p.summary();
+
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .expect("begin capture");
+    let capture = rec.begin_capture();
+    for (section, bytes) in sizes {
+        let _s = rec.section(section, 1u32, Site::ATTN);
+        buf.memset(&stream, bytes);
+    }
+    let graph = match stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+        Ok(Some(g)) => g,
+        other => {
+            capture.abandon();
+            panic!("capture failed: {:?}", other.err());
+        }
+    };
+    let handle = capture.finish();
+    assert_eq!(handle.marks(), 4);
+    assert_eq!(
+        clock.graph_marks(),
+        4,
+        "recorded with CU_EVENT_RECORD_EXTERNAL"
+    );
+    let before = p.stats();
+    const K: u64 = 20;
+    for _ in 0..K {
+        let replay = rec.replay(&handle);
+        graph.launch().unwrap();
+        replay.end();
+        stream.synchronize().unwrap();
+        // The worker reads the replay before the next launch re-records its events.
+        p.flush();
+    }
+    let s = p.stats();
+    println!(
+        "FIGURE\tgraph replays read (memsets)\t{} of {K}\t{K}\t{}",
+        s.graph_replays - before.graph_replays,
+        if s.graph_replays - before.graph_replays == K {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    assert_eq!(s.graph_replays - before.graph_replays, K, "{s:?}");
+    assert_eq!(s.dropped_graph_replays, 0, "{s:?}");
+    assert_eq!(s.sections - before.sections, K * 2);
+    let replayed = p.summary();
+    println!("eager:\n{eager}\neager + {K} replays:\n{replayed}");
+    drop(handle);
+    drop(graph);
+    p.flush();
+    p.shutdown();
+    assert_eq!(
+        clock.in_flight(),
+        0,
+        "the graph's events went back to the pool"
+    );
 }
 
 #[test]

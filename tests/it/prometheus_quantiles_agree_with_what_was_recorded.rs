@@ -157,9 +157,9 @@ fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
             ("kda_recur".to_string(), STEPS as f64)
         ])
     );
-    // Two layers, one series each; the rank label is the profiler's (0).
+    // One histogram series per bucket (no layer); the rank label is the profiler's (0).
     let series = prometheus.query_vector("phasetrace_section_duration_seconds_count");
-    assert_eq!(series.len(), 4, "{series:?}");
+    assert_eq!(series.len(), 2, "{series:?}");
     for (labels, v) in &series {
         assert_eq!(
             labels.get("rank").map(String::as_str),
@@ -167,6 +167,13 @@ fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
             "{labels:?}"
         );
         assert_eq!(labels.get("site").map(String::as_str), Some("attn"));
+        assert_eq!(labels.get("layer"), None, "{labels:?}");
+        assert_eq!(*v, STEPS as f64, "{labels:?}");
+    }
+    // Two layers: the per-layer calls, one series per (bucket, layer).
+    let per_layer = prometheus.query_vector("phasetrace_section_layer_calls_total");
+    assert_eq!(per_layer.len(), 4, "{per_layer:?}");
+    for (labels, v) in &per_layer {
         assert_eq!(*v, (STEPS / 2) as f64, "{labels:?}");
     }
 

@@ -89,11 +89,11 @@ fn complete(p: &ParsedOutput) -> bool {
         .is_some_and(|v| v == STEPS as f64);
     let sections_done = p
         .latest_point(
-            metric::SECTION_DURATION,
+            metric::SECTION_LAYER_CALLS,
             &[(attr::BUCKET, "moe_experts"), (attr::LAYER, "1")],
         )
-        .and_then(|pt| pt.count)
-        == Some(STEPS);
+        .and_then(|pt| pt.value)
+        == Some(STEPS as f64);
     steps_done && sections_done && p.spans.len() >= SAMPLED.len() * spans_per_sampled_step()
 }
 
@@ -275,7 +275,30 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
         ("reduce_attn_enq", "attn"),
         ("moe_experts", "mlp"),
     ] {
-        let mut total = 0;
+        // The histogram: per (bucket, site, rank), every layer together.
+        let labels = [
+            (attr::BUCKET, bucket),
+            (attr::SITE, site),
+            (attr::RANK, "3"),
+        ];
+        let pt = sections
+            .point(&labels)
+            .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
+        assert_eq!(pt.attributes.len(), 4, "no layer on the histogram: {pt:#?}");
+        assert_eq!(
+            pt.count,
+            Some(STEPS * u64::from(LAYERS)),
+            "{labels:?}: {pt:#?}"
+        );
+        assert_eq!(pt.explicit_bounds, bounds);
+        assert_eq!(
+            pt.bucket_counts.iter().sum::<u64>(),
+            STEPS * u64::from(LAYERS),
+            "{pt:#?}"
+        );
+        // The per-layer detail: time and calls per (bucket, layer, site, rank).
+        let mut total = 0.0;
+        let mut time = 0.0;
         for layer in 0..LAYERS {
             let layer = layer.to_string();
             let labels = [
@@ -285,16 +308,23 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
                 (attr::RANK, "3"),
                 (attr::GROUP, GROUP),
             ];
-            let pt = sections
-                .point(&labels)
-                .unwrap_or_else(|| panic!("no point {labels:?}; {}", context()));
-            assert_eq!(pt.attributes.len(), 5, "{pt:#?}");
-            assert_eq!(pt.count, Some(STEPS), "{labels:?}: {pt:#?}");
-            assert_eq!(pt.explicit_bounds, bounds);
-            assert_eq!(pt.bucket_counts.iter().sum::<u64>(), STEPS, "{pt:#?}");
-            total += pt.count.unwrap();
+            let calls = p
+                .latest_point(metric::SECTION_LAYER_CALLS, &labels)
+                .unwrap_or_else(|| panic!("no calls {labels:?}; {}", context()));
+            assert_eq!(calls.attributes.len(), 5, "{calls:#?}");
+            assert_eq!(calls.value, Some(STEPS as f64), "{labels:?}: {calls:#?}");
+            total += calls.value.unwrap();
+            time += p
+                .latest_point(metric::SECTION_LAYER_TIME, &labels)
+                .and_then(|t| t.value)
+                .unwrap_or_else(|| panic!("no time {labels:?}; {}", context()));
         }
-        assert_eq!(total, STEPS * u64::from(LAYERS), "{bucket}");
+        assert_eq!(total, (STEPS * u64::from(LAYERS)) as f64, "{bucket}");
+        let sum = pt.sum.unwrap_or_default();
+        assert!(
+            (time - sum).abs() <= 1e-9 * STEPS as f64,
+            "{bucket}: per-layer time {time} vs histogram sum {sum}"
+        );
     }
     let buckets: std::collections::BTreeSet<&str> = sections
         .points
@@ -318,22 +348,47 @@ fn assert_received(rotel: &Rotel, profiler: &Profiler, service: &str) {
 
     // Collective waits: one per probe section (site attn) and one per explicit wait (site mlp).
     let waits = p.last_metric(metric::COLLECTIVE_WAIT).unwrap();
+    let probe = waits
+        .point(&[(attr::SITE, "attn")])
+        .unwrap_or_else(|| panic!("no attn wait point; {}", context()));
+    assert_eq!(probe.count, Some(STEPS * u64::from(LAYERS)), "{probe:#?}");
+    assert_eq!(probe.attr(attr::RANK), Some("3"));
+    assert_eq!(probe.attr(attr::LAYER), None, "{probe:#?}");
+    let explicit = waits
+        .point(&[(attr::SITE, "mlp")])
+        .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
+    assert_eq!(
+        explicit.count,
+        Some(STEPS * u64::from(LAYERS)),
+        "{explicit:#?}"
+    );
+    let sum = explicit.sum.unwrap();
+    let expected = EXPLICIT_WAIT.as_secs_f64() * (STEPS * u64::from(LAYERS)) as f64;
+    assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
+    assert_eq!(explicit.min, Some(EXPLICIT_WAIT.as_secs_f64()));
+    assert_eq!(explicit.max, Some(EXPLICIT_WAIT.as_secs_f64()));
     for layer in 0..LAYERS {
         let layer = layer.to_string();
-        let probe = waits
-            .point(&[(attr::SITE, "attn"), (attr::LAYER, layer.as_str())])
-            .unwrap_or_else(|| panic!("no attn wait point; {}", context()));
-        assert_eq!(probe.count, Some(STEPS), "{probe:#?}");
-        assert_eq!(probe.attr(attr::RANK), Some("3"));
-        let explicit = waits
-            .point(&[(attr::SITE, "mlp"), (attr::LAYER, layer.as_str())])
-            .unwrap_or_else(|| panic!("no mlp wait point; {}", context()));
-        assert_eq!(explicit.count, Some(STEPS), "{explicit:#?}");
-        let sum = explicit.sum.unwrap();
+        for site in ["attn", "mlp"] {
+            let labels = [
+                (attr::SITE, site),
+                (attr::LAYER, layer.as_str()),
+                (attr::RANK, "3"),
+            ];
+            let calls = p
+                .latest_point(metric::COLLECTIVE_LAYER_WAIT_CALLS, &labels)
+                .unwrap_or_else(|| panic!("no per-layer waits {labels:?}; {}", context()));
+            assert_eq!(calls.value, Some(STEPS as f64), "{calls:#?}");
+        }
+        let time = p
+            .latest_point(
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                &[(attr::SITE, "mlp"), (attr::LAYER, layer.as_str())],
+            )
+            .and_then(|t| t.value)
+            .expect("per-layer wait time");
         let expected = EXPLICIT_WAIT.as_secs_f64() * STEPS as f64;
-        assert!((sum - expected).abs() < 1e-12, "{sum} != {expected}");
-        assert_eq!(explicit.min, Some(EXPLICIT_WAIT.as_secs_f64()));
-        assert_eq!(explicit.max, Some(EXPLICIT_WAIT.as_secs_f64()));
+        assert!((time - expected).abs() < 1e-12, "{time} != {expected}");
     }
     let probes: u64 = waits.points.iter().filter_map(|pt| pt.count).sum();
     assert_eq!(probes, 2 * STEPS * u64::from(LAYERS));

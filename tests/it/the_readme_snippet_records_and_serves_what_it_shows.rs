@@ -128,6 +128,7 @@ fn the_readme_snippet_records_and_serves_what_it_shows() {
         "reduce_attn_bar",
         "reduce_attn_enq",
     ] {
+        // The histogram: one series per bucket (all layers); the per-layer calls: one a layer.
         let (count, series) = samples(
             &body,
             "phasetrace_section_duration_seconds_count",
@@ -135,6 +136,16 @@ fn the_readme_snippet_records_and_serves_what_it_shows() {
         );
         assert_eq!(
             (count, series),
+            (32.0, 1),
+            "{bucket}: 4 steps x 8 layers\n{body}"
+        );
+        let (calls, series) = samples(
+            &body,
+            "phasetrace_section_layer_calls_total",
+            &[("bucket", bucket)],
+        );
+        assert_eq!(
+            (calls, series),
             (32.0, 8),
             "{bucket}: 4 steps x 8 layers\n{body}"
         );

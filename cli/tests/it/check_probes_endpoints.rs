@@ -249,11 +249,110 @@ fn origins_say_whether_a_value_came_from_the_environment_a_flag_or_the_default()
     );
     assert!(
         run.stdout
-            .contains("ok    Prometheus: 127.0.0.1:0 is free to listen on"),
+            .contains("ok    Prometheus: http://127.0.0.1:0/metrics would serve as configured (no TLS, no basic auth): GET /metrics answered 200"),
         "{run}"
     );
     assert!(
         run.stdout.trim_end().ends_with("all checks passed"),
         "{run}"
     );
+}
+
+/// A web configuration file for a generated certificate, with one bcrypt user; `client_auth`
+/// is its `client_auth_type`.
+fn web_config(dir: &std::path::Path, client_auth: &str, hash: &str) -> std::path::PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    let path = dir.join(format!("web-{client_auth}.yml"));
+    let ca_line = if client_auth == "NoClientCert" {
+        String::new()
+    } else {
+        "  client_ca_file: ca.pem\n".to_owned()
+    };
+    std::fs::write(
+        &path,
+        format!(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  client_auth_type: {client_auth}\n{ca_line}basic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn check_probes_the_prometheus_endpoint_with_its_tls_and_basic_auth() {
+    let dir = support::TempDir::new("phasetrace-check-web");
+    let hash = bcrypt::hash("s3cret-pw", 4).unwrap();
+    for (auth, expect) in [
+        (
+            "RequireAndVerifyClientCert",
+            "a client without a certificate is refused",
+        ),
+        (
+            "NoClientCert",
+            "a scrape without credentials is refused with 401",
+        ),
+    ] {
+        let web = web_config(dir.path(), auth, &hash);
+        let web_s = web.display().to_string();
+        let run = phasetrace(
+            &[
+                "check",
+                "--prometheus",
+                "127.0.0.1:0",
+                "--prometheus-web-config",
+                &web_s,
+            ],
+            &[],
+            RUN,
+        );
+        assert_eq!(run.code, Some(0), "{auth}: {run}");
+        assert_eq!(
+            row(&run, "PHASETRACE_PROMETHEUS_WEB_CONFIG"),
+            (web_s.as_str(), "flag")
+        );
+        let line = format!(
+            "ok    Prometheus: https://127.0.0.1:0/metrics would serve as configured (TLS (at least TLS12, client certificates: {auth}), basic auth (1 user(s))): {expect}"
+        );
+        assert!(run.stdout.contains(&line), "{auth}: {run}");
+        assert!(!run.stdout.contains(&hash) && !run.stderr.contains(&hash));
+        assert!(!run.stdout.contains("prometheus:"), "no user names: {run}");
+    }
+
+    // An invalid file fails the check, naming the file and the field.
+    let bad = dir.path().join("bad.yml");
+    std::fs::write(
+        &bad,
+        format!("tls_server_config:\n  cert_file: server.pem\nbasic_auth_users:\n  prometheus: '{hash}'\n"),
+    )
+    .unwrap();
+    let run = phasetrace(
+        &["check", "--prometheus", "127.0.0.1:0"],
+        &[(
+            "PHASETRACE_PROMETHEUS_WEB_CONFIG",
+            &bad.display().to_string(),
+        )],
+        RUN,
+    );
+    assert_eq!(run.code, Some(4), "{run}");
+    assert!(
+        run.stdout.contains(&format!(
+            "FAIL  Prometheus: PHASETRACE_PROMETHEUS_WEB_CONFIG={}: tls_server_config.key_file: missing",
+            bad.display()
+        )),
+        "{run}"
+    );
+    assert!(!run.stdout.contains(&hash) && !run.stderr.contains(&hash));
 }

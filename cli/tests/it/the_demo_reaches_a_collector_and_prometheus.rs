@@ -219,9 +219,7 @@ fn prometheus_scrapes_the_demos_embedded_endpoint() {
         expected((STEPS * 3) as f64)
     );
     assert_eq!(
-        per_rank(
-            "count by (rank) (count by (rank, layer) (phasetrace_section_duration_seconds_count))"
-        ),
+        per_rank("count by (rank) (count by (rank, layer) (phasetrace_section_layer_calls_total))"),
         expected(f64::from(LAYERS))
     );
     // The median section time is a real, positive duration.

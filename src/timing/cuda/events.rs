@@ -253,6 +253,7 @@ pub struct CudaEventClock {
     dropped: AtomicU64,
     pool_exhausted: AtomicU64,
     captured: AtomicU64,
+    graph_marks: AtomicU64,
     record_errors: AtomicU64,
     query_errors: AtomicU64,
     /// Owns every event and the private stream; destroys them on drop.
@@ -394,6 +395,7 @@ impl CudaEventClock {
             dropped: AtomicU64::new(0),
             pool_exhausted: AtomicU64::new(0),
             captured: AtomicU64::new(0),
+            graph_marks: AtomicU64::new(0),
             record_errors: AtomicU64::new(0),
             query_errors: AtomicU64::new(0),
             _resources: res,
@@ -416,9 +418,16 @@ impl CudaEventClock {
         self.pool_exhausted.load(Ordering::Relaxed)
     }
 
-    /// Marks skipped because the stream was being captured into a CUDA graph.
+    /// Marks dropped because of graph capture: a plain `mark` during a capture (use
+    /// [`crate::Recorder::begin_capture`] to time inside graphs), or a captured mark on a stream
+    /// that was not in an active capture.
     pub fn captured(&self) -> u64 {
         self.captured.load(Ordering::Relaxed)
+    }
+
+    /// Events recorded into CUDA graphs with `CU_EVENT_RECORD_EXTERNAL` (timed at every replay).
+    pub fn graph_marks(&self) -> u64 {
+        self.graph_marks.load(Ordering::Relaxed)
     }
 
     /// Marks dropped because recording the event failed.
@@ -531,6 +540,41 @@ impl Clock for CudaEventClock {
                 return self.drop_mark(index, &self.record_errors);
             }
         }
+        Some(self.pool.token(index))
+    }
+
+    fn mark_captured(&self) -> Option<Token> {
+        let Some((index, ev)) = self.pool.acquire() else {
+            self.pool_exhausted.fetch_add(1, Ordering::Relaxed);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        // SAFETY: as in `mark`. The stream must be in an active capture: only then does the
+        // external record become a node of the graph (outside one it would be a plain record).
+        unsafe {
+            let Ok(_ctx) = CurrentCtx::push(self.handles.ctx) else {
+                return self.drop_mark(index, &self.record_errors);
+            };
+            let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            if sys::cuStreamIsCapturing(self.handles.stream, &mut status)
+                .result()
+                .is_err()
+                || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+            {
+                return self.drop_mark(index, &self.captured);
+            }
+            if sys::cuEventRecordWithFlags(
+                ev.0,
+                self.handles.stream,
+                sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+            .result()
+            .is_err()
+            {
+                return self.drop_mark(index, &self.record_errors);
+            }
+        }
+        self.graph_marks.fetch_add(1, Ordering::Relaxed);
         Some(self.pool.token(index))
     }
 

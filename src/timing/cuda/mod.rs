@@ -4,8 +4,9 @@
 //!   clock (the reference profilers' semantics; exact, but it serializes the stream).
 //! - [`CudaEventClock`]: records a pooled, timing-enabled CUDA event onto the engine's stream at
 //!   every boundary without waiting; the worker polls the events and converts their GPU
-//!   timestamps to the host timeline ([`now_ns`](super::now_ns)) through an anchor. Cheap enough
-//!   to keep on in production.
+//!   timestamps to the host timeline ([`now_ns`](super::now_ns), the same timeline the host
+//!   clock's TSC readings are converted to) through an anchor. Cheap enough to keep on in
+//!   production.
 //!
 //! Both wrap either a cudarc [`Arc<CudaStream>`](cudarc::driver::CudaStream) (`new`) or a raw
 //! `CUstream` owned by the engine (`from_raw_stream`, `unsafe`: the engine keeps the stream and
@@ -57,13 +58,19 @@
 //!
 //! # CUDA graphs
 //!
-//! While the engine's stream is being captured into a CUDA graph, recording an event would add a
-//! node to the graph (and such an event could not be queried), so `mark` checks
+//! A plain `cuEventRecord` during stream capture only adds a dependency to the graph (and the
+//! event later fails with `CUDA_ERROR_CAPTURED_EVENT`), so a plain `mark` checks
 //! `cuStreamIsCapturing` first and returns `None` during capture, counted under
 //! [`CudaEventClock::captured`]. (Checking costs one cheap driver call per mark; it can be turned
-//! off with [`CudaEventClockOptions::detect_capture`] for engines that never capture.) Sections
-//! inside a graph are therefore not timed when the graph is replayed; boundaries around
-//! `cuGraphLaunch` are timed normally, so a graph replay shows as one section.
+//! off with [`CudaEventClockOptions::detect_capture`] for engines that never capture.)
+//!
+//! Sections inside a graph are timed through the capture API
+//! ([`crate::Recorder::begin_capture`], [`crate::Recorder::replay`]): while a capture is open,
+//! each boundary calls [`Clock::mark_captured`](crate::timing::Clock::mark_captured), which
+//! records its pooled event with `cuEventRecordWithFlags(.., CU_EVENT_RECORD_EXTERNAL)`: an
+//! event-record node of the graph, recorded again at every launch. The replay guard records
+//! plain fence events before and after `cuGraphLaunch`; the worker reads the graph's events once
+//! the fence after the launch has completed, polling only, as for any other mark.
 //!
 //! Polling events from the worker thread while another thread captures in the *global* capture
 //! mode would be a prohibited call that invalidates that capture (the problem PyTorch's NCCL
@@ -139,6 +146,7 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
+    "cuEventRecordWithFlags",
     "cuEventQuery",
     "cuEventSynchronize",
     "cuEventElapsedTime",

@@ -1,0 +1,599 @@
+//! The text formats of `/metrics`: the classic Prometheus text format (0.0.4) and OpenMetrics
+//! 1.0.0, written from what the SDK collected.
+//!
+//! ```text
+//! ResourceMetrics ─► target_info, otel_scope_info (once each)
+//!                 ─► per metric: # HELP / # TYPE (/ # UNIT), then its samples
+//!                    counter   name_total{..} v
+//!                    gauge     name{..} v
+//!                    histogram name_bucket{..,le=".."} n [# {exemplar} v t]   (exemplar: OpenMetrics only)
+//!                              name_sum{..} s, name_count{..} n
+//!                 ─► # EOF (OpenMetrics)
+//! ```
+//!
+//! Names follow the OpenTelemetry-to-Prometheus rules: dots become underscores, the unit is
+//! appended (`s` -> `_seconds`; annotations such as `{token}` add nothing) and counters end in
+//! `_total`. The instrumentation scope is written once, as `otel_scope_info`, instead of an
+//! `otel_scope_name` label on every line.
+
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::metrics::data::{
+    AggregatedMetrics, Gauge, Histogram, HistogramDataPoint, Metric, MetricData, ResourceMetrics,
+    Sum,
+};
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Which text format a scrape gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `text/plain; version=0.0.4`.
+    Classic,
+    /// `application/openmetrics-text; version=1.0.0` (or the `0.0.1` draft Prometheus also
+    /// asks for: the same text).
+    OpenMetrics {
+        /// The version echoed in the content type.
+        version: &'static str,
+    },
+}
+
+impl Format {
+    /// The `Content-Type` of a response in this format.
+    pub(crate) fn content_type(self) -> String {
+        match self {
+            Format::Classic => "text/plain; version=0.0.4; charset=utf-8".to_owned(),
+            Format::OpenMetrics { version } => {
+                format!("application/openmetrics-text; version={version}; charset=utf-8")
+            }
+        }
+    }
+}
+
+/// An exemplar on a histogram bucket line (OpenMetrics only): the trace that one recorded value
+/// came from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Exemplar {
+    /// The trace id, 16 bytes.
+    pub(crate) trace_id: [u8; 16],
+    /// The span id, 8 bytes.
+    pub(crate) span_id: [u8; 8],
+    /// The recorded value.
+    pub(crate) value: f64,
+    /// When it was recorded.
+    pub(crate) time: SystemTime,
+}
+
+/// A source of exemplars beyond the SDK's own: given a histogram's Prometheus base name, its
+/// data point's attributes and a bucket index (`bounds.len()` for `+Inf`), the exemplar to
+/// show on that bucket line.
+pub(crate) type ExemplarSource<'a> = &'a dyn Fn(&str, &[KeyValue], usize) -> Option<Exemplar>;
+
+/// What one encoding wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Encoded {
+    /// Sample lines (series).
+    pub(crate) series: usize,
+}
+
+/// Writes `rm` in `format` to `out`; `exemplars` may add exemplars to histogram buckets.
+pub(crate) fn encode(
+    rm: &ResourceMetrics,
+    format: Format,
+    exemplars: Option<ExemplarSource<'_>>,
+    out: &mut String,
+) -> Encoded {
+    let mut w = Writer {
+        out,
+        om: matches!(format, Format::OpenMetrics { .. }),
+        series: 0,
+        exemplars,
+        labels: String::new(),
+    };
+    let resource: Vec<KeyValue> = rm
+        .resource()
+        .iter()
+        .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+        .collect();
+    if !resource.is_empty() {
+        w.info("target", "Target metadata", &resource);
+    }
+    let mut scopes = rm.scope_metrics().peekable();
+    if scopes.peek().is_some() {
+        w.header(
+            "otel_scope",
+            "Instrumentation scope metadata",
+            w.info_type(),
+            "",
+        );
+    }
+    for sm in rm.scope_metrics() {
+        let scope = sm.scope();
+        let mut kv = vec![KeyValue::new("otel_scope_name", scope.name().to_owned())];
+        if let Some(v) = scope.version() {
+            kv.push(KeyValue::new("otel_scope_version", v.to_owned()));
+        }
+        w.sample("otel_scope_info", &kv, None, "1");
+    }
+    for sm in rm.scope_metrics() {
+        for m in sm.metrics() {
+            w.metric(m);
+        }
+    }
+    if w.om {
+        w.out.push_str("# EOF\n");
+    }
+    Encoded { series: w.series }
+}
+
+struct Writer<'a, 'e> {
+    out: &'a mut String,
+    om: bool,
+    series: usize,
+    exemplars: Option<ExemplarSource<'e>>,
+    /// Scratch: the rendered labels of the current data point, without braces.
+    labels: String,
+}
+
+/// The Prometheus spelling of a unit, `None` for none or an annotation (`{token}`).
+fn unit_suffix(unit: &str) -> Option<&'static str> {
+    match unit {
+        "s" => Some("seconds"),
+        "ms" => Some("milliseconds"),
+        "us" => Some("microseconds"),
+        "ns" => Some("nanoseconds"),
+        "By" => Some("bytes"),
+        "1" => Some("ratio"),
+        _ => None,
+    }
+}
+
+/// A metric or label name with every character outside `[a-zA-Z0-9_:]` turned into `_`.
+fn sanitize(name: &str, colons: bool) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+/// The Prometheus base name of a metric: sanitized, with its unit suffix.
+pub(crate) fn base_name(name: &str, unit: &str) -> String {
+    let mut n = sanitize(name, true);
+    if let Some(u) = unit_suffix(unit)
+        && !n.ends_with(u)
+    {
+        n.push('_');
+        n.push_str(u);
+    }
+    n
+}
+
+/// A sample value: integers as they are, floats in Rust's shortest round-trip decimal,
+/// non-finite values as Prometheus spells them.
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".to_owned()
+    } else if v == f64::INFINITY {
+        "+Inf".to_owned()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".to_owned()
+    } else {
+        format!("{v}")
+    }
+}
+
+fn escape_label_value(out: &mut String, v: &str) {
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn value_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.as_str().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+trait Num: Copy {
+    fn text(self) -> String;
+    fn as_f64(self) -> f64;
+}
+
+impl Num for u64 {
+    fn text(self) -> String {
+        self.to_string()
+    }
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Num for i64 {
+    fn text(self) -> String {
+        self.to_string()
+    }
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Num for f64 {
+    fn text(self) -> String {
+        float(self)
+    }
+    fn as_f64(self) -> f64 {
+        self
+    }
+}
+
+impl Writer<'_, '_> {
+    fn info_type(&self) -> &'static str {
+        if self.om { "info" } else { "gauge" }
+    }
+
+    /// `# HELP`, `# TYPE` and, in OpenMetrics with a unit, `# UNIT` of family `family`.
+    fn header(&mut self, family: &str, help: &str, kind: &str, unit: &str) {
+        let name = match (self.om, kind) {
+            (false, "counter") => format!("{family}_total"),
+            (false, "gauge") if family == "target" || family == "otel_scope" => {
+                format!("{family}_info")
+            }
+            _ => family.to_owned(),
+        };
+        let _ = write!(self.out, "# HELP {name} ");
+        for c in help.chars() {
+            match c {
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '"' if self.om => self.out.push_str("\\\""),
+                c => self.out.push(c),
+            }
+        }
+        let _ = writeln!(self.out, "\n# TYPE {name} {kind}");
+        if self.om
+            && let Some(u) = unit_suffix(unit)
+        {
+            let _ = writeln!(self.out, "# UNIT {name} {u}");
+        }
+    }
+
+    fn info(&mut self, family: &str, help: &str, kv: &[KeyValue]) {
+        self.header(family, help, self.info_type(), "");
+        self.sample(&format!("{family}_info"), kv, None, "1");
+    }
+
+    /// Renders `kv` (and `extra`) into `self.labels`. Keys that collide once sanitized are
+    /// joined with `;`, as the OpenTelemetry compatibility rules say.
+    fn render_labels(&mut self, kv: &[KeyValue]) {
+        self.labels.clear();
+        let mut pairs: Vec<(String, String)> = Vec::with_capacity(kv.len());
+        for k in kv {
+            let key = sanitize(k.key.as_str(), false);
+            let val = value_text(&k.value);
+            match pairs.iter_mut().find(|(pk, _)| *pk == key) {
+                Some((_, pv)) => {
+                    pv.push(';');
+                    pv.push_str(&val);
+                }
+                None => pairs.push((key, val)),
+            }
+        }
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            if i > 0 {
+                self.labels.push(',');
+            }
+            self.labels.push_str(k);
+            self.labels.push_str("=\"");
+            escape_label_value(&mut self.labels, v);
+            self.labels.push('"');
+        }
+    }
+
+    /// One sample line with the labels of `kv`, plus `le` when given.
+    fn sample(&mut self, name: &str, kv: &[KeyValue], le: Option<&str>, value: &str) {
+        self.render_labels(kv);
+        self.line(name, le, value, None);
+    }
+
+    /// One sample line with the labels already in `self.labels`.
+    fn line(&mut self, name: &str, le: Option<&str>, value: &str, exemplar: Option<&Exemplar>) {
+        self.out.push_str(name);
+        if !self.labels.is_empty() || le.is_some() {
+            self.out.push('{');
+            self.out.push_str(&self.labels);
+            if let Some(le) = le {
+                if !self.labels.is_empty() {
+                    self.out.push(',');
+                }
+                self.out.push_str("le=\"");
+                self.out.push_str(le);
+                self.out.push('"');
+            }
+            self.out.push('}');
+        }
+        self.out.push(' ');
+        self.out.push_str(value);
+        if let (true, Some(e)) = (self.om, exemplar) {
+            write_exemplar(self.out, e);
+        }
+        self.out.push('\n');
+        self.series += 1;
+    }
+
+    fn metric(&mut self, m: &Metric) {
+        let base = base_name(m.name(), m.unit());
+        match m.data() {
+            AggregatedMetrics::F64(d) => self.data(&base, m, d),
+            AggregatedMetrics::U64(d) => self.data(&base, m, d),
+            AggregatedMetrics::I64(d) => self.data(&base, m, d),
+        }
+    }
+
+    fn data<T: Num>(&mut self, base: &str, m: &Metric, d: &MetricData<T>) {
+        match d {
+            MetricData::Sum(s) => self.sum(base, m, s),
+            MetricData::Gauge(g) => self.gauge(base, m, g),
+            MetricData::Histogram(h) => self.histogram(base, m, h),
+            // The Prometheus provider never has an exponential-histogram view (that is an OTLP
+            // setting, on its own provider), so there is nothing to drop here.
+            MetricData::ExponentialHistogram(_) => {}
+        }
+    }
+
+    fn sum<T: Num>(&mut self, base: &str, m: &Metric, s: &Sum<T>) {
+        if s.is_monotonic() {
+            let family = base.strip_suffix("_total").unwrap_or(base).to_owned();
+            self.header(&family, m.description(), "counter", m.unit());
+            let name = format!("{family}_total");
+            for dp in s.data_points() {
+                let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+                self.sample(&name, &kv, None, &dp.value().text());
+            }
+        } else {
+            self.header(base, m.description(), "gauge", m.unit());
+            for dp in s.data_points() {
+                let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+                self.sample(base, &kv, None, &dp.value().text());
+            }
+        }
+    }
+
+    fn gauge<T: Num>(&mut self, base: &str, m: &Metric, g: &Gauge<T>) {
+        self.header(base, m.description(), "gauge", m.unit());
+        for dp in g.data_points() {
+            let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+            self.sample(base, &kv, None, &dp.value().text());
+        }
+    }
+
+    fn histogram<T: Num>(&mut self, base: &str, m: &Metric, h: &Histogram<T>) {
+        self.header(base, m.description(), "histogram", m.unit());
+        let bucket = format!("{base}_bucket");
+        let sum = format!("{base}_sum");
+        let count = format!("{base}_count");
+        // Every data point of one instrument has the same bounds: their text is made once.
+        let mut les: Vec<String> = Vec::new();
+        for dp in h.data_points() {
+            let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+            let bounds: Vec<f64> = dp.bounds().collect();
+            if les.len() != bounds.len() + 1 {
+                les = bounds.iter().map(|b| float(*b)).collect();
+                les.push("+Inf".to_owned());
+            }
+            let sdk_exemplars = if self.om {
+                sdk_exemplars(dp, &bounds)
+            } else {
+                Vec::new()
+            };
+            self.render_labels(&kv);
+            let mut cumulative = 0u64;
+            let counts: Vec<u64> = dp.bucket_counts().collect();
+            for (i, n) in counts.iter().enumerate().take(les.len()) {
+                cumulative += n;
+                let ex = match (self.om, self.exemplars) {
+                    (true, Some(src)) => src(base, &kv, i),
+                    _ => None,
+                }
+                .or_else(|| sdk_exemplars.get(i).cloned().flatten());
+                self.line(&bucket, Some(&les[i]), &cumulative.to_string(), ex.as_ref());
+            }
+            if counts.len() <= bounds.len() {
+                // A data point without its +Inf bucket count: the total is the count.
+                self.line(&bucket, Some("+Inf"), &dp.count().to_string(), None);
+            }
+            self.line(&sum, None, &dp.sum().text(), None);
+            self.line(&count, None, &dp.count().to_string(), None);
+        }
+    }
+}
+
+/// The SDK's own exemplars of a data point, by bucket (the last one that falls in each).
+fn sdk_exemplars<T: Num>(dp: &HistogramDataPoint<T>, bounds: &[f64]) -> Vec<Option<Exemplar>> {
+    let mut by_bucket = vec![None; bounds.len() + 1];
+    for e in dp.exemplars() {
+        let v = e.value.as_f64();
+        let i = bounds.iter().position(|b| v <= *b).unwrap_or(bounds.len());
+        by_bucket[i] = Some(Exemplar {
+            trace_id: *e.trace_id(),
+            span_id: *e.span_id(),
+            value: v,
+            time: e.time(),
+        });
+    }
+    by_bucket
+}
+
+/// ` # {trace_id="..",span_id=".."} value timestamp`, as OpenMetrics writes an exemplar.
+fn write_exemplar(out: &mut String, e: &Exemplar) {
+    out.push_str(" # {trace_id=\"");
+    for b in e.trace_id {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push_str("\",span_id=\"");
+    for b in e.span_id {
+        let _ = write!(out, "{b:02x}");
+    }
+    let t = e
+        .time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let _ = write!(out, "\"}} {} {t:.3}", float(e.value));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
+    use std::sync::Arc;
+
+    fn collected() -> ResourceMetrics {
+        let reader = super::super::PrometheusReader(Arc::new(ManualReader::builder().build()));
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader.clone())
+            .with_resource(
+                Resource::builder_empty()
+                    .with_service_name("svc \"q\"")
+                    .with_attribute(KeyValue::new("host.name", "h1"))
+                    .build(),
+            )
+            .build();
+        let meter = provider.meter("phasetrace");
+        let h = meter
+            .f64_histogram("phasetrace.section.duration")
+            .with_unit("s")
+            .with_description("Duration of one\nsection \\ \"x\"")
+            .with_boundaries(vec![0.001, 0.01])
+            .build();
+        h.record(0.0005, &[KeyValue::new("bucket", "kda\"mixer")]);
+        h.record(0.5, &[KeyValue::new("bucket", "kda\"mixer")]);
+        let c = meter
+            .u64_counter("phasetrace.steps")
+            .with_unit("{step}")
+            .with_description("Decode steps")
+            .build();
+        c.add(3, &[KeyValue::new("rank", 0)]);
+        let t = meter
+            .f64_counter("phasetrace.section.layer.time")
+            .with_unit("s")
+            .build();
+        t.add(0.25, &[KeyValue::new("layer", 7)]);
+        let mut rm = ResourceMetrics::default();
+        opentelemetry_sdk::metrics::reader::MetricReader::collect(&reader, &mut rm).unwrap();
+        rm
+    }
+
+    #[test]
+    fn classic_text_names_units_counters_and_escapes() {
+        let mut out = String::new();
+        let e = encode(&collected(), Format::Classic, None, &mut out);
+        assert!(
+            out.contains("# TYPE phasetrace_section_duration_seconds histogram\n"),
+            "{out}"
+        );
+        assert!(out.contains(
+            "# HELP phasetrace_section_duration_seconds Duration of one\\nsection \\\\ \"x\"\n"
+        ));
+        assert!(out.contains(
+            "phasetrace_section_duration_seconds_bucket{bucket=\"kda\\\"mixer\",le=\"0.001\"} 1\n"
+        ));
+        assert!(out.contains(
+            "phasetrace_section_duration_seconds_bucket{bucket=\"kda\\\"mixer\",le=\"+Inf\"} 2\n"
+        ));
+        assert!(
+            out.contains("phasetrace_section_duration_seconds_count{bucket=\"kda\\\"mixer\"} 2\n")
+        );
+        assert!(out.contains(
+            "# TYPE phasetrace_steps_total counter\nphasetrace_steps_total{rank=\"0\"} 3\n"
+        ));
+        assert!(out.contains("phasetrace_section_layer_time_seconds_total{layer=\"7\"} 0.25\n"));
+        assert!(out.contains("# TYPE target_info gauge\n"));
+        assert!(out.contains("host_name=\"h1\""));
+        assert!(out.contains("service_name=\"svc \\\"q\\\"\""));
+        assert!(out.contains("otel_scope_info{otel_scope_name=\"phasetrace\"} 1\n"));
+        assert!(
+            !out.contains("otel_scope_name=\"phasetrace\","),
+            "scope once"
+        );
+        assert!(!out.contains("# EOF"));
+        // target_info, scope, 3 buckets + sum + count, the counter, the layer time
+        assert_eq!(e.series, 1 + 1 + 5 + 1 + 1);
+    }
+
+    #[test]
+    fn openmetrics_has_families_units_info_and_eof() {
+        let mut out = String::new();
+        let fmt = Format::OpenMetrics { version: "1.0.0" };
+        encode(&collected(), fmt, None, &mut out);
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        assert!(out.contains("# TYPE phasetrace_steps counter\n"));
+        assert!(out.contains("phasetrace_steps_total{rank=\"0\"} 3\n"));
+        assert!(out.contains(
+            "# TYPE phasetrace_section_layer_time_seconds counter\n# UNIT phasetrace_section_layer_time_seconds seconds\n"
+        ));
+        assert!(out.contains("# TYPE target info\n"));
+        assert!(out.contains("# TYPE otel_scope info\n"));
+        assert!(out.contains("Duration of one\\nsection \\\\ \\\"x\\\""));
+        assert_eq!(
+            fmt.content_type(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+    }
+
+    #[test]
+    fn an_exemplar_attaches_to_its_bucket_line_in_openmetrics_only() {
+        let src = |base: &str, kv: &[KeyValue], i: usize| {
+            (base == "phasetrace_section_duration_seconds"
+                && kv.iter().any(|k| k.key.as_str() == "bucket")
+                && i == 2)
+                .then(|| Exemplar {
+                    trace_id: [0xab; 16],
+                    span_id: [0x01; 8],
+                    value: 0.5,
+                    time: UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123),
+                })
+        };
+        let mut om = String::new();
+        encode(
+            &collected(),
+            Format::OpenMetrics { version: "1.0.0" },
+            Some(&src),
+            &mut om,
+        );
+        assert!(om.contains(
+            "le=\"+Inf\"} 2 # {trace_id=\"abababababababababababababababab\",span_id=\"0101010101010101\"} 0.5 1700000000.123\n"
+        ), "{om}");
+        let mut classic = String::new();
+        encode(&collected(), Format::Classic, Some(&src), &mut classic);
+        assert!(!classic.contains("trace_id"));
+    }
+
+    #[test]
+    fn names_and_values_are_sanitized() {
+        assert_eq!(base_name("a.b-c", "s"), "a_b_c_seconds");
+        assert_eq!(base_name("x.seconds", "s"), "x_seconds");
+        assert_eq!(base_name("tokens", "{token}"), "tokens");
+        assert_eq!(sanitize("9lives", false), "_9lives");
+        assert_eq!(float(f64::INFINITY), "+Inf");
+        assert_eq!(float(f64::NAN), "NaN");
+        assert_eq!(float(0.000001), "0.000001");
+        assert_eq!(float(10.0), "10");
+    }
+}

@@ -1,0 +1,156 @@
+//! Content negotiation of a scrape: the format from `Accept`, gzip from `Accept-Encoding`
+//! (RFC 9110 media ranges and codings with `q` weights).
+//!
+//! OpenMetrics is served when the scraper prefers it (Prometheus sends
+//! `application/openmetrics-text;version=1.0.0,...;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1`);
+//! the classic text format otherwise, including when nothing offered is acceptable (as the Go
+//! client does). gzip is used when the scraper accepts it with a non-zero weight.
+
+use super::encode::Format;
+
+/// One comma-separated element of a header: its value and parameters, with `q` taken out.
+struct Element<'a> {
+    value: &'a str,
+    params: Vec<(&'a str, &'a str)>,
+    q: f32,
+}
+
+fn elements(header: &str) -> impl Iterator<Item = Element<'_>> {
+    header.split(',').filter_map(|item| {
+        let mut parts = item.split(';').map(str::trim);
+        let value = parts.next().filter(|v| !v.is_empty())?;
+        let mut q = 1.0;
+        let mut params = Vec::new();
+        for p in parts {
+            let Some((k, v)) = p.split_once('=') else {
+                continue;
+            };
+            let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+            if k.eq_ignore_ascii_case("q") {
+                q = v.parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q))?;
+            } else {
+                params.push((k, v));
+            }
+        }
+        Some(Element { value, params, q })
+    })
+}
+
+/// The format for an `Accept` header (`None`: no header).
+pub(crate) fn format(accept: Option<&str>) -> Format {
+    let Some(accept) = accept else {
+        return Format::Classic;
+    };
+    // (weight, specificity, format): the highest weight wins, then the more specific range.
+    let mut best: Option<(f32, u8, Format)> = None;
+    for e in elements(accept) {
+        if e.q <= 0.0 {
+            continue;
+        }
+        let version = e
+            .params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("version"))
+            .map(|(_, v)| *v);
+        let candidate = if e.value.eq_ignore_ascii_case("application/openmetrics-text") {
+            match version {
+                None | Some("1.0.0") => Some((2, Format::OpenMetrics { version: "1.0.0" })),
+                Some("0.0.1") => Some((2, Format::OpenMetrics { version: "0.0.1" })),
+                Some(_) => None,
+            }
+        } else if e.value.eq_ignore_ascii_case("text/plain") {
+            match version {
+                None | Some("0.0.4") => Some((2, Format::Classic)),
+                Some(_) => None,
+            }
+        } else if e.value.eq_ignore_ascii_case("text/*") {
+            Some((1, Format::Classic))
+        } else if e.value == "*/*" {
+            Some((0, Format::Classic))
+        } else {
+            None
+        };
+        if let Some((spec, f)) = candidate {
+            let better = match best {
+                None => true,
+                Some((bq, bs, _)) => e.q > bq || (e.q == bq && spec > bs),
+            };
+            if better {
+                best = Some((e.q, spec, f));
+            }
+        }
+    }
+    best.map_or(Format::Classic, |(_, _, f)| f)
+}
+
+/// Whether an `Accept-Encoding` header accepts gzip.
+pub(crate) fn gzip(accept_encoding: Option<&str>) -> bool {
+    let Some(h) = accept_encoding else {
+        return false;
+    };
+    let mut gzip = None;
+    let mut any = None;
+    for e in elements(h) {
+        if e.value.eq_ignore_ascii_case("gzip") || e.value.eq_ignore_ascii_case("x-gzip") {
+            gzip = Some(e.q);
+        } else if e.value == "*" {
+            any = Some(e.q);
+        }
+    }
+    gzip.or(any).is_some_and(|q| q > 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROMETHEUS_2: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+    #[test]
+    fn prometheus_gets_openmetrics_and_others_the_classic_format() {
+        let om = Format::OpenMetrics { version: "1.0.0" };
+        assert_eq!(format(Some(PROMETHEUS_2)), om);
+        assert_eq!(format(None), Format::Classic);
+        assert_eq!(format(Some("*/*")), Format::Classic);
+        assert_eq!(format(Some("text/plain")), Format::Classic);
+        assert_eq!(format(Some("application/json")), Format::Classic);
+        assert_eq!(format(Some("application/openmetrics-text")), om);
+        assert_eq!(
+            format(Some("application/openmetrics-text; version=0.0.1")),
+            Format::OpenMetrics { version: "0.0.1" }
+        );
+        // The weights decide, not the order.
+        assert_eq!(
+            format(Some(
+                "text/plain;version=0.0.4;q=0.9, application/openmetrics-text;q=0.5"
+            )),
+            Format::Classic
+        );
+        assert_eq!(
+            format(Some("application/openmetrics-text;q=0, text/plain")),
+            Format::Classic
+        );
+        assert_eq!(
+            format(Some(
+                "application/openmetrics-text;version=2.0.0, text/plain;q=0.1"
+            )),
+            Format::Classic
+        );
+        // A malformed weight drops only its element.
+        assert_eq!(
+            format(Some("application/openmetrics-text;q=high, */*")),
+            Format::Classic
+        );
+    }
+
+    #[test]
+    fn gzip_only_when_accepted_with_a_weight() {
+        assert!(gzip(Some("gzip")));
+        assert!(gzip(Some("br, gzip;q=0.5")));
+        assert!(gzip(Some("*")));
+        assert!(!gzip(Some("gzip;q=0")));
+        assert!(!gzip(Some("*, gzip;q=0")));
+        assert!(!gzip(Some("identity")));
+        assert!(!gzip(None));
+    }
+}

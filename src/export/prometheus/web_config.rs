@@ -1,0 +1,680 @@
+//! The endpoint's web configuration file (`PHASETRACE_PROMETHEUS_WEB_CONFIG`), in the format of
+//! the Prometheus exporter-toolkit, so that one file serves phasetrace and the exporters beside
+//! it:
+//!
+//! ```yaml
+//! tls_server_config:
+//!   cert_file: server.crt          # PEM chain; paths are relative to this file
+//!   key_file: server.key
+//!   client_auth_type: RequireAndVerifyClientCert   # default NoClientCert
+//!   client_ca_file: clients-ca.crt
+//!   min_version: TLS12             # TLS12 (default) or TLS13; max_version likewise
+//! basic_auth_users:
+//!   prometheus: $2y$10$...         # bcrypt hashes (htpasswd -nBC 10 "" | tr -d ':\n')
+//! ```
+//!
+//! Every problem is a [`WebConfigError`] naming the file and the field. Passwords and their
+//! hashes never appear in errors, `Debug` output or `check`.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use thiserror::Error;
+
+use crate::names::env;
+
+/// A web configuration file that cannot be used.
+#[derive(Debug, Error)]
+pub enum WebConfigError {
+    /// The file cannot be read.
+    #[error("{var}={file}: cannot read the web configuration file ({source})", var = env::PROMETHEUS_WEB_CONFIG, file = file.display())]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A field is missing, malformed or refers to something unusable.
+    #[error("{var}={file}: {field}: {detail}", var = env::PROMETHEUS_WEB_CONFIG, file = file.display())]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// The field, as a YAML path (`tls_server_config.cert_file`).
+        field: String,
+        /// What is wrong and what is expected (never a password or a hash).
+        detail: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    tls_server_config: Option<TlsFile>,
+    /// Taken as a generic mapping: a typed parse could echo a hash in its error.
+    basic_auth_users: Option<serde_yaml_ng::Value>,
+    http_server_config: Option<serde_yaml_ng::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsFile {
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    client_auth_type: Option<String>,
+    client_ca_file: Option<String>,
+    min_version: Option<String>,
+    max_version: Option<String>,
+    // exporter-toolkit fields phasetrace refuses by name rather than ignoring.
+    cert: Option<serde_yaml_ng::Value>,
+    key: Option<serde_yaml_ng::Value>,
+    client_ca: Option<serde_yaml_ng::Value>,
+    client_allowed_sans: Option<serde_yaml_ng::Value>,
+    cipher_suites: Option<serde_yaml_ng::Value>,
+    curve_preferences: Option<serde_yaml_ng::Value>,
+    prefer_server_cipher_suites: Option<serde_yaml_ng::Value>,
+}
+
+/// How client certificates are asked for: the exporter-toolkit's `client_auth_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClientAuth {
+    /// None asked for.
+    NoClientCert,
+    /// Asked for, not required, not verified.
+    RequestClientCert,
+    /// Required, not verified.
+    RequireAnyClientCert,
+    /// Verified against `client_ca_file` when given.
+    VerifyClientCertIfGiven,
+    /// Required and verified against `client_ca_file`.
+    RequireAndVerifyClientCert,
+}
+
+impl ClientAuth {
+    const ALL: [(&'static str, ClientAuth); 5] = [
+        ("NoClientCert", ClientAuth::NoClientCert),
+        ("RequestClientCert", ClientAuth::RequestClientCert),
+        ("RequireAnyClientCert", ClientAuth::RequireAnyClientCert),
+        (
+            "VerifyClientCertIfGiven",
+            ClientAuth::VerifyClientCertIfGiven,
+        ),
+        (
+            "RequireAndVerifyClientCert",
+            ClientAuth::RequireAndVerifyClientCert,
+        ),
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("NoClientCert", |(n, _)| n)
+    }
+
+    fn verifies(self) -> bool {
+        matches!(
+            self,
+            ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
+        )
+    }
+
+    /// Whether a client without a certificate is refused.
+    pub(crate) fn required(self) -> bool {
+        matches!(
+            self,
+            ClientAuth::RequireAnyClientCert | ClientAuth::RequireAndVerifyClientCert
+        )
+    }
+}
+
+/// The loaded configuration: a TLS server configuration and the users allowed in.
+#[derive(Clone)]
+pub(crate) struct WebConfig {
+    pub(crate) file: PathBuf,
+    pub(crate) tls: Option<Tls>,
+    pub(crate) users: Option<Arc<Users>>,
+}
+
+/// The TLS side of a [`WebConfig`].
+#[derive(Clone)]
+pub(crate) struct Tls {
+    pub(crate) server: Arc<rustls::ServerConfig>,
+    pub(crate) client_auth: ClientAuth,
+    pub(crate) min_version: &'static str,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("file", &self.file)
+            .field("tls", &self.tls.as_ref().map(|t| t.client_auth))
+            .field("users", &self.users.as_ref().map(|u| u.len()))
+            .finish()
+    }
+}
+
+impl WebConfig {
+    /// What `check` says about it: never a user name, password or hash.
+    pub(crate) fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match &self.tls {
+            Some(t) => parts.push(format!(
+                "TLS (at least {}, client certificates: {})",
+                t.min_version,
+                t.client_auth.as_str()
+            )),
+            None => parts.push("no TLS".to_owned()),
+        }
+        match &self.users {
+            Some(u) => parts.push(format!("basic auth ({} user(s))", u.len())),
+            None => parts.push("no basic auth".to_owned()),
+        }
+        parts.join(", ")
+    }
+}
+
+/// Reads and checks the file at `path`.
+pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
+        file: path.to_owned(),
+        source,
+    })?;
+    let bad = |field: &str, detail: String| WebConfigError::Invalid {
+        file: path.to_owned(),
+        field: field.to_owned(),
+        detail,
+    };
+    let file: File = if text.trim().is_empty() {
+        File {
+            tls_server_config: None,
+            basic_auth_users: None,
+            http_server_config: None,
+        }
+    } else {
+        serde_yaml_ng::from_str(&text).map_err(|e| {
+            let msg = e.to_string();
+            // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
+            match msg.split_once(": ") {
+                Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
+                _ => bad("(document)", msg),
+            }
+        })?
+    };
+    if file.http_server_config.is_some() {
+        return Err(bad(
+            "http_server_config",
+            "not supported by phasetrace (HTTP/1.1 only, no extra headers): remove it".into(),
+        ));
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tls = file
+        .tls_server_config
+        .map(|t| tls(t, dir, &bad))
+        .transpose()?;
+    let users = file
+        .basic_auth_users
+        .map(|u| users(u, &bad))
+        .transpose()?
+        .map(Arc::new);
+    Ok(WebConfig {
+        file: path.to_owned(),
+        tls,
+        users,
+    })
+}
+
+fn tls(
+    t: TlsFile,
+    dir: &Path,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<Tls, WebConfigError> {
+    let unsupported = [
+        ("cert", t.cert.is_some(), "use cert_file"),
+        ("key", t.key.is_some(), "use key_file"),
+        ("client_ca", t.client_ca.is_some(), "use client_ca_file"),
+        (
+            "client_allowed_sans",
+            t.client_allowed_sans.is_some(),
+            "restrict clients with client_ca_file",
+        ),
+        (
+            "cipher_suites",
+            t.cipher_suites.is_some(),
+            "rustls offers only modern suites",
+        ),
+        (
+            "curve_preferences",
+            t.curve_preferences.is_some(),
+            "rustls picks modern curves",
+        ),
+        (
+            "prefer_server_cipher_suites",
+            t.prefer_server_cipher_suites.is_some(),
+            "rustls decides",
+        ),
+    ];
+    if let Some((field, _, hint)) = unsupported.iter().find(|(_, set, _)| *set) {
+        return Err(bad(
+            &format!("tls_server_config.{field}"),
+            format!("not supported by phasetrace ({hint}): remove it"),
+        ));
+    }
+    let path = |field: &str, v: Option<String>| -> Result<PathBuf, WebConfigError> {
+        match v.filter(|s| !s.trim().is_empty()) {
+            Some(s) => Ok(dir.join(s)),
+            None => Err(bad(
+                &format!("tls_server_config.{field}"),
+                "missing: expected the path of a PEM file".into(),
+            )),
+        }
+    };
+    let cert_file = path("cert_file", t.cert_file)?;
+    let key_file = path("key_file", t.key_file)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
+        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| {
+            bad(
+                "tls_server_config.cert_file",
+                format!(
+                    "{}: cannot read a PEM certificate ({e})",
+                    cert_file.display()
+                ),
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(bad(
+            "tls_server_config.cert_file",
+            format!("{}: no PEM certificate in it", cert_file.display()),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
+        bad(
+            "tls_server_config.key_file",
+            format!(
+                "{}: cannot read a PEM private key ({e})",
+                key_file.display()
+            ),
+        )
+    })?;
+
+    let client_auth = match t.client_auth_type.as_deref() {
+        None | Some("") => ClientAuth::NoClientCert,
+        Some(s) => ClientAuth::ALL
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| {
+                bad(
+                    "tls_server_config.client_auth_type",
+                    format!(
+                        "{s:?}: expected one of {}",
+                        ClientAuth::ALL.map(|(n, _)| n).join(", ")
+                    ),
+                )
+            })?,
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier: Arc<dyn ClientCertVerifier> = match (client_auth, t.client_ca_file) {
+        (ClientAuth::NoClientCert, Some(_)) => {
+            return Err(bad(
+                "tls_server_config.client_ca_file",
+                "set, but client_auth_type is NoClientCert: set client_auth_type to RequireAndVerifyClientCert (or VerifyClientCertIfGiven), or remove client_ca_file".into(),
+            ));
+        }
+        (ClientAuth::NoClientCert, None) => WebPkiClientVerifier::no_client_auth(),
+        (a, None) if a.verifies() => {
+            return Err(bad(
+                "tls_server_config.client_ca_file",
+                format!(
+                    "missing: client_auth_type {} needs the CA that signs client certificates",
+                    a.as_str()
+                ),
+            ));
+        }
+        (a, ca) if a.verifies() => {
+            let ca_file = path("client_ca_file", ca)?;
+            let mut roots = rustls::RootCertStore::empty();
+            let cas = CertificateDer::pem_file_iter(&ca_file)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    bad(
+                        "tls_server_config.client_ca_file",
+                        format!("{}: cannot read a PEM certificate ({e})", ca_file.display()),
+                    )
+                })?;
+            let (added, _) = roots.add_parsable_certificates(cas);
+            if added == 0 {
+                return Err(bad(
+                    "tls_server_config.client_ca_file",
+                    format!("{}: no usable CA certificate in it", ca_file.display()),
+                ));
+            }
+            let b = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+            let b = if a == ClientAuth::VerifyClientCertIfGiven {
+                b.allow_unauthenticated()
+            } else {
+                b
+            };
+            b.build().map_err(|e| {
+                bad(
+                    "tls_server_config.client_ca_file",
+                    format!("{}: {e}", ca_file.display()),
+                )
+            })?
+        }
+        (a, _) => Arc::new(AnyClientCert {
+            required: a.required(),
+            provider: provider.clone(),
+        }),
+    };
+
+    let version = |field: &str, v: Option<String>, default| match v.as_deref() {
+        None | Some("") => Ok(default),
+        Some("TLS12") => Ok(12u8),
+        Some("TLS13") => Ok(13),
+        Some(s) => Err(bad(
+            &format!("tls_server_config.{field}"),
+            format!("{s:?}: expected TLS12 or TLS13 (rustls has no older versions)"),
+        )),
+    };
+    let min = version("min_version", t.min_version, 12)?;
+    let max = version("max_version", t.max_version, 13)?;
+    if min > max {
+        return Err(bad(
+            "tls_server_config.min_version",
+            "above max_version: expected min_version <= max_version".into(),
+        ));
+    }
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
+        [(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
+            .into_iter()
+            .filter(|(v, _)| (min..=max).contains(v))
+            .map(|(_, p)| p)
+            .collect();
+    let mut server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|e| bad("tls_server_config.min_version", e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            bad(
+                "tls_server_config.key_file",
+                format!(
+                    "{}: not usable with cert_file {} ({e})",
+                    key_file.display(),
+                    cert_file.display()
+                ),
+            )
+        })?;
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Tls {
+        server: Arc::new(server),
+        client_auth,
+        min_version: if min == 13 { "TLS13" } else { "TLS12" },
+    })
+}
+
+/// `RequestClientCert` / `RequireAnyClientCert`: a certificate is asked for (required or not)
+/// and its handshake signature checked, but it is not verified against any CA.
+#[derive(Debug)]
+struct AnyClientCert {
+    required: bool,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertVerifier for AnyClientCert {
+    fn client_auth_mandatory(&self) -> bool {
+        self.required
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The users of `basic_auth_users`, with a cache of the credentials that verified: a bcrypt
+/// check costs tens of milliseconds, and a scraper sends the same credentials every scrape.
+pub(crate) struct Users {
+    hashes: Vec<(String, String)>,
+    verified: Mutex<Vec<(String, Vec<u8>)>>,
+    /// A hash at the first user's cost, checked for unknown users so that their answer takes as
+    /// long as a known user's (made on first use).
+    dummy: std::sync::OnceLock<String>,
+}
+
+/// Credentials remembered as verified, at most.
+const VERIFIED_CACHE: usize = 64;
+
+fn users(
+    v: serde_yaml_ng::Value,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<Users, WebConfigError> {
+    let field = "basic_auth_users";
+    let serde_yaml_ng::Value::Mapping(m) = v else {
+        return Err(bad(
+            field,
+            "expected a mapping of user names to bcrypt hashes".into(),
+        ));
+    };
+    let mut hashes = Vec::new();
+    for (i, (k, v)) in m.into_iter().enumerate() {
+        let entry = format!("{field} (entry {})", i + 1);
+        let (serde_yaml_ng::Value::String(user), serde_yaml_ng::Value::String(hash)) = (k, v)
+        else {
+            return Err(bad(
+                &entry,
+                "expected a user name mapped to a bcrypt hash, both strings".into(),
+            ));
+        };
+        if user.contains(':') || user.is_empty() {
+            return Err(bad(
+                &entry,
+                "a user name must be non-empty and hold no ':'".into(),
+            ));
+        }
+        if hash.parse::<bcrypt::HashParts>().is_err() {
+            return Err(bad(
+                &entry,
+                "not a bcrypt hash: expected $2a$, $2b$ or $2y$ hashes (htpasswd -nBC 10 \"\" | tr -d ':\\n')".into(),
+            ));
+        }
+        hashes.push((user, hash));
+    }
+    Ok(Users {
+        hashes,
+        verified: Mutex::new(Vec::new()),
+        dummy: std::sync::OnceLock::new(),
+    })
+}
+
+impl Users {
+    pub(crate) fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Whether `user:password` may scrape. Blocking: a bcrypt check on a cache miss.
+    pub(crate) fn allows(&self, user: &str, password: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        {
+            let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if cache
+                .iter()
+                .any(|(u, p)| u == user && bool::from(p.as_slice().ct_eq(password)))
+            {
+                return true;
+            }
+        }
+        let hash = self.hashes.iter().find(|(u, _)| u == user).map(|(_, h)| h);
+        let checked = match hash {
+            Some(h) => h.as_str(),
+            None => self.dummy.get_or_init(|| {
+                let cost = self
+                    .hashes
+                    .first()
+                    .and_then(|(_, h)| h.parse::<bcrypt::HashParts>().ok())
+                    .map_or(bcrypt::DEFAULT_COST, |p| p.get_cost());
+                bcrypt::hash_with_salt(b"phasetrace", cost, [7; 16])
+                    .map(|p| p.format_for_version(bcrypt::Version::TwoY))
+                    .unwrap_or_default()
+            }),
+        };
+        let ok = bcrypt::verify(password, checked).unwrap_or(false) && hash.is_some();
+        if ok {
+            let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= VERIFIED_CACHE {
+                cache.remove(0);
+            }
+            cache.push((user.to_owned(), password.to_vec()));
+        }
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("phasetrace-web-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn err(text: &str, tag: &str) -> String {
+        let d = tmp(tag);
+        let f = write(&d, "web.yml", text);
+        let e = load(&f).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains(&f.display().to_string()), "{e}");
+        e
+    }
+
+    #[test]
+    fn every_bad_field_is_named_and_no_hash_is_echoed() {
+        let hash = "$2y$04$8TOHE6wLwOTUBh1Dl8FOXOVlb3FnE4vQ/R1yFpPvtB6ZbphbjW7o6";
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "tls_server_config:\n  key_file: k.pem\n",
+                "tls_server_config.cert_file",
+                "missing",
+            ),
+            (
+                "tls_server_config:\n  cert_file: nope.pem\n  key_file: k.pem\n",
+                "tls_server_config.cert_file",
+                "nope.pem",
+            ),
+            (
+                "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  cipher_suites: [x]\n",
+                "tls_server_config.cipher_suites",
+                "not supported",
+            ),
+            (
+                "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n  colour: red\n",
+                "tls_server_config",
+                "unknown field `colour`",
+            ),
+            (
+                "basic_auth_users:\n  alice: notahash-s3cret\n",
+                "basic_auth_users (entry 1)",
+                "not a bcrypt hash",
+            ),
+            (
+                "basic_auth_users:\n  - alice\n",
+                "basic_auth_users",
+                "mapping",
+            ),
+            (
+                "http_server_config:\n  http2: true\n",
+                "http_server_config",
+                "not supported",
+            ),
+            ("weird: 1\n", "(document)", "unknown field `weird`"),
+        ];
+        for (i, (text, field, detail)) in cases.iter().enumerate() {
+            let e = err(text, &format!("bad{i}"));
+            assert!(e.contains(&format!(": {field}: ")), "{field}: {e}");
+            assert!(e.contains(detail), "{detail}: {e}");
+            assert!(!e.contains("s3cret") && !e.contains(hash), "{e}");
+        }
+        let missing = load(Path::new("/nonexistent/web.yml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing
+                .starts_with("PHASETRACE_PROMETHEUS_WEB_CONFIG=/nonexistent/web.yml: cannot read"),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn users_verify_by_bcrypt_and_unknown_users_fail() {
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let d = tmp("users");
+        let f = write(
+            &d,
+            "web.yml",
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+        );
+        let c = load(&f).unwrap();
+        let u = c.users.as_ref().unwrap();
+        assert!(u.allows("alice", b"pw"));
+        assert!(u.allows("alice", b"pw"), "cached");
+        assert!(!u.allows("alice", b"wrong"));
+        assert!(!u.allows("bob", b"pw"));
+        assert!(!format!("{c:?}").contains(&hash));
+        assert_eq!(c.describe(), "no TLS, basic auth (1 user(s))");
+    }
+}
