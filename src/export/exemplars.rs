@@ -4,7 +4,7 @@
 //! ```text
 //! worker: spans built for a kept step ──offer──> pending (keyed by span id)
 //! span exporter: batch exported ok ──settle──> visible (series, bucket) ; failed: forgotten
-//! /metrics encoder ──series(metric, attributes)──> one exemplar per bucket, OpenMetrics text
+//! /metrics encoder ──series_of(metric, attributes)──> one exemplar per bucket, OpenMetrics text
 //! ```
 //!
 //! An exemplar becomes visible only once the span it names has been exported: a dashboard
@@ -12,7 +12,7 @@
 //! [`EXEMPLAR_METRICS`] carry exemplars; memory is bounded by [`SERIES_MAX`] series and
 //! [`PENDING_MAX`] pending spans (beyond, new exemplars are not kept: they are a sample, not
 //! records).
-// The reading half (`series`, `all`, `openmetrics`) is the interface of the /metrics encoder.
+// `series` and `all` are read by tests; the encoder reads `series_of`.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use crate::names::metric;
@@ -46,22 +46,6 @@ pub(crate) struct Exemplar {
     pub(crate) value: f64,
     /// When it was measured (the span's end).
     pub(crate) time: SystemTime,
-}
-
-impl Exemplar {
-    /// The OpenMetrics exemplar suffix of a bucket line:
-    /// ` # {trace_id="…",span_id="…"} 0.0123 1764578880.123`.
-    pub(crate) fn openmetrics(&self) -> String {
-        let ts = self
-            .time
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs_f64();
-        format!(
-            " # {{trace_id=\"{}\",span_id=\"{}\"}} {} {ts:.3}",
-            self.trace_id, self.span_id, self.value
-        )
-    }
 }
 
 /// The bucket of a duration histogram that `value` (seconds) falls in: the first whose upper
@@ -341,13 +325,5 @@ mod tests {
         assert_eq!(bucket_of(1.5e-6), 1);
         assert_eq!(bucket_of(10.0), BUCKETS - 2);
         assert_eq!(bucket_of(11.0), BUCKETS - 1);
-    }
-
-    #[test]
-    fn the_openmetrics_suffix_names_trace_span_value_and_time() {
-        assert_eq!(
-            ex(0x1f, 0.25).openmetrics(),
-            " # {trace_id=\"00000000000000000000000000000abc\",span_id=\"000000000000001f\"} 0.25 1764578880.123"
-        );
     }
 }

@@ -220,6 +220,10 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         None
     };
 
+    let traced = (cfg.traces_otlp && otlp.is_some()) || cfg.traces_console;
+    // Exemplars need both a trace to link to and an endpoint to show them on.
+    let exemplars =
+        (traced && cfg.prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
     let mut prometheus_reader = None;
     let mut prometheus = None;
     if let Some(addr) = cfg.prometheus {
@@ -228,7 +232,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
             .as_deref()
             .map(web_config::load)
             .transpose()?;
-        let (reader, server) = self::prometheus::start(addr, web)?;
+        let (reader, server) = self::prometheus::start(addr, web, exemplars.clone())?;
         prometheus_reader = Some(reader);
         prometheus = Some(server);
     }
@@ -277,9 +281,6 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     }
 
     let span_counts = std::sync::Arc::new(SpanCounts::default());
-    let traced = (cfg.traces_otlp && otlp.is_some()) || cfg.traces_console;
-    let exemplars =
-        (traced && prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
     // Every span exporter is wrapped to count what it delivered and lost.
     let tracer_provider = match (cfg.traces_otlp, otlp, cfg.traces_console) {
         (true, Some(o), _) => {

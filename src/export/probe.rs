@@ -193,7 +193,7 @@ impl crate::Config {
         let free = std::net::TcpListener::bind(addr).is_ok();
         let (answer, where_) = if free {
             let (reader, server) =
-                super::prometheus::start(addr, web.clone()).map_err(|e| e.to_string())?;
+                super::prometheus::start(addr, web.clone(), None).map_err(|e| e.to_string())?;
             // An empty provider, so that the probe's scrape collects something.
             let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
                 .with_reader(reader)

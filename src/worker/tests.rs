@@ -818,7 +818,6 @@ fn exemplars_name_the_exported_trace_of_a_slow_step() {
         &[
             ("bucket", "kda_mixer"),
             ("group", "tp0"),
-            ("layer", "2"),
             ("rank", "3"),
             ("site", "attn"),
         ],

@@ -45,7 +45,6 @@ fn exemplars(prometheus: &Prometheus, query: &str) -> Found {
 }
 
 #[test]
-#[ignore = "needs the OpenMetrics output of the /metrics endpoint (issue 12); see README Status"]
 fn exemplars_of_the_step_histogram_name_traces_the_collector_received() {
     let rotel = Rotel::start();
     let port = free_port();

@@ -20,6 +20,7 @@ mod negotiate;
 pub(crate) mod web_config;
 
 use super::ExportError;
+use super::exemplars::{BUCKETS, EXEMPLAR_METRICS, ExemplarStore};
 use crate::names::default;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -27,6 +28,7 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use opentelemetry::KeyValue;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::reader::MetricReader;
@@ -101,14 +103,18 @@ impl PrometheusServer {
 struct Endpoint {
     reader: PrometheusReader,
     web: Option<WebConfig>,
+    /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
+    exemplars: Option<Arc<ExemplarStore>>,
     /// The size of the last uncompressed scrape, to size the next one's buffer.
     last_size: AtomicUsize,
 }
 
-/// Binds `addr` and starts serving; `web` adds TLS and basic auth.
+/// Binds `addr` and starts serving; `web` adds TLS and basic auth; `exemplars` (traces on) adds
+/// the exemplars of delivered traces to OpenMetrics scrapes.
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<WebConfig>,
+    exemplars: Option<Arc<ExemplarStore>>,
 ) -> Result<(PrometheusReader, PrometheusServer), ExportError> {
     let reader = PrometheusReader(Arc::new(ManualReader::builder().build()));
     let listener = std::net::TcpListener::bind(addr)
@@ -127,6 +133,7 @@ pub(super) fn start(
     let endpoint = Arc::new(Endpoint {
         reader: reader.clone(),
         web,
+        exemplars,
         last_size: AtomicUsize::new(64 * 1024),
     });
     let (tx, rx) = oneshot::channel();
@@ -299,7 +306,12 @@ impl Endpoint {
 
     /// Collects, encodes and (with `gzip`) compresses one scrape.
     fn render(&self, format: Format, gzip: bool) -> Result<Vec<u8>, String> {
-        let text = scrape_text(&self.reader, format, self.last_size.load(Ordering::Relaxed))?;
+        let text = scrape_text(
+            &self.reader,
+            format,
+            self.last_size.load(Ordering::Relaxed),
+            self.exemplars.as_deref(),
+        )?;
         self.last_size.store(text.len(), Ordering::Relaxed);
         if !gzip {
             return Ok(text.into_bytes());
@@ -315,16 +327,42 @@ impl Endpoint {
     }
 }
 
-/// One scrape's text: what the reader collects, in `format`.
+/// One scrape's text: what the reader collects, in `format`; in OpenMetrics, with the
+/// exemplars `store` holds (only of exported traces) on the bucket lines of their series.
 pub(crate) fn scrape_text(
     reader: &PrometheusReader,
     format: Format,
     capacity: usize,
+    store: Option<&ExemplarStore>,
 ) -> Result<String, String> {
     let mut rm = ResourceMetrics::default();
     reader.collect(&mut rm).map_err(|e| e.to_string())?;
     let mut out = String::with_capacity(capacity + capacity / 8);
-    encode::encode(&rm, format, None, &mut out);
+    match store {
+        Some(store) if matches!(format, Format::OpenMetrics { .. }) => {
+            let names = EXEMPLAR_METRICS.map(|m| (encode::base_name(m, "s"), m));
+            // The encoder asks bucket by bucket, 0 first, for each data point: one store lookup
+            // per data point.
+            let cache = std::cell::RefCell::new([None; BUCKETS]);
+            let source = |base: &str, kv: &[KeyValue], i: usize| -> Option<encode::Exemplar> {
+                let metric = names.iter().find(|(b, _)| b == base)?.1;
+                if i == 0 {
+                    *cache.borrow_mut() = store.series_of(metric, kv);
+                }
+                let e = (*cache.borrow()).get(i).copied().flatten()?;
+                Some(encode::Exemplar {
+                    trace_id: e.trace_id.to_bytes(),
+                    span_id: e.span_id.to_bytes(),
+                    value: e.value,
+                    time: e.time,
+                })
+            };
+            encode::encode(&rm, format, Some(&source), &mut out);
+        }
+        _ => {
+            encode::encode(&rm, format, None, &mut out);
+        }
+    }
     Ok(out)
 }
 
@@ -432,6 +470,68 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
 #[cfg(test)]
 mod tests {
     use super::basic_credentials;
+
+    #[test]
+    fn openmetrics_scrapes_show_exemplars_of_exported_spans_only() {
+        use super::super::exemplars::{Exemplar, ExemplarStore};
+        use super::{Format, PrometheusReader, scrape_text};
+        use crate::names::metric;
+        use opentelemetry::KeyValue;
+        use opentelemetry::metrics::MeterProvider as _;
+        use opentelemetry::trace::{SpanId, TraceId};
+        use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
+        use std::sync::Arc;
+        use std::time::{Duration, SystemTime};
+
+        let reader = PrometheusReader(Arc::new(ManualReader::builder().build()));
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader.clone())
+            .build();
+        let h = provider
+            .meter("t")
+            .f64_histogram(metric::STEP_DURATION)
+            .with_unit("s")
+            .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
+            .build();
+        let attrs = [KeyValue::new("rank", 0), KeyValue::new("group", "tp0")];
+        h.record(0.0042, &attrs);
+        let store = ExemplarStore::default();
+        let e = |span: u64| Exemplar {
+            trace_id: TraceId::from(0xabc_u128),
+            span_id: SpanId::from(span),
+            value: 0.0042,
+            time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_578_880_123),
+        };
+        store.offer(metric::STEP_DURATION, &attrs, e(0x1f));
+        let om = Format::OpenMetrics { version: "1.0.0" };
+        let text = |format, store| scrape_text(&reader, format, 0, store).expect("scrape");
+        assert!(
+            !text(om, Some(&store)).contains("# {"),
+            "a pending exemplar is not shown"
+        );
+        store.settle(&[SpanId::from(0x1f)], true);
+        let got = text(om, Some(&store));
+        let line = got
+            .lines()
+            .find(|l| l.contains("# {"))
+            .expect("an exemplar line");
+        assert!(
+            line.starts_with("phasetrace_step_duration_seconds_bucket{")
+                && line.contains("le=\"0.005\"")
+                && line.ends_with(
+                    " # {trace_id=\"00000000000000000000000000000abc\",span_id=\"000000000000001f\"} 0.0042 1764578880.123"
+                ),
+            "{line}"
+        );
+        assert_eq!(got.matches("# {").count(), 1, "{got}");
+        let classic = text(Format::Classic, Some(&store));
+        assert!(!classic.contains("# {"), "{classic}");
+        assert_eq!(classic, text(Format::Classic, None));
+        // A failed export leaves nothing.
+        store.offer(metric::STEP_DURATION, &attrs, e(0x20));
+        store.settle(&[SpanId::from(0x20)], false);
+        assert!(text(om, Some(&store)).contains("span_id=\"000000000000001f\""));
+    }
 
     #[test]
     fn basic_credentials_decode_and_reject_other_schemes() {
