@@ -466,7 +466,7 @@ impl LaneState {
                     }
                 }
                 if let (true, Some(step)) = (probe, self.step.as_mut()) {
-                    step.wait_ns += ns;
+                    step.wait_ns = step.wait_ns.saturating_add(ns);
                 }
                 s.stats.sections += 1;
                 s.tally.add(open.section, ns, !self.stack.is_empty());
@@ -480,7 +480,7 @@ impl LaneState {
             }
             MarkKind::Wait => {
                 if let Some(step) = self.step.as_mut() {
-                    step.wait_ns += m.wait_ns();
+                    step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
                 }
                 for inst in s.inst {
                     inst.wait(m.site(), m.layer(), rank, m.wait_ns());
