@@ -40,14 +40,14 @@ impl LayerTotals {
     fn add_section(&self, s: Section, layer: u32, site: Site, rank: u32, ns: u64) {
         let mut m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
         let e = m.entry((s, layer, site, rank)).or_default();
-        e.0 += ns;
+        e.0 = e.0.saturating_add(ns);
         e.1 += 1;
     }
 
     fn add_wait(&self, site: Site, layer: u32, rank: u32, ns: u64) {
         let mut m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
         let e = m.entry((site, layer, rank)).or_default();
-        e.0 += ns;
+        e.0 = e.0.saturating_add(ns);
         e.1 += 1;
     }
 
