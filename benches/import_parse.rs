@@ -67,7 +67,7 @@ fn generate() -> Vec<u8> {
             }
         }
         step += 1;
-        if step % 8 == 0 {
+        if step.is_multiple_of(8) {
             out += &format!(
                 "{ts}  WARN {TARGET}: GLM decode profile after {step} steps — 5.82 ms/token measured under profiling\n"
             );

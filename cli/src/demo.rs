@@ -367,7 +367,8 @@ impl Group {
 impl Plan {
     /// Whether step `step` (from 0) is one made slow on purpose.
     fn slow_step(&self, step: u64) -> bool {
-        self.slow_steps.is_some_and(|(n, _)| (step + 1) % n == 0)
+        self.slow_steps
+            .is_some_and(|(n, _)| (step + 1).is_multiple_of(n))
     }
 
     /// The compute slowdown of `rank` right now, in step `step`.

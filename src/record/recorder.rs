@@ -203,7 +203,7 @@ impl Recorder {
         let n = self.steps.get();
         self.steps.set(n.wrapping_add(1));
         let every = self.shared.trace_every;
-        let sampled = every != 0 && n % every == 0;
+        let sampled = every != 0 && n.is_multiple_of(every);
         if sampled {
             self.push_parent();
         }
@@ -366,7 +366,7 @@ impl Recorder {
         let seq = self.round_seq.get().wrapping_add(1).max(1);
         self.round_seq.set(seq);
         let every = self.shared.trace_every;
-        let sampled = every != 0 && n % every == 0;
+        let sampled = every != 0 && n.is_multiple_of(every);
         let ok = self.push_timed(Mark::round_begin(seq, k, sampled));
         RoundGuard {
             rec: ok.then_some(self),

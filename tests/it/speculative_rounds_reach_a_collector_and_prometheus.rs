@@ -203,7 +203,7 @@ fn prometheus_computes_the_verify_share_and_acceptance_rate() {
     while began.elapsed() < Duration::from_secs(40) {
         for _ in 0..50 {
             // Alternate 1 and 3 accepted of 4: acceptance 0.5.
-            t = round(&rec, &clock, t, if n % 2 == 0 { 1 } else { 3 }) + 10 * US;
+            t = round(&rec, &clock, t, if n.is_multiple_of(2) { 1 } else { 3 }) + 10 * US;
             n += 1;
         }
         p.drain();
