@@ -8,7 +8,7 @@ use crate::config::{
 use crate::export::{ExportError, Exporters};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
-use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments};
+use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments, series::LayerTotals};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
@@ -451,17 +451,11 @@ impl Start {
             }
             e => e,
         })?;
+        let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| {
-                Instruments::new(
-                    &p.meter("phasetrace"),
-                    cfg.layer_attr,
-                    self.k_max,
-                    &cfg.group,
-                )
-            })
+            .map(|p| Instruments::new(&p.meter("phasetrace"), &layers, self.k_max))
             .collect();
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
@@ -476,11 +470,11 @@ impl Start {
         let pipeline = Pipeline::new(
             shared.clone(),
             inst,
+            layers,
             tracer,
             cfg.summary_every,
             cfg.spec_summary_every,
             exporters.span_counts.clone(),
-            &cfg.group,
             crate::worker::tail::Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
             exporters.exemplars.clone(),
         );

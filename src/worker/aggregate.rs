@@ -1,106 +1,59 @@
 //! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
 //!
 //! The series budget: histograms with buckets carry only the attributes that quantiles and
-//! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed here on the worker, per
-//! (section, layer, site, rank), and read by observable counters at each collection (a scrape or
-//! an OTLP export): two series per (bucket, layer) instead of a histogram's 25.
+//! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
+//! (section, layer, site, rank), in [`super::series::LayerTotals`], and read by observable
+//! counters at each collection (a scrape or an OTLP export): two series per (bucket, layer)
+//! instead of a histogram's 25.
 
+use super::series::LayerTotals;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// (total ns, calls)
-type Totals = (u64, u64);
-/// (section, layer, site, rank)
-type SectionKey = (Section, u32, Site, u32);
-/// (site, layer, rank)
-type WaitKey = (Site, u32, u32);
-
-/// Time (ns) and calls per (section, layer, site, rank) and per rendezvous (site, layer, rank),
-/// summed on the worker.
-pub(crate) struct LayerTotals {
-    /// `group` on every per-layer series, like every other series.
-    group: KeyValue,
-    sections: Mutex<HashMap<SectionKey, Totals>>,
-    waits: Mutex<HashMap<WaitKey, Totals>>,
+/// The attributes of a section measurement (the first `n`): bucket, rank, group and site;
+/// exemplars key on the same. Built once per (lane, section, site) by
+/// [`super::series::LaneSeries`].
+pub(crate) fn section_attrs(
+    group: &KeyValue,
+    s: Section,
+    site: Site,
+    rank: u32,
+) -> ([KeyValue; 4], usize) {
+    let mut kv: [KeyValue; 4] = [
+        KeyValue::new(attr::BUCKET, s.as_str()),
+        rank_attr(rank),
+        group.clone(),
+        KeyValue::new(attr::RANK, 0),
+    ];
+    let mut n = 3;
+    if let Some(site) = site.as_str() {
+        kv[n] = KeyValue::new(attr::SITE, site);
+        n += 1;
+    }
+    (kv, n)
 }
 
-impl LayerTotals {
-    fn new(group: KeyValue) -> LayerTotals {
-        LayerTotals {
-            group,
-            sections: Mutex::default(),
-            waits: Mutex::default(),
-        }
+/// The attributes of a collective-wait measurement (the first `n`): rank, group and site.
+pub(crate) fn wait_attrs(group: &KeyValue, site: Site, rank: u32) -> ([KeyValue; 3], usize) {
+    let mut kv: [KeyValue; 3] = [rank_attr(rank), group.clone(), KeyValue::new(attr::RANK, 0)];
+    let mut n = 2;
+    if let Some(site) = site.as_str() {
+        kv[n] = KeyValue::new(attr::SITE, site);
+        n += 1;
     }
+    (kv, n)
+}
 
-    fn add_section(&self, s: Section, layer: u32, site: Site, rank: u32, ns: u64) {
-        let mut m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
-        let e = m.entry((s, layer, site, rank)).or_default();
-        e.0 = e.0.saturating_add(ns);
-        e.1 += 1;
-    }
+/// The attributes of a step measurement.
+pub(crate) fn step_attrs(group: &KeyValue, rank: u32) -> [KeyValue; 2] {
+    [rank_attr(rank), group.clone()]
+}
 
-    fn add_wait(&self, site: Site, layer: u32, rank: u32, ns: u64) {
-        let mut m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
-        let e = m.entry((site, layer, rank)).or_default();
-        e.0 = e.0.saturating_add(ns);
-        e.1 += 1;
-    }
-
-    fn section_attrs(&self, s: Section, layer: u32, site: Site, rank: u32) -> Vec<KeyValue> {
-        let mut kv = vec![
-            KeyValue::new(attr::BUCKET, s.as_str()),
-            KeyValue::new(attr::LAYER, i64::from(layer)),
-            Instruments::rank(rank),
-            self.group.clone(),
-        ];
-        if let Some(site) = site.as_str() {
-            kv.push(KeyValue::new(attr::SITE, site));
-        }
-        kv
-    }
-
-    fn wait_attrs(&self, site: Site, layer: u32, rank: u32) -> Vec<KeyValue> {
-        let mut kv = vec![
-            KeyValue::new(attr::LAYER, i64::from(layer)),
-            Instruments::rank(rank),
-            self.group.clone(),
-        ];
-        if let Some(site) = site.as_str() {
-            kv.push(KeyValue::new(attr::SITE, site));
-        }
-        kv
-    }
-
-    /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
-    fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        // Copied out under the lock, so that the worker waits only for the copy.
-        let snapshot: Vec<_> = {
-            let m = self.sections.lock().unwrap_or_else(|p| p.into_inner());
-            m.iter().map(|(k, v)| (*k, *v)).collect()
-        };
-        for ((s, layer, site, rank), (ns, calls)) in snapshot {
-            f(
-                &self.section_attrs(s, layer, site, rank),
-                ns as f64 * 1e-9,
-                calls,
-            );
-        }
-    }
-
-    fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        let snapshot: Vec<_> = {
-            let m = self.waits.lock().unwrap_or_else(|p| p.into_inner());
-            m.iter().map(|(k, v)| (*k, *v)).collect()
-        };
-        for ((site, layer, rank), (ns, calls)) in snapshot {
-            f(&self.wait_attrs(site, layer, rank), ns as f64 * 1e-9, calls);
-        }
-    }
+fn rank_attr(rank: u32) -> KeyValue {
+    KeyValue::new(attr::RANK, i64::from(rank))
 }
 
 /// The contract's instruments, created once.
@@ -118,11 +71,9 @@ pub(crate) struct Instruments {
     draft_tokens: Counter<u64>,
     accepted_tokens: Counter<u64>,
     accepted_length: Histogram<u64>,
-    layers: Arc<LayerTotals>,
     /// The per-layer observable counters: registered callbacks, kept with the instruments.
     _layer_counters: [ObservableCounter<f64>; 2],
     _layer_calls: [ObservableCounter<u64>; 2],
-    layer_attr: bool,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
     /// Every measurement, for unit tests of the pipeline.
@@ -151,7 +102,9 @@ impl Instruments {
     #[inline]
     fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
 
-    pub(crate) fn new(meter: &Meter, layer_attr: bool, k_max: u32, group: &str) -> Instruments {
+    /// The instruments of one meter provider; the per-layer counters read `layers`, which the
+    /// worker sums once for all providers.
+    pub(crate) fn new(meter: &Meter, layers: &Arc<LayerTotals>, k_max: u32) -> Instruments {
         let dur = |name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -160,11 +113,7 @@ impl Instruments {
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
-        let group = KeyValue::new(
-            attr::GROUP,
-            opentelemetry::StringValue::from(std::sync::Arc::<str>::from(group)),
-        );
-        let layers = Arc::new(LayerTotals::new(group.clone()));
+        let group = layers.group().clone();
         let time = |name: &'static str, desc: &'static str, waits: bool| {
             let l = layers.clone();
             meter
@@ -234,7 +183,6 @@ impl Instruments {
             );
         }
         Instruments {
-            layers,
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
@@ -287,103 +235,33 @@ impl Instruments {
                 .with_description("Accepted tokens per round")
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
-            layer_attr,
             group,
             #[cfg(test)]
             log: std::sync::Mutex::new(Vec::new()),
         }
     }
 
-    fn rank(rank: u32) -> KeyValue {
-        KeyValue::new(attr::RANK, i64::from(rank))
+    /// One section: `kv` from [`super::series::SectionSeries::attrs`].
+    #[inline]
+    pub(crate) fn section(&self, kv: &[KeyValue], secs: f64) {
+        self.note(metric::SECTION_DURATION, kv, secs);
+        self.section.record(secs, kv);
     }
 
-    /// The attributes of a section measurement (the first `n`): bucket, rank, group and site;
-    /// exemplars key on the same.
-    pub(crate) fn section_attrs(
-        &self,
-        s: Section,
-        site: Site,
-        rank: u32,
-    ) -> ([KeyValue; 4], usize) {
-        let mut kv: [KeyValue; 4] = [
-            KeyValue::new(attr::BUCKET, s.as_str()),
-            Self::rank(rank),
-            self.group.clone(),
-            KeyValue::new(attr::RANK, 0),
-        ];
-        let mut n = 3;
-        if let Some(site) = site.as_str() {
-            kv[n] = KeyValue::new(attr::SITE, site);
-            n += 1;
-        }
-        (kv, n)
-    }
-
-    /// One section of `ns` nanoseconds: the histogram (bucket, site, rank, group) and, with the
-    /// layer attribute on, the per-layer totals.
-    pub(crate) fn section(&self, s: Section, layer: Layer, site: Site, rank: u32, ns: u64) {
-        let secs = ns as f64 * 1e-9;
-        let (kv, n) = self.section_attrs(s, site, rank);
-        self.note(metric::SECTION_DURATION, &kv[..n], secs);
-        self.section.record(secs, &kv[..n]);
-        if let (true, Some(l)) = (self.layer_attr, layer.get()) {
-            self.layers.add_section(s, l, site, rank, ns);
-            #[cfg(test)]
-            self.note(
-                metric::SECTION_LAYER_TIME,
-                &self.layers.section_attrs(s, l, site, rank),
-                secs,
-            );
-        }
-    }
-
-    /// The attributes of a collective-wait measurement (the first `n`): rank, group and site.
-    pub(crate) fn wait_attrs(&self, site: Site, rank: u32) -> ([KeyValue; 3], usize) {
-        let mut kv: [KeyValue; 3] = [
-            Self::rank(rank),
-            self.group.clone(),
-            KeyValue::new(attr::RANK, 0),
-        ];
-        let mut n = 2;
-        if let Some(site) = site.as_str() {
-            kv[n] = KeyValue::new(attr::SITE, site);
-            n += 1;
-        }
-        (kv, n)
-    }
-
-    /// One rendezvous wait of `ns` nanoseconds: the histogram (site, rank, group) and the
-    /// per-layer totals (kept with the layer attribute off too: two counters per (site, layer)).
-    pub(crate) fn wait(&self, site: Site, layer: Layer, rank: u32, ns: u64) {
-        let secs = ns as f64 * 1e-9;
-        let (kv, n) = self.wait_attrs(site, rank);
-        self.note(metric::COLLECTIVE_WAIT, &kv[..n], secs);
-        self.wait.record(secs, &kv[..n]);
-        if let Some(l) = layer.get() {
-            self.layers.add_wait(site, l, rank, ns);
-            #[cfg(test)]
-            self.note(
-                metric::COLLECTIVE_LAYER_WAIT_TIME,
-                &self.layers.wait_attrs(site, l, rank),
-                secs,
-            );
-        }
-    }
-
-    /// The attributes of a step measurement.
-    pub(crate) fn step_attrs(&self, rank: u32) -> [KeyValue; 2] {
-        [Self::rank(rank), self.group.clone()]
+    /// One rendezvous wait: `kv` from [`super::series::WaitSeries::attrs`].
+    #[inline]
+    pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
+        self.note(metric::COLLECTIVE_WAIT, kv, secs);
+        self.wait.record(secs, kv);
     }
 
     /// One decode step: its duration and the time it spent waiting at rendezvous probes.
-    pub(crate) fn step(&self, rank: u32, secs: f64, wait_secs: f64) {
-        let kv = self.step_attrs(rank);
-        self.note(metric::STEP_DURATION, &kv, secs);
-        self.step.record(secs, &kv);
-        self.steps.add(1, &kv);
-        self.note(metric::STEP_COLLECTIVE_WAIT, &kv, wait_secs);
-        self.step_wait.record(wait_secs, &kv);
+    pub(crate) fn step(&self, kv: &[KeyValue], secs: f64, wait_secs: f64) {
+        self.note(metric::STEP_DURATION, kv, secs);
+        self.step.record(secs, kv);
+        self.steps.add(1, kv);
+        self.note(metric::STEP_COLLECTIVE_WAIT, kv, wait_secs);
+        self.step_wait.record(wait_secs, kv);
     }
 
     pub(crate) fn expert(&self, layer: Layer, expert: u16) {
@@ -411,7 +289,7 @@ impl Instruments {
     pub(crate) fn phase(&self, phase: Phase, rank: u32, secs: f64) {
         let kv = [
             KeyValue::new(attr::PHASE, phase.as_str()),
-            Self::rank(rank),
+            rank_attr(rank),
             self.group.clone(),
         ];
         self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
@@ -421,7 +299,7 @@ impl Instruments {
     pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
         let kv = [
             KeyValue::new(attr::PART, part),
-            Self::rank(rank),
+            rank_attr(rank),
             self.group.clone(),
         ];
         self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
@@ -429,7 +307,7 @@ impl Instruments {
     }
 
     pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
-        let kv = [Self::rank(rank), self.group.clone()];
+        let kv = [rank_attr(rank), self.group.clone()];
         self.rounds.add(1, &kv);
         self.note(metric::SPEC_ROUNDS, &kv, 1.0);
         if let Some(a) = accepted {

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! lanes ──drain──> LaneState (resolve tokens in order, pair begin/end, hold the open step)
-//!                     ├──> Instruments (SDK histograms, counters)
+//!                     ├──> LaneSeries (attribute sets built once; per-layer totals, no locks)
+//!                     │      └──> Instruments (SDK histograms, counters)
 //!                     ├──> at a step's end: Tail (sampled one in N? slower than the
 //!                     │    threshold, within the rank's budget?) ──> spans ──> exemplars
 //!                     └──> Tally ──> console summary
@@ -14,6 +15,7 @@
 pub(crate) mod aggregate;
 mod pair;
 mod replay;
+pub(crate) mod series;
 pub(crate) mod spans;
 pub(crate) mod tail;
 
@@ -46,6 +48,8 @@ pub(crate) struct Pipeline {
     shared: Arc<Shared>,
     lanes: Vec<LaneState>,
     inst: Vec<Instruments>,
+    /// The per-layer totals every provider's instruments read.
+    layers: Arc<series::LayerTotals>,
     tracer: Option<SdkTracer>,
     tally: Tally,
     spec: SpecTally,
@@ -73,11 +77,11 @@ impl Pipeline {
     pub(crate) fn new(
         shared: Arc<Shared>,
         inst: Vec<Instruments>,
+        layers: Arc<series::LayerTotals>,
         tracer: Option<SdkTracer>,
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
-        group: &str,
         tail: tail::Tail,
         exemplars: Option<Arc<crate::export::ExemplarStore>>,
     ) -> Pipeline {
@@ -100,10 +104,8 @@ impl Pipeline {
             span_counts,
             span_failed_seen: 0,
             awaiting_replay: false,
-            group: opentelemetry::KeyValue::new(
-                crate::names::attr::GROUP,
-                opentelemetry::StringValue::from(Arc::<str>::from(group)),
-            ),
+            group: layers.group().clone(),
+            layers,
             tail,
             exemplars,
         }
@@ -116,7 +118,7 @@ impl Pipeline {
             let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
             for l in lanes.iter() {
                 if !self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l)) {
-                    self.lanes.push(LaneState::new(l.clone()));
+                    self.lanes.push(LaneState::new(l.clone(), &self.layers));
                 }
             }
         }

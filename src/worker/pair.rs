@@ -1,7 +1,8 @@
 //! Pairing: turns one lane's mark stream into durations, in order, and hands them to the
 //! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
 
-use super::aggregate::{Instruments, Tally};
+use super::aggregate::{Instruments, Tally, section_attrs, step_attrs, wait_attrs};
+use super::series::{LaneSeries, LayerTotals};
 use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait, Why};
 use super::tail::{Kind, Tail, Verdict};
 use crate::export::exemplars::{Exemplar, ExemplarStore};
@@ -221,6 +222,8 @@ pub(crate) struct LaneState {
     awaiting_replay: bool,
     /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
     host: bool,
+    /// The attribute sets of the lane's series, built once.
+    series: LaneSeries,
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -251,9 +254,10 @@ impl ParentWords {
 }
 
 impl LaneState {
-    pub(crate) fn new(lane: Arc<Lane>) -> LaneState {
+    pub(crate) fn new(lane: Arc<Lane>, totals: &Arc<LayerTotals>) -> LaneState {
         let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
+            series: LaneSeries::new(lane.rank, totals.clone()),
             host,
             lane,
             backlog: VecDeque::new(),
@@ -366,7 +370,7 @@ impl LaneState {
             return;
         }
         let trace = &self.trace;
-        let (exemplars, inst) = (s.exemplars, s.inst.first());
+        let (exemplars, group) = (s.exemplars, s.group);
         // Exemplars are offered once the spans exist and before they end (an ended span may be
         // exported at once), so that the export settles them.
         let built = spans::build_step(
@@ -380,8 +384,8 @@ impl LaneState {
             s.group,
             why,
             |built| {
-                if let (Some(store), Some(inst)) = (exemplars, inst) {
-                    offer_step_exemplars(store, inst, trace, built, rank, ns, t);
+                if let Some(store) = exemplars {
+                    offer_step_exemplars(store, group, trace, built, rank, ns, t);
                 }
             },
         );
@@ -457,7 +461,11 @@ impl LaneState {
                 }
                 let ns = t.saturating_sub(step.start);
                 for inst in s.inst {
-                    inst.step(rank, ns as f64 * 1e-9, step.wait_ns as f64 * 1e-9);
+                    inst.step(
+                        self.series.step(),
+                        ns as f64 * 1e-9,
+                        step.wait_ns as f64 * 1e-9,
+                    );
                 }
                 s.stats.steps += 1;
                 s.tally.step(rank, ns);
@@ -514,11 +522,10 @@ impl LaneState {
                 };
                 let ns = t.saturating_sub(open.start);
                 let probe = open.section.kind() == SectionKind::Probe;
-                for inst in s.inst {
-                    inst.section(open.section, open.layer, open.site, rank, ns);
-                    if probe {
-                        inst.wait(open.site, open.layer, rank, ns);
-                    }
+                self.series
+                    .section(s.inst, open.section, open.site, open.layer, ns);
+                if probe {
+                    self.series.wait(s.inst, open.site, open.layer, ns);
                 }
                 if let (true, Some(step)) = (probe, self.step.as_mut()) {
                     step.wait_ns = step.wait_ns.saturating_add(ns);
@@ -533,9 +540,7 @@ impl LaneState {
                 if let Some(step) = self.step.as_mut() {
                     step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
                 }
-                for inst in s.inst {
-                    inst.wait(m.site(), m.layer(), rank, m.wait_ns());
-                }
+                self.series.wait(s.inst, m.site(), m.layer(), m.wait_ns());
                 if self.step.as_ref().is_some_and(|st| st.collect) {
                     if self.trace.waits.len() < STEP_IDS_MAX {
                         self.trace.waits.push(Wait {
@@ -704,7 +709,7 @@ impl LaneState {
 /// wait the engine measured (those point at the step's span).
 fn offer_step_exemplars(
     store: &ExemplarStore,
-    inst: &Instruments,
+    group: &opentelemetry::KeyValue,
     trace: &StepTrace,
     built: &spans::BuiltStep,
     rank: u32,
@@ -720,7 +725,7 @@ fn offer_step_exemplars(
     };
     store.offer(
         metric::STEP_DURATION,
-        &inst.step_attrs(rank),
+        &step_attrs(group, rank),
         ex(built.root, ns, end),
     );
     for (sec, id) in trace.sections.iter().zip(&built.sections) {
@@ -728,15 +733,15 @@ fn offer_step_exemplars(
             continue;
         };
         let d = e.saturating_sub(sec.start);
-        let (kv, n) = inst.section_attrs(sec.section, sec.site, rank);
+        let (kv, n) = section_attrs(group, sec.section, sec.site, rank);
         store.offer(metric::SECTION_DURATION, &kv[..n], ex(*id, d, e));
         if sec.section.kind() == SectionKind::Probe {
-            let (kv, n) = inst.wait_attrs(sec.site, rank);
+            let (kv, n) = wait_attrs(group, sec.site, rank);
             store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(*id, d, e));
         }
     }
     for w in &trace.waits {
-        let (kv, n) = inst.wait_attrs(w.site, rank);
+        let (kv, n) = wait_attrs(group, w.site, rank);
         store.offer(
             metric::COLLECTIVE_WAIT,
             &kv[..n],

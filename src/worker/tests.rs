@@ -2,6 +2,7 @@
 
 use super::Pipeline;
 use super::aggregate::Instruments;
+use super::series::LayerTotals;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
@@ -64,15 +65,16 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), true, 8, "tp0");
+    let layers = LayerTotals::new("tp0", true);
+    let inst = Instruments::new(&provider.meter("test"), &layers, 8);
     let p = Pipeline::new(
         shared.clone(),
         vec![inst],
+        layers,
         None,
         0,
         0,
         Default::default(),
-        "tp0",
         super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
         None,
     );
@@ -93,6 +95,24 @@ fn values(p: &Pipeline, name: &str) -> Vec<(f64, Vec<(String, String)>)> {
         .filter(|m| m.0 == name)
         .map(|m| (m.2, m.1.clone()))
         .collect()
+}
+
+/// (seconds, attributes) of every per-layer total: waits, or sections.
+fn layer_values(p: &Pipeline, waits: bool) -> Vec<(f64, Vec<(String, String)>)> {
+    let mut v = Vec::new();
+    let mut f = |kv: &[opentelemetry::KeyValue], secs: f64, _calls: u64| {
+        let a = kv
+            .iter()
+            .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+            .collect();
+        v.push((secs, a));
+    };
+    if waits {
+        p.layers.each_wait(&mut f);
+    } else {
+        p.layers.each_section(&mut f);
+    }
+    v
 }
 
 fn attr<'a>(a: &'a [(String, String)], k: &str) -> Option<&'a str> {
@@ -142,7 +162,7 @@ fn nested_sections_pair_into_exact_durations() {
     assert_eq!(attr(a, "layer"), None, "the histogram has no layer");
     assert_eq!(attr(a, "site"), Some("attn"));
     assert_eq!(attr(a, "rank"), Some("3"));
-    let per_layer = values(&p, crate::names::metric::SECTION_LAYER_TIME);
+    let per_layer = layer_values(&p, false);
     assert_eq!(per_layer.len(), 3);
     assert_eq!(attr(&per_layer[0].1, "layer"), Some("12"));
     assert_eq!(attr(&per_layer[0].1, "bucket"), Some("kda_front"));
@@ -176,7 +196,7 @@ fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
     assert_eq!(attr(&waits[0].1, "site"), Some("mlp"));
     assert_eq!((waits[1].0 * 1e6).round(), 7.0);
     assert_eq!(attr(&waits[1].1, "layer"), None);
-    let per_layer = values(&p, crate::names::metric::COLLECTIVE_LAYER_WAIT_TIME);
+    let per_layer = layer_values(&p, true);
     assert_eq!(attr(&per_layer[1].1, "layer"), Some("2"));
     assert_eq!((per_layer[1].0 * 1e6).round(), 7.0);
     let buckets: Vec<_> = values(&p, crate::names::metric::SECTION_DURATION)
@@ -455,15 +475,16 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         spec_off_hint: AtomicBool::new(false),
     });
     let provider = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&provider.meter("test"), false, 8, "tp0");
+    let layers = LayerTotals::new("tp0", false);
+    let inst = Instruments::new(&provider.meter("test"), &layers, 8);
     let mut p = Pipeline::new(
         shared.clone(),
         vec![inst],
+        layers,
         None,
         0,
         0,
         Default::default(),
-        "tp0",
         super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
         None,
     );
@@ -480,8 +501,8 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     let wait = values(&p, crate::names::metric::COLLECTIVE_WAIT);
     assert_eq!(attr(&wait[0].1, "layer"), None);
     assert_eq!(attr(&wait[0].1, "site"), Some("attn"));
-    assert!(values(&p, crate::names::metric::SECTION_LAYER_TIME).is_empty());
-    let wait = values(&p, crate::names::metric::COLLECTIVE_LAYER_WAIT_TIME);
+    assert!(layer_values(&p, false).is_empty());
+    let wait = layer_values(&p, true);
     assert_eq!(
         attr(&wait[0].1, "layer"),
         Some("7"),
@@ -628,15 +649,16 @@ fn traced(
         ))
         .build();
     let meter = SdkMeterProvider::builder().build();
-    let inst = Instruments::new(&meter.meter("test"), true, 8, "tp0");
+    let layers = LayerTotals::new("tp0", true);
+    let inst = Instruments::new(&meter.meter("test"), &layers, 8);
     let p = Pipeline::new(
         shared.clone(),
         vec![inst],
+        layers,
         Some(provider.tracer("test")),
         0,
         0,
         counts,
-        "tp0",
         super::tail::Tail::new(rule, budget),
         Some(store.clone()),
     );

@@ -1,0 +1,511 @@
+//! Series: each lane's attribute sets, built once per (section, site) and reused for every
+//! measurement, and the per-layer totals the worker sums without locks.
+//!
+//! ```text
+//! LaneState ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
+//!                                            ├──> Instruments (each provider's histogram)
+//!                                            └──> Row: per-layer cells (one writer: the worker)
+//! collection (scrape / OTLP export) ──> LayerTotals::each_* ──> observable counters
+//! ```
+//!
+//! Why: building and dropping four `KeyValue`s per section, and summing per-layer totals in a
+//! `Mutex<HashMap>` keyed by a hashed tuple, cost the worker about a third of its time per
+//! section; see `worker/drain_*` in `BENCHMARKS.md`.
+//!
+//! The totals are written by one thread (the pipeline's, which holds `&mut Pipeline`), so a
+//! cell is updated by a relaxed load and store, never a locked read-modify-write; collection
+//! reads them concurrently and sees each counter only grow. Layers from 0 to
+//! [`DENSE_LAYERS`] - 1 have dense cells; higher layer indices (no real model has them) are
+//! summed in a map under a mutex, so nothing is lost.
+
+use super::aggregate::{Instruments, section_attrs, wait_attrs};
+use crate::names::attr;
+use crate::vocab::{Layer, Section, Site};
+use opentelemetry::KeyValue;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Layers with dense cells; higher indices go to the (locked) sparse map.
+pub(crate) const DENSE_LAYERS: u32 = 1024;
+/// Cells per chunk: a row allocates its cells 64 layers (1 KiB) at a time.
+const CHUNK: u32 = 64;
+const CHUNKS: usize = (DENSE_LAYERS / CHUNK) as usize;
+
+/// What a row sums: one section's time at one site, or the rendezvous waits at one site.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum RowKind {
+    Section(Section),
+    Wait,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct RowKey {
+    kind: RowKind,
+    site: Site,
+    rank: u32,
+}
+
+/// One layer's total time (ns) and calls.
+#[derive(Default)]
+struct Cell {
+    ns: AtomicU64,
+    calls: AtomicU64,
+}
+
+impl Cell {
+    /// Single writer: see the module doc.
+    #[inline]
+    fn add(&self, ns: u64) {
+        self.ns
+            .store(self.ns.load(Relaxed).saturating_add(ns), Relaxed);
+        self.calls
+            .store(self.calls.load(Relaxed).saturating_add(1), Relaxed);
+    }
+
+    fn read(&self) -> (u64, u64) {
+        (self.ns.load(Relaxed), self.calls.load(Relaxed))
+    }
+}
+
+type Chunk = [Cell; CHUNK as usize];
+
+/// The per-layer cells of one (kind, site, rank).
+pub(crate) struct Row {
+    key: RowKey,
+    chunks: [OnceLock<Box<Chunk>>; CHUNKS],
+}
+
+impl Row {
+    fn new(key: RowKey) -> Row {
+        Row {
+            key,
+            chunks: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// Adds one call of `ns` at `layer`; `false` when the layer has no dense cell.
+    #[inline]
+    fn add(&self, layer: u32, ns: u64) -> bool {
+        let Some(chunk) = self.chunks.get((layer / CHUNK) as usize) else {
+            return false;
+        };
+        let chunk = chunk.get_or_init(|| Box::new(std::array::from_fn(|_| Cell::default())));
+        chunk[(layer % CHUNK) as usize].add(ns);
+        true
+    }
+
+    /// Every layer with at least one call: (layer, ns, calls).
+    fn each(&self, mut f: impl FnMut(u32, u64, u64)) {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let Some(chunk) = chunk.get() else { continue };
+            for (i, cell) in chunk.iter().enumerate() {
+                let (ns, calls) = cell.read();
+                if calls > 0 {
+                    f(c as u32 * CHUNK + i as u32, ns, calls);
+                }
+            }
+        }
+    }
+}
+
+/// Time (ns) and calls per (section, layer, site, rank) and per rendezvous (site, layer,
+/// rank): written by the worker, read by the per-layer observable counters at each collection.
+/// One per profiler, shared by all its meter providers.
+pub(crate) struct LayerTotals {
+    /// `group` on every series.
+    group: KeyValue,
+    /// Whether sections are summed per layer (`PHASETRACE_LAYER_ATTR`); waits always are.
+    layer_attr: bool,
+    /// Every row, in order of first use; locked when a lane meets a new (section, site) and
+    /// at collection.
+    rows: Mutex<Vec<Arc<Row>>>,
+    /// Layers at or above [`DENSE_LAYERS`].
+    sparse: Mutex<HashMap<(RowKey, u32), (u64, u64)>>,
+}
+
+impl LayerTotals {
+    pub(crate) fn new(group: &str, layer_attr: bool) -> Arc<LayerTotals> {
+        Arc::new(LayerTotals {
+            group: KeyValue::new(
+                attr::GROUP,
+                opentelemetry::StringValue::from(Arc::<str>::from(group)),
+            ),
+            layer_attr,
+            rows: Mutex::default(),
+            sparse: Mutex::default(),
+        })
+    }
+
+    /// `group` on every series: shared, so that cloning it never allocates.
+    pub(crate) fn group(&self) -> &KeyValue {
+        &self.group
+    }
+
+    /// The row of `key`, created on first use.
+    fn row(&self, key: RowKey) -> Arc<Row> {
+        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = rows.iter().find(|r| r.key == key) {
+            return r.clone();
+        }
+        let r = Arc::new(Row::new(key));
+        rows.push(r.clone());
+        r
+    }
+
+    fn add(&self, row: &Row, layer: u32, ns: u64) {
+        if !row.add(layer, ns) {
+            let mut m = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+            let e = m.entry((row.key, layer)).or_default();
+            e.0 = e.0.saturating_add(ns);
+            e.1 = e.1.saturating_add(1);
+        }
+    }
+
+    /// Every (key, layer, ns, calls), dense rows first.
+    fn each(&self, mut f: impl FnMut(RowKey, u32, u64, u64)) {
+        // The row list is copied out (Arc clones), so the worker waits at most for the copy.
+        let rows: Vec<Arc<Row>> = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for r in &rows {
+            r.each(|layer, ns, calls| f(r.key, layer, ns, calls));
+        }
+        let sparse: Vec<_> = {
+            let m = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
+            m.iter().map(|(k, v)| (*k, *v)).collect()
+        };
+        for ((key, layer), (ns, calls)) in sparse {
+            f(key, layer, ns, calls);
+        }
+    }
+
+    /// The attributes of one per-layer section series.
+    pub(crate) fn section_layer_attrs(
+        &self,
+        s: Section,
+        layer: u32,
+        site: Site,
+        rank: u32,
+    ) -> Vec<KeyValue> {
+        let (kv, n) = section_attrs(&self.group, s, site, rank);
+        let mut v: Vec<KeyValue> = kv[..n].to_vec();
+        v.push(KeyValue::new(attr::LAYER, i64::from(layer)));
+        v
+    }
+
+    /// The attributes of one per-layer wait series.
+    pub(crate) fn wait_layer_attrs(&self, site: Site, layer: u32, rank: u32) -> Vec<KeyValue> {
+        let (kv, n) = wait_attrs(&self.group, site, rank);
+        let mut v: Vec<KeyValue> = kv[..n].to_vec();
+        v.push(KeyValue::new(attr::LAYER, i64::from(layer)));
+        v
+    }
+
+    /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
+    pub(crate) fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        self.each(|key, layer, ns, calls| {
+            if let RowKind::Section(s) = key.kind {
+                let kv = self.section_layer_attrs(s, layer, key.site, key.rank);
+                f(&kv, ns as f64 * 1e-9, calls);
+            }
+        });
+    }
+
+    /// Calls `f(attributes, seconds, calls)` for every per-layer wait total.
+    pub(crate) fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
+        self.each(|key, layer, ns, calls| {
+            if key.kind == RowKind::Wait {
+                let kv = self.wait_layer_attrs(key.site, layer, key.rank);
+                f(&kv, ns as f64 * 1e-9, calls);
+            }
+        });
+    }
+}
+
+/// The series of one section at one site of a lane's rank.
+struct SectionSeries {
+    site: Site,
+    kv: [KeyValue; 4],
+    n: usize,
+    /// `None` with the layer attribute off.
+    row: Option<Arc<Row>>,
+}
+
+/// The series of the rendezvous waits at one site of a lane's rank.
+struct WaitSeries {
+    site: Site,
+    kv: [KeyValue; 3],
+    n: usize,
+    row: Arc<Row>,
+}
+
+/// A lane's attribute sets and rows, built on first use. The lane's rank never changes.
+pub(crate) struct LaneSeries {
+    rank: u32,
+    totals: Arc<LayerTotals>,
+    step: [KeyValue; 2],
+    /// Indexed by section id; a few sites each, searched in order.
+    sections: Vec<Vec<SectionSeries>>,
+    waits: Vec<WaitSeries>,
+}
+
+impl LaneSeries {
+    pub(crate) fn new(rank: u32, totals: Arc<LayerTotals>) -> LaneSeries {
+        LaneSeries {
+            rank,
+            step: super::aggregate::step_attrs(&totals.group, rank),
+            totals,
+            sections: Vec::new(),
+            waits: Vec::new(),
+        }
+    }
+
+    /// The attributes of this lane's steps.
+    pub(crate) fn step(&self) -> &[KeyValue] {
+        &self.step
+    }
+
+    /// One section of `ns` nanoseconds: every provider's histogram and, with the layer
+    /// attribute on, the per-layer totals.
+    #[inline]
+    pub(crate) fn section(
+        &mut self,
+        inst: &[Instruments],
+        s: Section,
+        site: Site,
+        layer: Layer,
+        ns: u64,
+    ) {
+        if inst.is_empty() {
+            return;
+        }
+        let secs = ns as f64 * 1e-9;
+        let e = Self::section_series(&mut self.sections, &self.totals, self.rank, s, site);
+        for i in inst {
+            i.section(&e.kv[..e.n], secs);
+        }
+        if let (Some(row), Some(l)) = (&e.row, layer.get()) {
+            self.totals.add(row, l, ns);
+        }
+    }
+
+    /// One rendezvous wait of `ns` nanoseconds: every provider's histogram and the per-layer
+    /// totals (kept with the layer attribute off too: two counters per (site, layer)).
+    #[inline]
+    pub(crate) fn wait(&mut self, inst: &[Instruments], site: Site, layer: Layer, ns: u64) {
+        if inst.is_empty() {
+            return;
+        }
+        let secs = ns as f64 * 1e-9;
+        let e = Self::wait_series(&mut self.waits, &self.totals, self.rank, site);
+        for i in inst {
+            i.wait(&e.kv[..e.n], secs);
+        }
+        if let Some(l) = layer.get() {
+            self.totals.add(&e.row, l, ns);
+        }
+    }
+
+    fn section_series<'a>(
+        sections: &'a mut Vec<Vec<SectionSeries>>,
+        totals: &LayerTotals,
+        rank: u32,
+        s: Section,
+        site: Site,
+    ) -> &'a SectionSeries {
+        let i = usize::from(s.id());
+        if sections.len() <= i {
+            sections.resize_with(i + 1, Vec::new);
+        }
+        let at = match sections[i].iter().position(|e| e.site == site) {
+            Some(at) => at,
+            None => {
+                let (kv, n) = section_attrs(&totals.group, s, site, rank);
+                let row = totals.layer_attr.then(|| {
+                    totals.row(RowKey {
+                        kind: RowKind::Section(s),
+                        site,
+                        rank,
+                    })
+                });
+                sections[i].push(SectionSeries { site, kv, n, row });
+                sections[i].len() - 1
+            }
+        };
+        &sections[i][at]
+    }
+
+    fn wait_series<'a>(
+        waits: &'a mut Vec<WaitSeries>,
+        totals: &LayerTotals,
+        rank: u32,
+        site: Site,
+    ) -> &'a WaitSeries {
+        let at = match waits.iter().position(|e| e.site == site) {
+            Some(at) => at,
+            None => {
+                let (kv, n) = wait_attrs(&totals.group, site, rank);
+                let row = totals.row(RowKey {
+                    kind: RowKind::Wait,
+                    site,
+                    rank,
+                });
+                waits.push(WaitSeries { site, kv, n, row });
+                waits.len() - 1
+            }
+        };
+        &waits[at]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::metrics::MeterProvider;
+
+    /// One provider's instruments over `t`.
+    fn inst(t: &Arc<LayerTotals>) -> Vec<Instruments> {
+        let p = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+        vec![Instruments::new(&p.meter("test"), t, 8)]
+    }
+
+    type Attrs = Vec<(String, String)>;
+
+    /// (attributes, (ns, calls)) of every per-layer section total.
+    fn sections(t: &LayerTotals) -> Vec<(Attrs, (u64, u64))> {
+        let mut v = Vec::new();
+        t.each_section(|kv, secs, calls| {
+            let a = kv
+                .iter()
+                .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+                .collect();
+            v.push((a, ((secs * 1e9).round() as u64, calls)));
+        });
+        v
+    }
+
+    #[test]
+    fn dense_and_sparse_layers_sum_exactly() {
+        let t = LayerTotals::new("g", true);
+        let inst = inst(&t);
+        let mut lane = LaneSeries::new(2, t.clone());
+        let layers = [
+            (0, 5),
+            (0, 7),
+            (63, 1),
+            (64, 2),
+            (DENSE_LAYERS - 1, 3),
+            (DENSE_LAYERS, 4),
+            (u32::MAX - 1, 9),
+        ];
+        for (layer, ns) in layers {
+            lane.section(&inst, Section::KDA_MIXER, Site::ATTN, Layer(layer), ns);
+        }
+        // Untimed layer: histogram only.
+        lane.section(&inst, Section::KDA_MIXER, Site::ATTN, Layer::NONE, 100);
+        let got = sections(&t);
+        let layer = |a: &[(String, String)]| {
+            a.iter()
+                .find(|(k, _)| k == attr::LAYER)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        let mut by_layer: Vec<(String, (u64, u64))> =
+            got.iter().map(|(a, v)| (layer(a), *v)).collect();
+        by_layer.sort();
+        let want = |l: u32, ns: u64, calls: u64| (l.to_string(), (ns, calls));
+        let mut expect = vec![
+            want(0, 12, 2),
+            want(63, 1, 1),
+            want(64, 2, 1),
+            want(DENSE_LAYERS - 1, 3, 1),
+            want(DENSE_LAYERS, 4, 1),
+            want(u32::MAX - 1, 9, 1),
+        ];
+        expect.sort();
+        assert_eq!(by_layer, expect);
+        let a = &got[0].0;
+        for (k, v) in [
+            ("bucket", "kda_mixer"),
+            ("site", "attn"),
+            ("rank", "2"),
+            ("group", "g"),
+        ] {
+            assert!(
+                a.contains(&(k.to_owned(), v.to_owned())),
+                "{k}={v} in {a:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lanes_of_one_rank_share_a_row_and_other_ranks_do_not() {
+        let t = LayerTotals::new("g", true);
+        let inst = inst(&t);
+        let (mut a, mut b, mut c) = (
+            LaneSeries::new(0, t.clone()),
+            LaneSeries::new(0, t.clone()),
+            LaneSeries::new(1, t.clone()),
+        );
+        a.section(&inst, Section::NORM, Site::NONE, Layer(3), 10);
+        b.section(&inst, Section::NORM, Site::NONE, Layer(3), 20);
+        c.section(&inst, Section::NORM, Site::NONE, Layer(3), 40);
+        a.wait(&inst, Site::MLP, Layer(3), 1);
+        let got = sections(&t);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].1, (30, 2));
+        assert_eq!(got[1].1, (40, 1));
+        let mut waits = 0;
+        t.each_wait(|kv, _, calls| {
+            waits += calls;
+            assert!(!kv.iter().any(|k| k.key.as_str() == attr::BUCKET));
+        });
+        assert_eq!(waits, 1);
+    }
+
+    #[test]
+    fn without_the_layer_attribute_sections_keep_no_per_layer_totals() {
+        let t = LayerTotals::new("g", false);
+        let inst = inst(&t);
+        let mut lane = LaneSeries::new(0, t.clone());
+        lane.section(&inst, Section::NORM, Site::NONE, Layer(1), 1);
+        assert!(sections(&t).is_empty());
+        lane.wait(&inst, Site::ATTN, Layer(1), 1);
+        let mut n = 0;
+        t.each_wait(|_, _, c| n += c);
+        assert_eq!(n, 1, "waits are summed per layer either way");
+    }
+
+    #[test]
+    fn without_a_meter_provider_nothing_is_summed() {
+        let t = LayerTotals::new("g", true);
+        let mut lane = LaneSeries::new(0, t.clone());
+        lane.section(&[], Section::NORM, Site::NONE, Layer(1), 1);
+        assert!(sections(&t).is_empty());
+    }
+
+    #[test]
+    fn a_concurrent_reader_sees_every_counter_only_grow() {
+        let t = LayerTotals::new("g", true);
+        let inst = inst(&t);
+        let reader = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                let mut last: HashMap<String, (f64, u64)> = HashMap::new();
+                for _ in 0..200 {
+                    t.each_section(|kv, secs, calls| {
+                        let key = format!("{kv:?}");
+                        let prev = last.insert(key, (secs, calls)).unwrap_or((0.0, 0));
+                        assert!(secs >= prev.0 && calls >= prev.1);
+                    });
+                }
+            })
+        };
+        let mut lane = LaneSeries::new(0, t.clone());
+        for i in 0..200_000u32 {
+            lane.section(&inst, Section::MOE_EXPERTS, Site::MLP, Layer(i % 200), 1);
+        }
+        reader.join().unwrap();
+        let total: u64 = sections(&t).iter().map(|(_, (_, calls))| calls).sum();
+        assert_eq!(total, 200_000);
+    }
+}
