@@ -23,11 +23,11 @@ pub use pair::{Dropped, Stats};
 
 use crate::config::SpecLevel;
 use crate::names::DropReason;
-use crate::record::{RoundRef, Shared};
+use crate::record::Shared;
 use crate::vocab::{Phase, Section};
 use aggregate::{Instruments, SpecTally, Tally, VerifySplit};
 use opentelemetry_sdk::trace::SdkTracer;
-use pair::{EndedRound, LaneState, PartsAcc, Sinks, count_drop};
+use pair::{EndedRound, LaneState, PartsAcc, RoundKey, Sinks, count_drop};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,7 +54,7 @@ pub(crate) struct Pipeline {
     tally: Tally,
     spec: SpecTally,
     stats: Stats,
-    parts: HashMap<RoundRef, PartsAcc>,
+    parts: HashMap<RoundKey, PartsAcc>,
     /// Rounds ended in the previous pass, finalized in this one.
     ended_prev: Vec<EndedRound>,
     ended_now: Vec<EndedRound>,

@@ -47,10 +47,20 @@ struct OpenStep {
     collect: bool,
 }
 
+/// A round as the worker keys it: its [`RoundRef`] and, for a round captured inside a CUDA
+/// graph, the replay it came from (0: recorded live). Every replay of a graph repeats the
+/// captured round's sequence number, so without the replay the verify parts of two replays
+/// awaiting their finalization would mix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RoundKey {
+    pub(crate) round: RoundRef,
+    pub(crate) replay: u64,
+}
+
 pub(crate) struct OpenRound {
     pub(crate) start: u64,
     pub(crate) k: u32,
-    pub(crate) round: RoundRef,
+    pub(crate) round: RoundKey,
     pub(crate) last: u64,
     pub(crate) phases: [u64; 5],
     /// Bit per phase marked in this round (a phase may take 0 ns and still have run).
@@ -80,7 +90,7 @@ pub(crate) struct PartsAcc {
 /// An open verify part.
 struct OpenPart {
     part: VerifyPart,
-    round: RoundRef,
+    round: RoundKey,
     start: u64,
 }
 
@@ -167,7 +177,7 @@ pub(crate) struct Sinks<'a> {
     pub(crate) tracer: Option<&'a SdkTracer>,
     pub(crate) tally: &'a mut Tally,
     pub(crate) stats: &'a mut Stats,
-    pub(crate) parts: &'a mut HashMap<RoundRef, PartsAcc>,
+    pub(crate) parts: &'a mut HashMap<RoundKey, PartsAcc>,
     pub(crate) ended: &'a mut Vec<EndedRound>,
     pub(crate) expert_counter: bool,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
@@ -220,6 +230,10 @@ pub(crate) struct LaneState {
     seen: [u64; DropReason::COUNT],
     replay: Option<OpenReplay>,
     awaiting_replay: bool,
+    /// Graph replays processed so far; the one being processed while its captured marks are
+    /// (0: live marks). Keys the rounds of each replay apart ([`RoundKey`]).
+    replays: u64,
+    in_replay: u64,
     /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
     host: bool,
     /// The attribute sets of the lane's series, built once.
@@ -272,6 +286,8 @@ impl LaneState {
             seen: [0; DropReason::COUNT],
             replay: None,
             awaiting_replay: false,
+            replays: 0,
+            in_replay: 0,
         }
     }
 
@@ -408,6 +424,8 @@ impl LaneState {
             return;
         };
         s.stats.graph_replays += 1;
+        self.replays += 1;
+        self.in_replay = self.replays;
         for (m, t) in g.template.iter().zip(times) {
             let m = match m.kind() {
                 // Sampling is decided per replay, not once at capture.
@@ -418,6 +436,7 @@ impl LaneState {
             self.last_ns = t;
             self.process(m, t, s);
         }
+        self.in_replay = 0;
     }
 
     fn unbalanced(s: &mut Sinks<'_>, n: u64) {
@@ -598,9 +617,12 @@ impl LaneState {
                 self.round = Some(OpenRound {
                     start: t,
                     k: m.k(),
-                    round: RoundRef {
-                        lane: self.lane.id,
-                        seq: m.round_seq(),
+                    round: RoundKey {
+                        round: RoundRef {
+                            lane: self.lane.id,
+                            seq: m.round_seq(),
+                        },
+                        replay: self.in_replay,
                     },
                     last: t,
                     phases: [0; 5],
@@ -676,12 +698,21 @@ impl LaneState {
                 };
                 self.parts_open.push(OpenPart {
                     part,
-                    round: m.round(),
+                    round: RoundKey {
+                        round: m.round(),
+                        replay: self.in_replay,
+                    },
                     start: t,
                 });
             }
             MarkKind::PartEnd => {
-                let (part, round) = (m.part(), m.round());
+                let (part, round) = (
+                    m.part(),
+                    RoundKey {
+                        round: m.round(),
+                        replay: self.in_replay,
+                    },
+                );
                 let Some(pos) = self
                     .parts_open
                     .iter()

@@ -959,3 +959,60 @@ fn a_slow_speculative_round_is_traced_with_its_phases() {
     drop(spans);
     assert_eq!(t.p.stats().tail_traces, 1);
 }
+
+#[test]
+fn rounds_captured_in_a_graph_keep_their_own_verify_parts_at_every_replay() {
+    // A whole round captured into a graph: draft 40 us, then verify with a kda part of 30 us and
+    // 20 us more. Each replay repeats the captured round's sequence number; each replay's round
+    // is finalized one pass after it ended, while the next replay's parts arrive.
+    use crate::timing::sim::{SimEventClock, SimStream};
+    let stream = SimStream::new();
+    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
+    let r = rec(&shared);
+    let us = std::time::Duration::from_micros;
+    stream.begin_capture().unwrap();
+    let capture = r.begin_capture();
+    {
+        let round = r.round(4);
+        stream.enqueue(us(40));
+        round.phase(Phase::Draft);
+        {
+            let _kda = r.verify_part(round.as_ref(), VerifyPart::Kda);
+            stream.enqueue(us(30));
+        }
+        stream.enqueue(us(20));
+        round.phase(Phase::Verify);
+        round.end(3);
+    }
+    let graph = stream.end_capture().unwrap();
+    let handle = capture.finish();
+    const REPLAYS: usize = 3;
+    for _ in 0..REPLAYS {
+        let g = r.replay(&handle);
+        graph.launch(&stream);
+        g.end();
+        stream.synchronize();
+        p.pass();
+    }
+    p.flush();
+    assert_eq!(p.stats().graph_replays, REPLAYS as u64);
+    assert_eq!(p.stats().rounds, REPLAYS as u64);
+    let parts = values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION);
+    let of = |name: &str| -> Vec<f64> {
+        parts
+            .iter()
+            .filter(|(_, a)| attr(a, "part") == Some(name))
+            .map(|(v, _)| (v * 1e6).round())
+            .collect()
+    };
+    assert_eq!(of("kda"), vec![30.0; REPLAYS], "each replay's own kda part");
+    assert_eq!(of("rest"), vec![20.0; REPLAYS]);
+    let phases = values(&p, crate::names::metric::SPEC_PHASE_DURATION);
+    let verify: Vec<f64> = phases
+        .iter()
+        .filter(|(_, a)| attr(a, "phase") == Some("verify"))
+        .map(|(v, _)| (v * 1e6).round())
+        .collect();
+    assert_eq!(verify, vec![50.0; REPLAYS]);
+}
