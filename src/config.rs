@@ -170,6 +170,25 @@ closed_set!(Timing, "host, sync or events", {
     Events => ["events"],
 });
 
+/// Where host-clock boundaries are read from (`PHASETRACE_HOST_CLOCK`); see
+/// [`crate::timing::host_source`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HostSourceChoice {
+    /// The invariant TSC where the CPU and the kernel make it usable, else the monotonic clock.
+    #[default]
+    Auto,
+    /// The TSC, or the profiler fails to build, saying why the TSC cannot be used.
+    Tsc,
+    /// The OS monotonic clock, TSC or not (a VM whose TSC rate may change on live migration).
+    Monotonic,
+}
+
+closed_set!(HostSourceChoice, "auto, tsc or monotonic", {
+    Auto => ["auto"],
+    Tsc => ["tsc"],
+    Monotonic => ["monotonic"],
+});
+
 /// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
@@ -568,6 +587,8 @@ pub struct Config {
     pub expert_counter: bool,
     /// Timing backend.
     pub timing: Timing,
+    /// Where the host clock reads (`auto`: the TSC where usable).
+    pub host_clock: HostSourceChoice,
     /// `OTEL_SDK_DISABLED=true`: nothing recorded, nothing exported.
     pub sdk_disabled: bool,
     /// Resource `service.name`.
@@ -857,6 +878,7 @@ impl ConfigBuilder {
         let group = src.value(&s::GROUP)?;
         let expert_counter = src.value(&s::EXPERT_COUNTER)?;
         let timing = src.value(&s::TIMING)?;
+        let host_clock = src.value(&s::HOST_CLOCK)?;
         let service_name = src.value(&s::SERVICE_NAME)?;
         let resource_attributes = src.value(&s::RESOURCE_ATTRIBUTES)?;
         let endpoint = src.value(&s::OTLP_ENDPOINT)?;
@@ -938,6 +960,7 @@ impl ConfigBuilder {
             group,
             expert_counter,
             timing,
+            host_clock,
             sdk_disabled,
             service_name,
             resource_attributes,

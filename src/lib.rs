@@ -48,7 +48,8 @@ pub mod vocab;
 mod worker;
 
 pub use config::{
-    Config, ConfigError, Level, Origin, Protocol, SpecLevel, Timing, TraceSlowerThan,
+    Config, ConfigError, HostSourceChoice, Level, Origin, Protocol, SpecLevel, Timing,
+    TraceSlowerThan,
 };
 pub use export::{ExportError, WebConfigError};
 pub use names::DropReason;

@@ -262,6 +262,8 @@ pub mod env {
     pub const EXPERT_COUNTER: &str = "PHASETRACE_EXPERT_COUNTER";
     /// `host`, `sync` or `events`.
     pub const TIMING: &str = "PHASETRACE_TIMING";
+    /// `auto`, `tsc` or `monotonic`: where the host clock reads.
+    pub const HOST_CLOCK: &str = "PHASETRACE_HOST_CLOCK";
     /// Rank fallbacks set by launchers, read in this order after `PHASETRACE_RANK`.
     pub const RANK_FALLBACKS: [&str; 3] = ["RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK"];
 

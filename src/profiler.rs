@@ -26,6 +26,9 @@ pub enum Error {
     /// An exporter could not be set up.
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// The host clock cannot be what `PHASETRACE_HOST_CLOCK` asks for.
+    #[error(transparent)]
+    HostClock(#[from] crate::timing::HostClockError),
     /// A timing backend could not be set up.
     #[error("PHASETRACE_TIMING={timing}: {detail}")]
     Timing {
@@ -355,6 +358,9 @@ impl ProfilerBuilder {
         let cfg = self.config()?;
         for w in &cfg.alias_warnings {
             eprintln!("{w}");
+        }
+        if !cfg.sdk_disabled {
+            crate::timing::choose_host_source(cfg.host_clock)?;
         }
         // Checked now even when the profiler starts off: a bad file is never found only later,
         // when an operator turns profiling on.

@@ -61,9 +61,15 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         let value = s.shown(&cfg);
         out += &format!("  {var:<57} {value:<34} ({})\n", origin(&cfg, var));
     }
-    out += &host_clock_lines(&phasetrace::timing::host_source());
-    let timeout = Duration::from_millis(a.timeout_ms);
     let mut problems = Vec::new();
+    // As a profiler built with this configuration would: the choice first, then what it gives.
+    let chosen = phasetrace::timing::choose_host_source(cfg.host_clock);
+    out += &host_clock_lines(&phasetrace::timing::host_source());
+    if let Err(e) = chosen {
+        out += &format!("  FAIL  {e}\n");
+        problems.push(e.to_string());
+    }
+    let timeout = Duration::from_millis(a.timeout_ms);
     out += "\nprobes\n";
     if let Some(o) = &cfg.otlp {
         match o.probe(timeout) {

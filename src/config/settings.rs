@@ -32,8 +32,8 @@
 //! `check_prints_each_setting_as_its_variable_reads_it`) then cover the new setting.
 
 use super::{
-    Config, Expected, HistogramAggregation, Level, Listen, MetricsExporters, Protocol, SpecLevel,
-    Timing, TraceSlowerThan, TracesExporter, parse_endpoint, parse_kv_list,
+    Config, Expected, HistogramAggregation, HostSourceChoice, Level, Listen, MetricsExporters,
+    Protocol, SpecLevel, Timing, TraceSlowerThan, TracesExporter, parse_endpoint, parse_kv_list,
 };
 use crate::names::{default, env};
 use std::any::Any;
@@ -589,6 +589,22 @@ pub static TIMING: Setting<Timing> = Setting {
     get: |c| Some(c.timing),
 };
 
+/// Where host-clock boundaries are read from.
+pub static HOST_CLOCK: Setting<HostSourceChoice> = Setting {
+    var: env::HOST_CLOCK,
+    fallbacks: &[],
+    flag: Some("host-clock"),
+    doc: "Where the host clock reads: the TSC where usable, or forced",
+    expected: HostSourceChoice::EXPECTED,
+    example: "monotonic",
+    default_note: "",
+    secret: false,
+    default: || HostSourceChoice::Auto,
+    parse: closed,
+    show: shown,
+    get: |c| Some(c.host_clock),
+};
+
 /// Turns phasetrace off entirely.
 pub static SDK_DISABLED: Setting<bool> = Setting {
     var: env::OTEL_SDK_DISABLED,
@@ -837,6 +853,7 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &GROUP,
     &EXPERT_COUNTER,
     &TIMING,
+    &HOST_CLOCK,
     &SDK_DISABLED,
     &SERVICE_NAME,
     &RESOURCE_ATTRIBUTES,

@@ -31,7 +31,8 @@ pub mod cuda;
 pub use host::HostClock;
 pub use sync::{StreamSync, SyncClock};
 pub use timeline::{
-    HostClockInfo, HostSource, HostSourceReason, host_source, monotonic_ns, now_ns, to_system_time,
+    HostClockError, HostClockInfo, HostSource, HostSourceReason, choose_host_source, host_source,
+    monotonic_ns, now_ns, to_system_time,
 };
 
 pub(crate) use host::is_host;

@@ -25,10 +25,18 @@
 //! converts (the worker on every pass, or a `now_ns` caller) refreshes when one is due, so the hot
 //! path never does. An offset too large to slew away (more than 500 ppm of the interval: the TSC
 //! or the OS clock jumped) is stepped instead and counted ([`HostClockInfo::steps`]).
+//!
+//! **Choosing.** `PHASETRACE_HOST_CLOCK=monotonic` ([`choose_host_source`], applied when a
+//! profiler is built and by `phasetrace check`) keeps the timeline on the monotonic clock even
+//! where the TSC is usable: for a VM whose TSC rate may change when it is live-migrated, which no
+//! start-up check can foresee. `tsc` makes a profiler fail to build, saying why, where the TSC
+//! cannot be used. The source is one per process and never changes once decided.
 
 use super::tsc;
+use crate::config::HostSourceChoice;
+use crate::names::env;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering, fence};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -78,6 +86,8 @@ pub enum HostSourceReason {
         /// The disagreement, in parts per million.
         ppm: f64,
     },
+    /// `PHASETRACE_HOST_CLOCK=monotonic`.
+    Chosen,
 }
 
 impl std::fmt::Display for HostSourceReason {
@@ -94,6 +104,7 @@ impl std::fmt::Display for HostSourceReason {
             HostSourceReason::KernelClocksource(cs) => {
                 write!(f, "the kernel's clocksource is {cs}, not tsc")
             }
+            HostSourceReason::Chosen => write!(f, "{}=monotonic", env::HOST_CLOCK),
             HostSourceReason::UnsteadyRate { ppm } => write!(
                 f,
                 "the TSC's rate against the monotonic clock moved by {ppm:.0} ppm between two \
@@ -126,6 +137,55 @@ pub struct HostClockInfo {
 pub fn host_source() -> HostClockInfo {
     timeline().info()
 }
+
+/// A `PHASETRACE_HOST_CLOCK` that this process cannot follow.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostClockError {
+    /// `tsc` was asked for and the TSC cannot be used here.
+    #[error("{var}=tsc: the TSC cannot be used here: {0}; use auto or monotonic", var = env::HOST_CLOCK)]
+    TscUnusable(HostSourceReason),
+    /// `monotonic` was asked for after the process's timeline had started on the TSC.
+    #[error(
+        "{var}=monotonic: this process's host clock already reads the TSC (decided when it was \
+         first needed, before this setting was applied); set it in the first profiler built, \
+         before anything else in the process reads phasetrace's clock",
+        var = env::HOST_CLOCK
+    )]
+    AlreadyTsc,
+}
+
+/// Applies `PHASETRACE_HOST_CLOCK` to this process's timeline: `auto` leaves the choice to the
+/// start-up checks; `monotonic` keeps the timeline on the monotonic clock (an error if it already
+/// started on the TSC); `tsc` checks that the TSC is used (an error naming why not). Called when
+/// a profiler is built; idempotent.
+pub fn choose_host_source(choice: HostSourceChoice) -> Result<(), HostClockError> {
+    if choice == HostSourceChoice::Monotonic {
+        // Read by the detection if it has not run yet; harmless if it has.
+        CHOICE.store(MONOTONIC, Ordering::Relaxed);
+    }
+    if choice == HostSourceChoice::Auto {
+        return Ok(());
+    }
+    follows(choice, timeline())
+}
+
+/// Whether timeline `t` is what `choice` asks for.
+fn follows(choice: HostSourceChoice, t: &Timeline) -> Result<(), HostClockError> {
+    match (choice, t.source) {
+        (HostSourceChoice::Auto, _)
+        | (HostSourceChoice::Tsc, HostSource::Tsc)
+        | (HostSourceChoice::Monotonic, HostSource::Monotonic) => Ok(()),
+        (HostSourceChoice::Tsc, HostSource::Monotonic) => {
+            Err(HostClockError::TscUnusable(t.reason.clone()))
+        }
+        (HostSourceChoice::Monotonic, HostSource::Tsc) => Err(HostClockError::AlreadyTsc),
+    }
+}
+
+/// `CHOICE` value: the monotonic clock was asked for (0: decide by the start-up checks).
+const MONOTONIC: u8 = 1;
+static CHOICE: AtomicU8 = AtomicU8::new(0);
 
 /// Nanoseconds on the process timeline since the process-wide epoch: the time every clock
 /// resolves to, and what span timestamps are made of.
@@ -272,7 +332,14 @@ fn epoch() -> &'static Epoch {
 
 pub(crate) fn timeline() -> &'static Timeline {
     static TIMELINE: OnceLock<Timeline> = OnceLock::new();
-    TIMELINE.get_or_init(Timeline::detect)
+    TIMELINE.get_or_init(|| {
+        if CHOICE.load(Ordering::Relaxed) == MONOTONIC {
+            let _ = epoch();
+            Timeline::monotonic(HostSourceReason::Chosen)
+        } else {
+            Timeline::detect()
+        }
+    })
 }
 
 /// One linear piece of the mapping: ticks at or after `tsc0` map to `ns0 + (t - tsc0) * rate`.
@@ -705,6 +772,40 @@ mod tests {
         };
         let p = pt(10, 10);
         assert_eq!(next_calib(c, p, p, 1_000), None);
+    }
+
+    #[test]
+    fn the_host_clock_setting_is_followed_or_refused_with_the_reason() {
+        let mono = Timeline::monotonic(HostSourceReason::NoInvariantTsc);
+        let tsc = Timeline::with(
+            HostSource::Tsc,
+            HostSourceReason::InvariantTsc,
+            None,
+            VecDeque::new(),
+            0,
+        );
+        for t in [&mono, &tsc] {
+            assert_eq!(follows(HostSourceChoice::Auto, t), Ok(()));
+        }
+        assert_eq!(follows(HostSourceChoice::Tsc, &tsc), Ok(()));
+        assert_eq!(follows(HostSourceChoice::Monotonic, &mono), Ok(()));
+        let e = follows(HostSourceChoice::Tsc, &mono).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "PHASETRACE_HOST_CLOCK=tsc: the TSC cannot be used here: the CPU reports no invariant \
+             TSC (CPUID 8000_0007h EDX bit 8); use auto or monotonic"
+        );
+        let e = follows(HostSourceChoice::Monotonic, &tsc).unwrap_err();
+        assert_eq!(e, HostClockError::AlreadyTsc);
+        assert!(
+            e.to_string()
+                .starts_with("PHASETRACE_HOST_CLOCK=monotonic: "),
+            "{e}"
+        );
+        assert_eq!(
+            HostSourceReason::Chosen.to_string(),
+            "PHASETRACE_HOST_CLOCK=monotonic"
+        );
     }
 
     #[test]
