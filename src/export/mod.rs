@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics
+//!                               │        ^ (both on, same aggregation: scrapes collect here too)
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
 //!                                                   TLS, basic auth, classic | OpenMetrics, gzip)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
@@ -224,19 +225,6 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     // Exemplars need both a trace to link to and an endpoint to show them on.
     let exemplars =
         (traced && cfg.prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
-    let mut prometheus_reader = None;
-    let mut prometheus = None;
-    if let Some(addr) = cfg.prometheus {
-        let web = cfg
-            .prometheus_web_config
-            .as_deref()
-            .map(web_config::load)
-            .transpose()?;
-        let (reader, server) = self::prometheus::start(addr, web, exemplars.clone())?;
-        prometheus_reader = Some(reader);
-        prometheus = Some(server);
-    }
-
     let mut otlp_reader = None;
     if let (true, Some(o)) = (cfg.metrics_otlp, otlp) {
         let exporter = otlp::metric_exporter(o, runtime.as_ref())?;
@@ -246,10 +234,25 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                 .build(),
         );
     }
-
     // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
     let exponential = otlp_reader.is_some()
         && otlp.is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
+
+    let mut prometheus_reader = None;
+    let mut prometheus = None;
+    if let Some(addr) = cfg.prometheus {
+        let web = cfg
+            .prometheus_web_config
+            .as_deref()
+            .map(web_config::load)
+            .transpose()?;
+        // With the same aggregation on both sides, scrapes read the OTLP reader's (one
+        // aggregation, so the worker records each measurement once).
+        let shared = otlp_reader.clone().filter(|_| !exponential);
+        let (reader, server) = self::prometheus::start(addr, web, exemplars.clone(), shared)?;
+        prometheus_reader = reader;
+        prometheus = Some(server);
+    }
     let mut meter_providers = Vec::new();
     match (otlp_reader, prometheus_reader, exponential) {
         (Some(o), Some(p), true) => {

@@ -192,12 +192,14 @@ impl crate::Config {
         };
         let free = std::net::TcpListener::bind(addr).is_ok();
         let (answer, where_) = if free {
-            let (reader, server) =
-                super::prometheus::start(addr, web.clone(), None).map_err(|e| e.to_string())?;
+            let (reader, server) = super::prometheus::start(addr, web.clone(), None, None)
+                .map_err(|e| e.to_string())?;
             // An empty provider, so that the probe's scrape collects something.
-            let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
-                .with_reader(reader)
-                .build();
+            let mut provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder();
+            if let Some(r) = reader {
+                provider = provider.with_reader(r);
+            }
+            let provider = provider.build();
             let target = server.addr();
             let r = probe_scrape(target, web.as_ref(), timeout);
             server.stop();

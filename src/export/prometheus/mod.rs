@@ -29,10 +29,13 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use opentelemetry::KeyValue;
+use opentelemetry_otlp::MetricExporter;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::reader::MetricReader;
-use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, Temporality};
+use opentelemetry_sdk::metrics::{
+    InstrumentKind, ManualReader, PeriodicReader, Pipeline, Temporality,
+};
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -77,6 +80,28 @@ impl MetricReader for PrometheusReader {
     }
 }
 
+/// What a scrape collects from: the endpoint's own reader, or, when metrics also go over OTLP
+/// with the same aggregation, the OTLP exporter's periodic reader. Sharing it means one SDK
+/// aggregation serves both: the worker records each measurement once, not once per reader (see
+/// `worker/drain_steps_*` in `BENCHMARKS.md`), and a scrape and an export read the same totals.
+/// Both are cumulative.
+#[derive(Clone, Debug)]
+pub(crate) enum Source {
+    /// A `ManualReader` of the endpoint's own, registered with the meter provider.
+    Own(PrometheusReader),
+    /// The OTLP metrics reader, registered with the meter provider by the OTLP side.
+    Otlp(PeriodicReader<MetricExporter>),
+}
+
+impl Source {
+    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
+        match self {
+            Source::Own(r) => r.collect(rm),
+            Source::Otlp(r) => r.collect(rm),
+        }
+    }
+}
+
 /// The running endpoint.
 pub(crate) struct PrometheusServer {
     addr: SocketAddr,
@@ -101,7 +126,7 @@ impl PrometheusServer {
 
 /// What every connection shares.
 struct Endpoint {
-    reader: PrometheusReader,
+    reader: Source,
     web: Option<WebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
     exemplars: Option<Arc<ExemplarStore>>,
@@ -110,13 +135,22 @@ struct Endpoint {
 }
 
 /// Binds `addr` and starts serving; `web` adds TLS and basic auth; `exemplars` (traces on) adds
-/// the exemplars of delivered traces to OpenMetrics scrapes.
+/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
+/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
+/// provider.
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<WebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
-) -> Result<(PrometheusReader, PrometheusServer), ExportError> {
-    let reader = PrometheusReader(Arc::new(ManualReader::builder().build()));
+    otlp: Option<PeriodicReader<MetricExporter>>,
+) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
+    let (own, source) = match otlp {
+        Some(r) => (None, Source::Otlp(r)),
+        None => {
+            let r = PrometheusReader(Arc::new(ManualReader::builder().build()));
+            (Some(r.clone()), Source::Own(r))
+        }
+    };
     let listener = std::net::TcpListener::bind(addr)
         .map_err(|source| ExportError::PrometheusBind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
@@ -131,7 +165,7 @@ pub(super) fn start(
         .build()
         .map_err(ExportError::Thread)?;
     let endpoint = Arc::new(Endpoint {
-        reader: reader.clone(),
+        reader: source,
         web,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
@@ -153,7 +187,7 @@ pub(super) fn start(
         })
         .map_err(ExportError::Thread)?;
     Ok((
-        reader,
+        own,
         PrometheusServer {
             addr: bound,
             stop: Some(tx),
@@ -330,7 +364,7 @@ impl Endpoint {
 /// One scrape's text: what the reader collects, in `format`; in OpenMetrics, with the
 /// exemplars `store` holds (only of exported traces) on the bucket lines of their series.
 pub(crate) fn scrape_text(
-    reader: &PrometheusReader,
+    reader: &Source,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
@@ -474,7 +508,7 @@ mod tests {
     #[test]
     fn openmetrics_scrapes_show_exemplars_of_exported_spans_only() {
         use super::super::exemplars::{Exemplar, ExemplarStore};
-        use super::{Format, PrometheusReader, scrape_text};
+        use super::{Format, PrometheusReader, Source, scrape_text};
         use crate::names::metric;
         use opentelemetry::KeyValue;
         use opentelemetry::metrics::MeterProvider as _;
@@ -504,7 +538,8 @@ mod tests {
         };
         store.offer(metric::STEP_DURATION, &attrs, e(0x1f));
         let om = Format::OpenMetrics { version: "1.0.0" };
-        let text = |format, store| scrape_text(&reader, format, 0, store).expect("scrape");
+        let source = Source::Own(reader);
+        let text = |format, store| scrape_text(&source, format, 0, store).expect("scrape");
         assert!(
             !text(om, Some(&store)).contains("# {"),
             "a pending exemplar is not shown"
