@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! accept (at most PROMETHEUS_MAX_CONNECTIONS at once; more are closed at once)
-//!   ─► TLS handshake (web config; bounded by the request timeout)
+//!   ─► TLS handshake (web config, re-read if changed; bounded by the request timeout)
 //!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES, read within the timeout)
-//!   ─► basic auth (bcrypt, verified credentials cached) ─► route
+//!   ─► basic auth (web config, re-read if changed; bcrypt, verified credentials cached)
+//!   ─► route
 //!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics)
 //!      ─► gzip when accepted
 //! ```
@@ -17,6 +18,7 @@
 
 mod encode;
 mod negotiate;
+pub(crate) mod reload;
 pub(crate) mod web_config;
 
 use super::ExportError;
@@ -33,6 +35,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, Temporality};
+use reload::{LiveWebConfig, ReloadCounts};
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -44,7 +47,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Semaphore, oneshot};
-use web_config::WebConfig;
 
 pub(crate) use encode::Format;
 
@@ -82,11 +84,17 @@ pub(crate) struct PrometheusServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    reloads: Option<Arc<ReloadCounts>>,
 }
 
 impl PrometheusServer {
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The web configuration file's reloads, when there is one.
+    pub(crate) fn reloads(&self) -> Option<Arc<ReloadCounts>> {
+        self.reloads.clone()
     }
 
     pub(crate) fn stop(mut self) {
@@ -102,18 +110,20 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: PrometheusReader,
-    web: Option<WebConfig>,
+    /// TLS and basic auth, re-read when the file changed.
+    web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
     exemplars: Option<Arc<ExemplarStore>>,
     /// The size of the last uncompressed scrape, to size the next one's buffer.
     last_size: AtomicUsize,
 }
 
-/// Binds `addr` and starts serving; `web` adds TLS and basic auth; `exemplars` (traces on) adds
+/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
+/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
 /// the exemplars of delivered traces to OpenMetrics scrapes.
 pub(super) fn start(
     addr: SocketAddr,
-    web: Option<WebConfig>,
+    web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
 ) -> Result<(PrometheusReader, PrometheusServer), ExportError> {
     let reader = PrometheusReader(Arc::new(ManualReader::builder().build()));
@@ -130,6 +140,7 @@ pub(super) fn start(
         .thread_name("phasetrace-prometheus-scrape")
         .build()
         .map_err(ExportError::Thread)?;
+    let reloads = web.as_ref().map(LiveWebConfig::counts);
     let endpoint = Arc::new(Endpoint {
         reader: reader.clone(),
         web,
@@ -158,6 +169,7 @@ pub(super) fn start(
             addr: bound,
             stop: Some(tx),
             thread: Some(thread),
+            reloads,
         },
     ))
 }
@@ -196,7 +208,9 @@ async fn accept_loop(
 
 impl Endpoint {
     async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream) {
-        match self.web.as_ref().and_then(|w| w.tls.as_ref()) {
+        // Each handshake with the certificates of now: a `stat` per file when none changed.
+        let web = self.web.as_ref().map(LiveWebConfig::get);
+        match web.as_ref().and_then(|w| w.tls.as_ref()) {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
                 if let Ok(Ok(stream)) = tokio::time::timeout(TIMEOUT, acceptor.accept(tcp)).await {
@@ -235,7 +249,8 @@ impl Endpoint {
     }
 
     async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        if let Some(users) = self.web.as_ref().and_then(|w| w.users.clone()) {
+        // Each request with the users of now: a kept-alive scraper's too.
+        if let Some(users) = self.web.as_ref().and_then(|w| w.get().users.clone()) {
             let creds = req
                 .headers()
                 .get(header::AUTHORIZATION)
