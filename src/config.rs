@@ -575,7 +575,8 @@ pub struct Config {
     pub spec_summary_every: u64,
     /// The embedded Prometheus endpoint's listen address.
     pub prometheus: Option<SocketAddr>,
-    /// The Prometheus endpoint's web configuration file (TLS, basic auth), read at `build()`.
+    /// The Prometheus endpoint's web configuration file (TLS, basic auth), checked at
+    /// `build()` and re-read by the running endpoint when it or a file it names changes.
     pub prometheus_web_config: Option<PathBuf>,
     /// Per-thread buffer capacity in records.
     pub queue: usize,

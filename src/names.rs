@@ -54,6 +54,11 @@ pub mod metric {
     pub const SPEC_ACCEPTED_TOKENS: &str = "phasetrace.spec.accepted_tokens";
     /// Histogram of accepted tokens per round, integer buckets `0..=k_max`, attribute `rank`.
     pub const SPEC_ACCEPTED_LENGTH: &str = "phasetrace.spec.accepted_length";
+    /// Counter of the re-reads of the Prometheus endpoint's web configuration file
+    /// (`PHASETRACE_PROMETHEUS_WEB_CONFIG`) after it or a file it names changed, attribute
+    /// `result` ([`crate::names::WebConfigReload`]); both series exist, at 0, from the start
+    /// (`phasetrace_prometheus_web_config_reloads_total`). Only with a web configuration file.
+    pub const PROMETHEUS_WEB_CONFIG_RELOADS: &str = "phasetrace.prometheus.web_config.reloads";
 
     /// Unit of every duration histogram.
     pub const UNIT_SECONDS: &str = "s";
@@ -67,6 +72,8 @@ pub mod metric {
     pub const UNIT_RECORDS: &str = "{record}";
     /// Unit of the per-layer call counters.
     pub const UNIT_CALLS: &str = "{call}";
+    /// Unit of the web configuration reload counter.
+    pub const UNIT_RELOADS: &str = "{reload}";
 
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [
@@ -92,6 +99,8 @@ pub mod attr {
     pub const EXPERT: &str = "expert";
     /// Why a record was dropped.
     pub const REASON: &str = "reason";
+    /// How a re-read of the web configuration file ended ([`crate::names::WebConfigReload`]).
+    pub const RESULT: &str = "result";
     /// Speculative phase.
     pub const PHASE: &str = "phase";
     /// Verify part.
@@ -223,6 +232,30 @@ impl DropReason {
 impl std::fmt::Display for DropReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// How a re-read of the Prometheus endpoint's web configuration file ended: the `result`
+/// attribute of [`metric::PROMETHEUS_WEB_CONFIG_RELOADS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WebConfigReload {
+    /// Read and checked: new connections and requests use it.
+    Ok,
+    /// Unreadable or invalid (or it would switch TLS on or off): the endpoint keeps the
+    /// configuration it read before, and a warning on stderr says why.
+    Failed,
+}
+
+impl WebConfigReload {
+    /// Both results, each a series from the start.
+    pub const ALL: [WebConfigReload; 2] = [WebConfigReload::Ok, WebConfigReload::Failed];
+
+    /// The `result` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WebConfigReload::Ok => "ok",
+            WebConfigReload::Failed => "failed",
+        }
     }
 }
 

@@ -136,7 +136,12 @@ impl ProfilerBuilder {
     /// The Prometheus endpoint's web configuration file: TLS (`tls_server_config`) and basic
     /// auth (`basic_auth_users`, bcrypt hashes) in the Prometheus exporter-toolkit format. Read
     /// and checked by `build()`: an unreadable or invalid file is an error naming the file and
-    /// the field. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP, no auth).
+    /// the field. While the endpoint runs, it is re-read when it or a file it names changes (new
+    /// connections get new certificates, requests new users); a broken change keeps the last
+    /// good configuration, warns on stderr and counts
+    /// `phasetrace.prometheus.web_config.reloads{result="failed"}`. Whether the endpoint speaks
+    /// TLS is fixed at start. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP,
+    /// no auth).
     pub fn with_prometheus_web_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.cfg
             .set(&settings::PROMETHEUS_WEB_CONFIG, Some(path.into()));

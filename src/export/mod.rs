@@ -23,7 +23,7 @@ pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
 pub use self::prometheus::web_config::WebConfigError;
-pub(crate) use self::prometheus::{PrometheusServer, web_config};
+pub(crate) use self::prometheus::{PrometheusServer, reload, web_config};
 
 use crate::config::{Config, HistogramAggregation};
 use crate::names::{default, metric, resource};
@@ -112,6 +112,8 @@ pub(crate) struct Exporters {
     /// endpoint are on.
     pub(crate) exemplars: Option<std::sync::Arc<ExemplarStore>>,
     pub(crate) prometheus: Option<PrometheusServer>,
+    /// `phasetrace.prometheus.web_config.reloads`, one per meter provider (kept with them).
+    _reload_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
     /// Keeps the tonic channels' background tasks alive.
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
 }
@@ -244,7 +246,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         let web = cfg
             .prometheus_web_config
             .as_deref()
-            .map(web_config::load)
+            .map(reload::LiveWebConfig::load)
             .transpose()?;
         // With the same aggregation on both sides, scrapes read the OTLP reader's (one
         // aggregation, so the worker records each measurement once).
@@ -283,6 +285,15 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
     }
 
+    // The web configuration file's reloads, on every meter provider (OTLP too).
+    let reload_counters = match prometheus.as_ref().and_then(PrometheusServer::reloads) {
+        Some(counts) => meter_providers
+            .iter()
+            .map(|p| reload_counter(p, &counts, &cfg.group))
+            .collect(),
+        None => Vec::new(),
+    };
+
     let span_counts = std::sync::Arc::new(SpanCounts::default());
     // Every span exporter is wrapped to count what it delivered and lost.
     let tracer_provider = match (cfg.traces_otlp, otlp, cfg.traces_console) {
@@ -309,8 +320,43 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         span_counts,
         exemplars,
         prometheus,
+        _reload_counters: reload_counters,
         runtime,
     })
+}
+
+/// `phasetrace.prometheus.web_config.reloads` on `provider`, read from `counts` at each
+/// collection; both results from the start.
+fn reload_counter(
+    provider: &SdkMeterProvider,
+    counts: &std::sync::Arc<reload::ReloadCounts>,
+    group: &str,
+) -> opentelemetry::metrics::ObservableCounter<u64> {
+    use crate::names::{WebConfigReload, attr};
+    use opentelemetry::metrics::MeterProvider as _;
+    let counts = counts.clone();
+    let series = WebConfigReload::ALL.map(|r| {
+        (
+            r,
+            [
+                KeyValue::new(attr::RESULT, r.as_str()),
+                KeyValue::new(attr::GROUP, group.to_owned()),
+            ],
+        )
+    });
+    provider
+        .meter("phasetrace")
+        .u64_observable_counter(metric::PROMETHEUS_WEB_CONFIG_RELOADS)
+        .with_unit(metric::UNIT_RELOADS)
+        .with_description(
+            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
+        )
+        .with_callback(move |o| {
+            for (r, kv) in &series {
+                o.observe(counts.get(*r), kv);
+            }
+        })
+        .build()
 }
 
 /// A tracer provider exporting through a batch processor sized to [`SPAN_QUEUE`].

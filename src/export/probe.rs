@@ -176,12 +176,13 @@ impl crate::Config {
         let Some(addr) = self.prometheus else {
             return Err("the Prometheus endpoint is off".to_owned());
         };
-        let web = self
+        let live = self
             .prometheus_web_config
             .as_deref()
-            .map(super::web_config::load)
+            .map(super::reload::LiveWebConfig::load)
             .transpose()
             .map_err(|e| e.to_string())?;
+        let web = live.as_ref().map(super::reload::LiveWebConfig::get);
         let described = web
             .as_ref()
             .map_or_else(|| "no TLS, no basic auth".to_owned(), |w| w.describe());
@@ -192,8 +193,8 @@ impl crate::Config {
         };
         let free = std::net::TcpListener::bind(addr).is_ok();
         let (answer, where_) = if free {
-            let (reader, server) = super::prometheus::start(addr, web.clone(), None, None)
-                .map_err(|e| e.to_string())?;
+            let (reader, server) =
+                super::prometheus::start(addr, live, None, None).map_err(|e| e.to_string())?;
             // An empty provider, so that the probe's scrape collects something.
             let mut provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder();
             if let Some(r) = reader {
@@ -201,13 +202,13 @@ impl crate::Config {
             }
             let provider = provider.build();
             let target = server.addr();
-            let r = probe_scrape(target, web.as_ref(), timeout);
+            let r = probe_scrape(target, web.as_deref(), timeout);
             server.stop();
             let _ = provider.shutdown();
             (r, format!("{scheme}://{addr}/metrics would serve"))
         } else {
             (
-                probe_scrape(addr, web.as_ref(), timeout),
+                probe_scrape(addr, web.as_deref(), timeout),
                 format!("{scheme}://{addr}/metrics is already served (a running engine?) and"),
             )
         };

@@ -3,6 +3,7 @@
 
 use phasetrace_testkit as support;
 
+mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
 mod arbitrary_api_call_sequences_never_panic;
 mod every_drop_reason_reads_zero_before_anything_drops;

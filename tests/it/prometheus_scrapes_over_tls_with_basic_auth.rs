@@ -21,7 +21,7 @@ const PASSWORD: &str = "correct horse battery staple";
 
 /// Writes a CA, a server certificate for 127.0.0.1 / localhost and a client certificate, all in
 /// `dir`: `ca.pem`, `server.pem`, `server.key`, `client.pem`, `client.key`.
-fn certificates(dir: &Path) {
+pub(crate) fn certificates(dir: &Path) {
     let ca_key = KeyPair::generate().expect("ca key");
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("ca params");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -114,7 +114,7 @@ fn tls_get(
         .ok_or_else(|| format!("no HTTP answer: {head:?}"))
 }
 
-fn base64(s: &str) -> String {
+pub(crate) fn base64(s: &str) -> String {
     const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let b = s.as_bytes();
     let mut out = String::new();
@@ -133,7 +133,7 @@ fn base64(s: &str) -> String {
     out
 }
 
-fn job(name: &str, addr: SocketAddr, dir: &Path, password: &str) -> String {
+pub(crate) fn job(name: &str, addr: SocketAddr, dir: &Path, password: &str) -> String {
     format!(
         "job_name: {name}\nscheme: https\nscrape_interval: 1s\nscrape_timeout: 1s\ntls_config:\n  ca_file: {ca}\n  cert_file: {cert}\n  key_file: {key}\n  server_name: localhost\nbasic_auth:\n  username: prometheus\n  password: '{password}'\nstatic_configs:\n  - targets: ['{addr}']",
         ca = dir.join("ca.pem").display(),

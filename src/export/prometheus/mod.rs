@@ -3,9 +3,10 @@
 //!
 //! ```text
 //! accept (at most PROMETHEUS_MAX_CONNECTIONS at once; more are closed at once)
-//!   ─► TLS handshake (web config; bounded by the request timeout)
+//!   ─► TLS handshake (web config, re-read if changed; bounded by the request timeout)
 //!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES, read within the timeout)
-//!   ─► basic auth (bcrypt, verified credentials cached) ─► route
+//!   ─► basic auth (web config, re-read if changed; bcrypt, verified credentials cached)
+//!   ─► route
 //!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics)
 //!      ─► gzip when accepted
 //! ```
@@ -17,6 +18,7 @@
 
 mod encode;
 mod negotiate;
+pub(crate) mod reload;
 pub(crate) mod web_config;
 
 use super::ExportError;
@@ -36,6 +38,7 @@ use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{
     InstrumentKind, ManualReader, PeriodicReader, Pipeline, Temporality,
 };
+use reload::{LiveWebConfig, ReloadCounts};
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -47,7 +50,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Semaphore, oneshot};
-use web_config::WebConfig;
 
 pub(crate) use encode::Format;
 
@@ -107,11 +109,17 @@ pub(crate) struct PrometheusServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
+    reloads: Option<Arc<ReloadCounts>>,
 }
 
 impl PrometheusServer {
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The web configuration file's reloads, when there is one.
+    pub(crate) fn reloads(&self) -> Option<Arc<ReloadCounts>> {
+        self.reloads.clone()
     }
 
     pub(crate) fn stop(mut self) {
@@ -127,20 +135,22 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: Source,
-    web: Option<WebConfig>,
+    /// TLS and basic auth, re-read when the file changed.
+    web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
     exemplars: Option<Arc<ExemplarStore>>,
     /// The size of the last uncompressed scrape, to size the next one's buffer.
     last_size: AtomicUsize,
 }
 
-/// Binds `addr` and starts serving; `web` adds TLS and basic auth; `exemplars` (traces on) adds
+/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
+/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
 /// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
 /// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
 /// provider.
 pub(super) fn start(
     addr: SocketAddr,
-    web: Option<WebConfig>,
+    web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
     otlp: Option<PeriodicReader<MetricExporter>>,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
@@ -164,6 +174,7 @@ pub(super) fn start(
         .thread_name("phasetrace-prometheus-scrape")
         .build()
         .map_err(ExportError::Thread)?;
+    let reloads = web.as_ref().map(LiveWebConfig::counts);
     let endpoint = Arc::new(Endpoint {
         reader: source,
         web,
@@ -192,6 +203,7 @@ pub(super) fn start(
             addr: bound,
             stop: Some(tx),
             thread: Some(thread),
+            reloads,
         },
     ))
 }
@@ -230,7 +242,9 @@ async fn accept_loop(
 
 impl Endpoint {
     async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream) {
-        match self.web.as_ref().and_then(|w| w.tls.as_ref()) {
+        // Each handshake with the certificates of now: a `stat` per file when none changed.
+        let web = self.web.as_ref().map(LiveWebConfig::get);
+        match web.as_ref().and_then(|w| w.tls.as_ref()) {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
                 if let Ok(Ok(stream)) = tokio::time::timeout(TIMEOUT, acceptor.accept(tcp)).await {
@@ -269,7 +283,8 @@ impl Endpoint {
     }
 
     async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-        if let Some(users) = self.web.as_ref().and_then(|w| w.users.clone()) {
+        // Each request with the users of now: a kept-alive scraper's too.
+        if let Some(users) = self.web.as_ref().and_then(|w| w.get().users.clone()) {
             let creds = req
                 .headers()
                 .get(header::AUTHORIZATION)

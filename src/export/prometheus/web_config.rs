@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
+use super::reload::Files;
 use crate::names::env;
 
 /// A web configuration file that cannot be used.
@@ -178,18 +179,58 @@ impl WebConfig {
     }
 }
 
+/// When the file is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum When {
+    /// At start (`build()`, `check`): every problem is an error.
+    Start,
+    /// Again, after a change: an empty file is refused too, as one caught while being
+    /// rewritten in place.
+    Reload,
+}
+
 /// Reads and checks the file at `path`.
 pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
-        file: path.to_owned(),
-        source,
-    })?;
+    read(path, &mut Files::default(), When::Start)
+}
+
+/// Reads and checks the file at `path`, noting in `files` each file it read (itself and the
+/// certificate, key and CA files it names) as it was when read, so that a change is seen later
+/// (see [`super::reload`]); on an error, the files read up to it.
+pub(crate) fn read(
+    path: &Path,
+    files: &mut Files,
+    when: When,
+) -> Result<WebConfig, WebConfigError> {
+    let text = files
+        .read(path)
+        .and_then(|bytes| {
+            String::from_utf8(bytes).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "stream did not contain valid UTF-8",
+                )
+            })
+        })
+        .map_err(|source| WebConfigError::Read {
+            file: path.to_owned(),
+            source,
+        })?;
     let bad = |field: &str, detail: String| WebConfigError::Invalid {
         file: path.to_owned(),
         field: field.to_owned(),
         detail,
     };
     let file: File = if text.trim().is_empty() {
+        if when == When::Reload {
+            return Err(bad(
+                "(document)",
+                "empty, as a file being rewritten in place reads: expected the new \
+                 configuration (`{}` for no TLS and no basic auth; write a new file and rename \
+                 it over this one to replace it at once)"
+                    .into(),
+            ));
+        }
         File {
             tls_server_config: None,
             basic_auth_users: None,
@@ -214,7 +255,7 @@ pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tls = file
         .tls_server_config
-        .map(|t| tls(t, dir, &bad))
+        .map(|t| tls(t, dir, files, &bad))
         .transpose()?;
     let users = file
         .basic_auth_users
@@ -231,6 +272,7 @@ pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
 fn tls(
     t: TlsFile,
     dir: &Path,
+    files: &mut Files,
     bad: &dyn Fn(&str, String) -> WebConfigError,
 ) -> Result<Tls, WebConfigError> {
     let unsupported = [
@@ -275,8 +317,9 @@ fn tls(
     };
     let cert_file = path("cert_file", t.cert_file)?;
     let key_file = path("key_file", t.key_file)?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+    let certs: Vec<CertificateDer<'static>> = files
+        .read_pem(&cert_file)
+        .and_then(|pem| CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>())
         .map_err(|e| {
             bad(
                 "tls_server_config.cert_file",
@@ -292,15 +335,18 @@ fn tls(
             format!("{}: no PEM certificate in it", cert_file.display()),
         ));
     }
-    let key = PrivateKeyDer::from_pem_file(&key_file).map_err(|e| {
-        bad(
-            "tls_server_config.key_file",
-            format!(
-                "{}: cannot read a PEM private key ({e})",
-                key_file.display()
-            ),
-        )
-    })?;
+    let key = files
+        .read_pem(&key_file)
+        .and_then(|pem| PrivateKeyDer::from_pem_slice(&pem))
+        .map_err(|e| {
+            bad(
+                "tls_server_config.key_file",
+                format!(
+                    "{}: cannot read a PEM private key ({e})",
+                    key_file.display()
+                ),
+            )
+        })?;
 
     let client_auth = match t.client_auth_type.as_deref() {
         None | Some("") => ClientAuth::NoClientCert,
@@ -339,8 +385,9 @@ fn tls(
         (a, ca) if a.verifies() => {
             let ca_file = path("client_ca_file", ca)?;
             let mut roots = rustls::RootCertStore::empty();
-            let cas = CertificateDer::pem_file_iter(&ca_file)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+            let cas = files
+                .read_pem(&ca_file)
+                .and_then(|pem| CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>())
                 .map_err(|e| {
                     bad(
                         "tls_server_config.client_ca_file",

@@ -1,0 +1,380 @@
+//! Re-reading the web configuration file when it changed, so that certificates and passwords
+//! rotate without a restart (the exporter-toolkit re-reads its file per request).
+//!
+//! ```text
+//! each new connection (before the TLS handshake) and each request (before basic auth)
+//!   ─► stat the file and each file it named (cert_file, key_file, client_ca_file)
+//!        unchanged ─► the current configuration (no parsing, bcrypt results stay cached)
+//!        changed   ─► read and check everything again, as at start
+//!                       ok     ─► new handshakes and requests use it; one line on stderr
+//!                       failed ─► the last good configuration stays; one warning on stderr
+//!   both counted in phasetrace.prometheus.web_config.reloads{result="ok"|"failed"}
+//! ```
+//!
+//! A file is unchanged when its device, inode, length, mtime and ctime are those it had when
+//! it was read (`stat` follows symbolic links, so a Kubernetes secret's link swap is a change).
+//! File times are coarse (a few ms on most file systems), so a file rewritten in place, to the
+//! same length, within the tick in which it was read would keep its stamp: while a file's
+//! times are less than [`RACY`] old, each check also compares its content with a digest of
+//! what was parsed (a few KB, only in the seconds after a change).
+//!
+//! The listener's kind is fixed at start, as in the exporter-toolkit: a file that gains
+//! `tls_server_config` while the endpoint serves plain HTTP, or loses it while it serves TLS, is
+//! a failed reload (the warning says to restart); certificates, client CA and client
+//! certificate policy, TLS versions and users may all change. Connections already open keep
+//! the certificate they were handshaken with; their next request is checked against the
+//! current users.
+
+use super::web_config::{self, WebConfig, WebConfigError};
+use crate::names::{WebConfigReload, env, metric};
+use std::hash::{BuildHasher, RandomState};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// How recent a file's times must be for its content to be compared too.
+const RACY: Duration = Duration::from_secs(2);
+
+/// The `stat` of a file: what tells that it changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    #[cfg(unix)]
+    id: (u64, u64),
+    len: u64,
+    modified: Option<SystemTime>,
+    /// The inode change time: set on every write and rename, even one that restores the mtime.
+    #[cfg(unix)]
+    changed: (i64, i64),
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        let m = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt as _;
+        Some(Stamp {
+            #[cfg(unix)]
+            id: (m.dev(), m.ino()),
+            len: m.len(),
+            modified: m.modified().ok(),
+            #[cfg(unix)]
+            changed: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// Whether a write could still leave these times as they are.
+    fn racy(&self, now: SystemTime) -> bool {
+        let recent = |t: SystemTime| now.duration_since(t).map_or(true, |age| age < RACY);
+        #[cfg(unix)]
+        let changed = {
+            let (s, ns) = self.changed;
+            let t = u64::try_from(s)
+                .ok()
+                .map(|s| SystemTime::UNIX_EPOCH + Duration::new(s, u32::try_from(ns).unwrap_or(0)));
+            t.is_none_or(recent)
+        };
+        #[cfg(not(unix))]
+        let changed = false;
+        self.modified.is_none_or(recent) || changed
+    }
+}
+
+/// One file as it was read.
+#[derive(Debug)]
+struct Seen {
+    path: PathBuf,
+    /// `None`: it could not be `stat`ed (missing): its appearance is a change.
+    stamp: Option<Stamp>,
+    /// Of the bytes parsed; `None`: it could not be read.
+    digest: Option<u64>,
+    /// Its content is compared too (its times are recent).
+    racy: bool,
+}
+
+/// The files one read of the configuration read, each as it was when read.
+#[derive(Debug, Default)]
+pub(crate) struct Files {
+    seen: Vec<Seen>,
+    hasher: RandomState,
+}
+
+impl Files {
+    /// Reads `path` whole, noting its stamp (taken first) and a digest of what was read.
+    pub(crate) fn read(&mut self, path: &Path) -> std::io::Result<Vec<u8>> {
+        let now = SystemTime::now();
+        let stamp = Stamp::of(path);
+        let bytes = std::fs::read(path);
+        self.seen.push(Seen {
+            path: path.to_owned(),
+            stamp,
+            digest: bytes.as_ref().ok().map(|b| self.hasher.hash_one(b)),
+            racy: stamp.is_some_and(|s| s.racy(now)),
+        });
+        bytes
+    }
+
+    /// [`Files::read`] for a PEM file, its error as the PEM parsers give it.
+    pub(crate) fn read_pem(
+        &mut self,
+        path: &Path,
+    ) -> Result<Vec<u8>, rustls::pki_types::pem::Error> {
+        self.read(path).map_err(rustls::pki_types::pem::Error::Io)
+    }
+
+    /// Whether any file read is no longer as it was: one `stat` each, and for a file whose
+    /// times are recent, a read and a digest.
+    fn changed(&mut self) -> bool {
+        let now = SystemTime::now();
+        let Files { seen, hasher } = self;
+        for s in seen.iter_mut() {
+            let stamp = Stamp::of(&s.path);
+            if stamp != s.stamp {
+                return true;
+            }
+            if s.racy {
+                let digest = std::fs::read(&s.path).ok().map(|b| hasher.hash_one(&b));
+                if digest != s.digest {
+                    return true;
+                }
+                s.racy = stamp.is_some_and(|st| st.racy(now));
+            }
+        }
+        false
+    }
+}
+
+/// Reloads counted by result, for `phasetrace.prometheus.web_config.reloads`.
+#[derive(Debug, Default)]
+pub(crate) struct ReloadCounts {
+    counts: [AtomicU64; WebConfigReload::ALL.len()],
+}
+
+impl ReloadCounts {
+    pub(crate) fn get(&self, r: WebConfigReload) -> u64 {
+        self.counts[r as usize].load(Ordering::Relaxed)
+    }
+
+    fn add(&self, r: WebConfigReload) {
+        self.counts[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The web configuration of a running endpoint: the last good one, re-read when its files
+/// changed.
+pub(crate) struct LiveWebConfig {
+    file: PathBuf,
+    /// Whether the endpoint serves TLS: fixed at start.
+    tls: bool,
+    state: Mutex<State>,
+    counts: Arc<ReloadCounts>,
+}
+
+struct State {
+    current: Arc<WebConfig>,
+    files: Files,
+}
+
+impl LiveWebConfig {
+    /// Reads and checks `path`: an error is an error at start.
+    pub(crate) fn load(path: &Path) -> Result<LiveWebConfig, WebConfigError> {
+        let mut files = Files::default();
+        let cfg = web_config::read(path, &mut files, web_config::When::Start)?;
+        Ok(LiveWebConfig {
+            file: path.to_owned(),
+            tls: cfg.tls.is_some(),
+            state: Mutex::new(State {
+                current: Arc::new(cfg),
+                files,
+            }),
+            counts: Arc::default(),
+        })
+    }
+
+    /// The reload counts, for the exported counter.
+    pub(crate) fn counts(&self) -> Arc<ReloadCounts> {
+        self.counts.clone()
+    }
+
+    /// The configuration to use now: first re-read when one of its files changed since the
+    /// last read; the last good one when that fails (said on stderr, once per change).
+    pub(crate) fn get(&self) -> Arc<WebConfig> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.files.changed() {
+            return st.current.clone();
+        }
+        let mut files = Files::default();
+        let read = web_config::read(&self.file, &mut files, web_config::When::Reload)
+            .and_then(|c| self.same_listener(c));
+        // What was read is what the next check compares with, even when it failed: a broken
+        // file is reported once, and re-read when it changes again.
+        st.files = files;
+        match read {
+            Ok(c) => {
+                self.counts.add(WebConfigReload::Ok);
+                eprintln!(
+                    "phasetrace: {}={}: re-read after a change and applied: {}",
+                    env::PROMETHEUS_WEB_CONFIG,
+                    self.file.display(),
+                    c.describe()
+                );
+                st.current = Arc::new(c);
+            }
+            Err(e) => {
+                self.counts.add(WebConfigReload::Failed);
+                eprintln!(
+                    "phasetrace: warning: the changed web configuration is not applied, the \
+                     Prometheus endpoint keeps the one it read before ({}) until the file is \
+                     fixed (counted in {}{{{}=\"{}\"}}): {e}",
+                    st.current.describe(),
+                    metric::PROMETHEUS_WEB_CONFIG_RELOADS,
+                    crate::names::attr::RESULT,
+                    WebConfigReload::Failed.as_str(),
+                );
+            }
+        }
+        st.current.clone()
+    }
+
+    /// `c`, unless it turns TLS on or off: the listener's kind is fixed at start.
+    fn same_listener(&self, c: WebConfig) -> Result<WebConfig, WebConfigError> {
+        let detail = match (self.tls, c.tls.is_some()) {
+            (true, false) => {
+                "removed, but the endpoint was started with TLS and a listener's kind is fixed \
+                 at start: it keeps serving TLS; restart the engine to serve plain HTTP"
+            }
+            (false, true) => {
+                "added, but the endpoint was started without TLS and a listener's kind is fixed \
+                 at start: it keeps serving plain HTTP; restart the engine to serve TLS"
+            }
+            _ => return Ok(c),
+        };
+        Err(WebConfigError::Invalid {
+            file: self.file.clone(),
+            field: "tls_server_config".to_owned(),
+            detail: detail.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("phasetrace-reload-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn users(hash: &str) -> String {
+        format!("basic_auth_users:\n  alice: '{hash}'\n")
+    }
+
+    #[test]
+    fn an_unchanged_file_gives_the_same_config_and_a_rewrite_in_place_a_new_one() {
+        let d = tmp("same-length");
+        let f = d.join("web.yml");
+        let (a, b) = (bcrypt::hash("a", 4).unwrap(), bcrypt::hash("b", 4).unwrap());
+        assert_eq!(a.len(), b.len());
+        std::fs::write(&f, users(&a)).unwrap();
+        let live = LiveWebConfig::load(&f).unwrap();
+        let first = live.get();
+        assert!(
+            Arc::ptr_eq(&first, &live.get()),
+            "unchanged: the same config"
+        );
+        assert!(first.users.as_ref().unwrap().allows("alice", b"a"));
+        // Rewritten in place (same inode, same length) right away.
+        std::fs::write(&f, users(&b)).unwrap();
+        let now = live.get();
+        assert!(!Arc::ptr_eq(&first, &now));
+        assert!(now.users.as_ref().unwrap().allows("alice", b"b"));
+        assert!(!now.users.as_ref().unwrap().allows("alice", b"a"));
+        assert_eq!(live.counts.get(WebConfigReload::Ok), 1);
+        assert!(Arc::ptr_eq(&now, &live.get()));
+    }
+
+    #[test]
+    fn a_failed_reload_keeps_the_last_good_config_counts_once_and_recovers() {
+        let d = tmp("failed");
+        let f = d.join("web.yml");
+        let a = bcrypt::hash("a", 4).unwrap();
+        std::fs::write(&f, users(&a)).unwrap();
+        let live = LiveWebConfig::load(&f).unwrap();
+        let good = live.get();
+        for broken in [
+            "basic_auth_users: [\n".to_owned(),
+            "basic_auth_users:\n  alice: hunter2\n".to_owned(),
+            String::new(),
+            "tls_server_config:\n  cert_file: c.pem\n  key_file: k.pem\n".to_owned(),
+        ] {
+            std::fs::write(&f, &broken).unwrap();
+            assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}");
+            assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}: said once");
+        }
+        assert_eq!(live.counts.get(WebConfigReload::Failed), 4);
+        assert_eq!(live.counts.get(WebConfigReload::Ok), 0);
+        std::fs::write(&f, "{}\n").unwrap();
+        assert!(live.get().users.is_none(), "`{{}}`: no basic auth");
+        assert_eq!(live.counts.get(WebConfigReload::Ok), 1);
+    }
+
+    #[test]
+    fn while_times_are_recent_the_content_is_compared_too() {
+        let d = tmp("racy");
+        let f = d.join("web.yml");
+        std::fs::write(&f, "{}\n").unwrap();
+        let mut files = Files::default();
+        files.read(&f).unwrap();
+        assert!(files.seen[0].racy, "just written");
+        assert!(!files.changed(), "same stamp, same content");
+        // What a rewrite within one tick of a coarse clock leaves: the stamp as it was, other
+        // bytes than those parsed.
+        files.seen[0].digest = Some(files.seen[0].digest.unwrap() ^ 1);
+        assert!(files.changed(), "same stamp, other content");
+        files.seen[0].racy = false;
+        assert!(!files.changed(), "an old stamp alone is trusted: no read");
+    }
+
+    #[test]
+    fn a_missing_file_that_appears_is_a_change() {
+        let d = tmp("appears");
+        let f = d.join("web.yml");
+        std::fs::write(&f, "{}\n").unwrap();
+        let mut files = Files::default();
+        let _ = files.read(&d.join("absent.pem"));
+        let _ = files.read(&f);
+        assert!(!files.changed());
+        std::fs::write(d.join("absent.pem"), "x").unwrap();
+        assert!(files.changed());
+    }
+
+    #[test]
+    fn only_recent_times_are_racy() {
+        let now = SystemTime::now();
+        let stamp = |age: u64| Stamp {
+            #[cfg(unix)]
+            id: (1, 1),
+            len: 1,
+            modified: Some(now - Duration::from_secs(age)),
+            #[cfg(unix)]
+            changed: (
+                (now - Duration::from_secs(age))
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64,
+                0,
+            ),
+        };
+        assert!(stamp(0).racy(now));
+        assert!(!stamp(10).racy(now));
+        let future = Stamp {
+            modified: Some(now + Duration::from_secs(60)),
+            ..stamp(10)
+        };
+        assert!(future.racy(now), "a time ahead of the clock is not trusted");
+    }
+}
