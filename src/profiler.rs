@@ -760,6 +760,14 @@ impl Profiler {
             .and_then(|r| r.exporters.prometheus.as_ref().map(|p| p.addr()))
     }
 
+    /// The embedded Prometheus endpoint's URL (`https://` when its web config serves TLS), when
+    /// it runs.
+    pub fn prometheus_url(&self) -> Option<String> {
+        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        r.as_ref()
+            .and_then(|r| r.exporters.prometheus.as_ref().map(|p| p.url()))
+    }
+
     /// Processes everything recorded so far on the calling thread (resolving what the clocks can
     /// resolve now), then pushes buffered spans and metrics to the exporters.
     pub fn flush(&self) {

@@ -701,8 +701,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             timing.as_str()
         );
     }
-    if let Some(addr) = profiler.prometheus_addr() {
-        eprintln!("phasetrace: Prometheus metrics at http://{addr}/metrics");
+    if let Some(url) = profiler.prometheus_url() {
+        eprintln!("phasetrace: Prometheus metrics at {url}");
     }
     if let Some(o) = &profiler.config().otlp {
         eprintln!(

@@ -161,6 +161,11 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
     }
     p.flush();
     let addr = p.prometheus_addr().expect("endpoint");
+    assert_eq!(
+        p.prometheus_url().as_deref(),
+        Some(format!("https://{addr}/metrics").as_str()),
+        "the URL says TLS"
+    );
 
     assert_eq!(
         tls_get(addr, dir.path(), true, Some(("prometheus", PASSWORD))),

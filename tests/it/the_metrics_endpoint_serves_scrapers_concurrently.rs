@@ -61,6 +61,11 @@ fn get(addr: SocketAddr, method: &str, path: &str, extra: &str) -> (u16, String,
 fn a_hundred_idle_or_slow_connections_never_delay_a_scrape() {
     let p = profiler();
     let addr = p.prometheus_addr().expect("endpoint");
+    assert_eq!(
+        p.prometheus_url(),
+        Some(format!("http://{addr}/metrics")),
+        "plain HTTP"
+    );
     let mut held = Vec::new();
     for i in 0..100 {
         let mut c = TcpStream::connect(addr).expect("connect");

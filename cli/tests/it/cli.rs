@@ -233,7 +233,8 @@ impl Demo {
     pub fn prometheus_addr(&mut self, timeout: Duration) -> String {
         self.wait_for_line(
             |l| {
-                l.strip_prefix("phasetrace: Prometheus metrics at http://")
+                l.strip_prefix("phasetrace: Prometheus metrics at ")
+                    .and_then(|r| r.strip_prefix("http://").or(r.strip_prefix("https://")))
                     .and_then(|r| r.strip_suffix("/metrics"))
                     .map(str::to_owned)
             },

@@ -110,11 +110,18 @@ pub(crate) struct PrometheusServer {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
     reloads: Option<Arc<ReloadCounts>>,
+    tls: bool,
 }
 
 impl PrometheusServer {
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `http://addr/metrics`, or `https://` with TLS.
+    pub(crate) fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/metrics", self.addr)
     }
 
     /// The web configuration file's reloads, when there is one.
@@ -175,6 +182,7 @@ pub(super) fn start(
         .build()
         .map_err(ExportError::Thread)?;
     let reloads = web.as_ref().map(LiveWebConfig::counts);
+    let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
     let endpoint = Arc::new(Endpoint {
         reader: source,
         web,
@@ -204,6 +212,7 @@ pub(super) fn start(
             stop: Some(tx),
             thread: Some(thread),
             reloads,
+            tls,
         },
     ))
 }

@@ -191,6 +191,11 @@ impl LiveWebConfig {
         })
     }
 
+    /// Whether the endpoint serves TLS (fixed at start).
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls
+    }
+
     /// The reload counts, for the exported counter.
     pub(crate) fn counts(&self) -> Arc<ReloadCounts> {
         self.counts.clone()
