@@ -107,6 +107,22 @@ impl GraphCapture<'_> {
             .map_or(0, |r| r.capture_slot().marks.borrow().len())
     }
 
+    /// The round for [`Recorder::verify_part`] calls captured into this graph: at every replay
+    /// the parts belong to the round open on the recorder that launches the graph (the usual
+    /// shape: the host opens the round, launches the draft and verify graphs, marks the phases
+    /// and ends it with the accepted count). A part captured for a round that is itself captured
+    /// in the graph (`rec.round(k)` during the capture) stays with that round's replays.
+    pub fn round(&self) -> crate::RoundRef {
+        crate::RoundRef {
+            lane: self.rec.map_or(0, |r| r.lane_id()),
+            seq: if self.rec.is_some() {
+                crate::RoundRef::LAUNCHING_SEQ
+            } else {
+                0
+            },
+        }
+    }
+
     /// The capture succeeded: the captured boundaries become the graph's template, timed at
     /// every [`Recorder::replay`] of the returned handle.
     pub fn finish(mut self) -> CapturedGraph {

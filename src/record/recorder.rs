@@ -127,6 +127,10 @@ impl Recorder {
         &self.capture
     }
 
+    pub(super) fn lane_id(&self) -> u16 {
+        self.lane.id
+    }
+
     pub(super) fn lane_clock(&self) -> &Arc<dyn Clock> {
         &self.lane.clock
     }
@@ -362,8 +366,11 @@ impl Recorder {
         }
         let n = self.rounds.get();
         self.rounds.set(n.wrapping_add(1));
-        // Sequences skip 0, which marks "no round" in a RoundRef.
-        let seq = self.round_seq.get().wrapping_add(1).max(1);
+        // Sequences skip 0, which marks "no round" in a RoundRef, and the launching round's.
+        let seq = match self.round_seq.get().wrapping_add(1) {
+            0 | RoundRef::LAUNCHING_SEQ => 1,
+            s => s,
+        };
         self.round_seq.set(seq);
         let every = self.shared.trace_every;
         let sampled = every != 0 && n.is_multiple_of(every);
@@ -443,8 +450,15 @@ impl Drop for SectionGuard<'_> {
 pub struct RoundRef {
     /// The lane of the round's recorder.
     pub(crate) lane: u16,
-    /// The round's sequence number in its lane; 0 = no round.
+    /// The round's sequence number in its lane; 0 = no round; [`RoundRef::LAUNCHING_SEQ`]: the
+    /// round open when a captured graph is launched.
     pub(crate) seq: u32,
+}
+
+impl RoundRef {
+    /// `seq` of [`crate::GraphCapture::round`]: whatever round is open on the recorder when the
+    /// part runs (at a replay: the round the graph is launched in). Never a real round's.
+    pub(crate) const LAUNCHING_SEQ: u32 = u32::MAX;
 }
 
 /// An open speculative round.

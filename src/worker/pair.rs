@@ -234,6 +234,8 @@ pub(crate) struct LaneState {
     /// (0: live marks). Keys the rounds of each replay apart ([`RoundKey`]).
     replays: u64,
     in_replay: u64,
+    /// Round sequence numbers begun by the replay being processed.
+    replay_rounds: Vec<u32>,
     /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
     host: bool,
     /// The attribute sets of the lane's series, built once.
@@ -288,6 +290,7 @@ impl LaneState {
             awaiting_replay: false,
             replays: 0,
             in_replay: 0,
+            replay_rounds: Vec::new(),
         }
     }
 
@@ -426,6 +429,7 @@ impl LaneState {
         s.stats.graph_replays += 1;
         self.replays += 1;
         self.in_replay = self.replays;
+        self.replay_rounds.clear();
         for (m, t) in g.template.iter().zip(times) {
             let m = match m.kind() {
                 // Sampling is decided per replay, not once at capture.
@@ -437,6 +441,27 @@ impl LaneState {
             self.process(m, t, s);
         }
         self.in_replay = 0;
+    }
+
+    /// The round a verify part belongs to. [`RoundRef::LAUNCHING_SEQ`]: the round open on this
+    /// lane now. Inside a replay: the replay's own round when the graph began it, else (a part
+    /// captured for a round recorded around the capture, which is long gone) the round open on
+    /// this lane, which launched the graph. `None`: no round to belong to.
+    fn part_round(&self, round: RoundRef) -> Option<RoundKey> {
+        let open = || self.round.as_ref().map(|r| r.round);
+        if round.seq == RoundRef::LAUNCHING_SEQ {
+            return open();
+        }
+        if self.in_replay == 0 {
+            return Some(RoundKey { round, replay: 0 });
+        }
+        if round.lane == self.lane.id && self.replay_rounds.contains(&round.seq) {
+            return Some(RoundKey {
+                round,
+                replay: self.in_replay,
+            });
+        }
+        open()
     }
 
     fn unbalanced(s: &mut Sinks<'_>, n: u64) {
@@ -614,6 +639,9 @@ impl LaneState {
                 }
                 let sampled = m.is_sampled() && s.tracer.is_some();
                 let collect = sampled || (s.tracer.is_some() && s.tail.is_on());
+                if self.in_replay != 0 {
+                    self.replay_rounds.push(m.round_seq());
+                }
                 self.round = Some(OpenRound {
                     start: t,
                     k: m.k(),
@@ -692,31 +720,22 @@ impl LaneState {
                     self.parts_open.remove(0);
                     Self::unbalanced(s, 1);
                 }
-                let Some(part) = m.part() else {
+                let (Some(part), Some(round)) = (m.part(), self.part_round(m.round())) else {
                     Self::unbalanced(s, 1);
                     return;
                 };
                 self.parts_open.push(OpenPart {
                     part,
-                    round: RoundKey {
-                        round: m.round(),
-                        replay: self.in_replay,
-                    },
+                    round,
                     start: t,
                 });
             }
             MarkKind::PartEnd => {
-                let (part, round) = (
-                    m.part(),
-                    RoundKey {
-                        round: m.round(),
-                        replay: self.in_replay,
-                    },
-                );
+                let (part, round) = (m.part(), self.part_round(m.round()));
                 let Some(pos) = self
                     .parts_open
                     .iter()
-                    .rposition(|b| Some(b.part) == part && b.round == round)
+                    .rposition(|b| Some(b.part) == part && Some(b.round) == round)
                 else {
                     Self::unbalanced(s, 1);
                     return;

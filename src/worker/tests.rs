@@ -1016,3 +1016,69 @@ fn rounds_captured_in_a_graph_keep_their_own_verify_parts_at_every_replay() {
         .collect();
     assert_eq!(verify, vec![50.0; REPLAYS]);
 }
+
+#[test]
+fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
+    // The usual shape: the host opens the round, launches the verify graph, marks the phase and
+    // ends the round with the accepted count. The graph holds a kda part of 30 us and 20 us
+    // more, captured once with `capture.round()` and once inside a warm-up round (`as_ref()` of
+    // a round long gone at replay time): both attach to the round open at each launch.
+    use crate::timing::sim::{SimEventClock, SimStream};
+    let stream = SimStream::new();
+    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
+    let r = rec(&shared);
+    let us = std::time::Duration::from_micros;
+    let capture_verify = |warmup: bool| {
+        let warm = warmup.then(|| r.round(4));
+        stream.begin_capture().unwrap();
+        let capture = r.begin_capture();
+        let round = match &warm {
+            Some(w) => w.as_ref(),
+            None => capture.round(),
+        };
+        {
+            let _kda = r.verify_part(round, VerifyPart::Kda);
+            stream.enqueue(us(30));
+        }
+        stream.enqueue(us(20));
+        let graph = stream.end_capture().unwrap();
+        let handle = capture.finish();
+        if let Some(w) = warm {
+            w.end(0);
+        }
+        (graph, handle)
+    };
+    let graphs = [capture_verify(false), capture_verify(true)];
+    p.flush();
+    let warmup_rounds = p.stats().rounds;
+    const ROUNDS: usize = 4;
+    for i in 0..ROUNDS {
+        let (graph, handle) = &graphs[i % 2];
+        let round = r.round(4);
+        stream.enqueue(us(40));
+        round.phase(Phase::Draft);
+        let g = r.replay(handle);
+        graph.launch(&stream);
+        g.end();
+        round.phase(Phase::Verify);
+        round.end(2);
+        stream.synchronize();
+        p.pass();
+    }
+    p.flush();
+    assert_eq!(p.stats().graph_replays, ROUNDS as u64);
+    assert_eq!(p.stats().rounds - warmup_rounds, ROUNDS as u64);
+    assert_eq!(p.stats().dropped[DropReason::Unbalanced], 0);
+    let parts = values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION);
+    let of = |name: &str| -> Vec<f64> {
+        parts
+            .iter()
+            .filter(|(_, a)| attr(a, "part") == Some(name))
+            .map(|(v, _)| (v * 1e6).round())
+            .collect::<Vec<_>>()
+            .split_off(1) // the warm-up round, which ran no part (the capture only recorded it)
+    };
+    assert_eq!(of("kda"), vec![30.0; ROUNDS], "each round's own kda part");
+    assert_eq!(of("rest"), vec![20.0; ROUNDS]);
+}
