@@ -56,9 +56,14 @@ pub mod metric {
     pub const SPEC_ACCEPTED_LENGTH: &str = "phasetrace.spec.accepted_length";
     /// Counter of the re-reads of the Prometheus endpoint's web configuration file
     /// (`PHASETRACE_PROMETHEUS_WEB_CONFIG`) after it or a file it names changed, attribute
-    /// `result` ([`crate::names::WebConfigReload`]); both series exist, at 0, from the start
+    /// `result` ([`crate::names::Outcome`]); both series exist, at 0, from the start
     /// (`phasetrace_prometheus_web_config_reloads_total`). Only with a web configuration file.
     pub const PROMETHEUS_WEB_CONFIG_RELOADS: &str = "phasetrace.prometheus.web_config.reloads";
+    /// Counter of OTLP metrics exports, attribute `result` ([`crate::names::Outcome`]); both
+    /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
+    /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export
+    /// carries them), but the backend's view is stale meanwhile: this says so.
+    pub const METRIC_EXPORTS: &str = "phasetrace.metric.exports";
 
     /// Unit of every duration histogram.
     pub const UNIT_SECONDS: &str = "s";
@@ -74,6 +79,8 @@ pub mod metric {
     pub const UNIT_CALLS: &str = "{call}";
     /// Unit of the web configuration reload counter.
     pub const UNIT_RELOADS: &str = "{reload}";
+    /// Unit of the metrics export counter.
+    pub const UNIT_EXPORTS: &str = "{export}";
 
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [
@@ -99,7 +106,8 @@ pub mod attr {
     pub const EXPERT: &str = "expert";
     /// Why a record was dropped.
     pub const REASON: &str = "reason";
-    /// How a re-read of the web configuration file ended ([`crate::names::WebConfigReload`]).
+    /// How a re-read of the web configuration file or a metrics export ended
+    /// ([`crate::names::Outcome`]).
     pub const RESULT: &str = "result";
     /// Speculative phase.
     pub const PHASE: &str = "phase";
@@ -235,26 +243,27 @@ impl std::fmt::Display for DropReason {
     }
 }
 
-/// How a re-read of the Prometheus endpoint's web configuration file ended: the `result`
-/// attribute of [`metric::PROMETHEUS_WEB_CONFIG_RELOADS`].
+/// How an attempt ended: the `result` attribute of [`metric::PROMETHEUS_WEB_CONFIG_RELOADS`]
+/// (a re-read of the web configuration file) and of [`metric::METRIC_EXPORTS`] (one OTLP metrics
+/// export).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WebConfigReload {
-    /// Read and checked: new connections and requests use it.
+pub enum Outcome {
+    /// It worked: for a reload, new connections and requests use the file read.
     Ok,
-    /// Unreadable or invalid (or it would switch TLS on or off): the endpoint keeps the
-    /// configuration it read before, and a warning on stderr says why.
+    /// It failed: a reload keeps the configuration read before (a warning on stderr says why);
+    /// a failed export is retried with the next interval's cumulative totals.
     Failed,
 }
 
-impl WebConfigReload {
+impl Outcome {
     /// Both results, each a series from the start.
-    pub const ALL: [WebConfigReload; 2] = [WebConfigReload::Ok, WebConfigReload::Failed];
+    pub const ALL: [Outcome; 2] = [Outcome::Ok, Outcome::Failed];
 
     /// The `result` attribute value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            WebConfigReload::Ok => "ok",
-            WebConfigReload::Failed => "failed",
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
         }
     }
 }

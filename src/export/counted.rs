@@ -1,4 +1,5 @@
-//! Span export accounting: spans handed to the exporter, exported, and lost to failed exports.
+//! Export accounting: spans handed to the exporter, exported, and lost to failed exports; OTLP
+//! metrics exports by outcome.
 //!
 //! The batch processor drops spans silently when its queue is full or an export fails; wrapping
 //! the exporter lets the worker count what was lost and report it as
@@ -6,9 +7,13 @@
 //! spans reached the collector (their exemplars become visible) and which were lost.
 
 use super::exemplars::ExemplarStore;
+use crate::names::{Outcome, attr, metric};
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::metrics::Temporality;
+use opentelemetry_sdk::metrics::data::ResourceMetrics;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -79,5 +84,115 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource);
+    }
+}
+
+/// OTLP metrics exports so far, by [`Outcome`], and the current run of failures.
+#[derive(Debug, Default)]
+pub(crate) struct ExportCounts {
+    counts: [AtomicU64; Outcome::ALL.len()],
+    failing: AtomicU64,
+}
+
+impl ExportCounts {
+    pub(crate) fn get(&self, o: Outcome) -> u64 {
+        self.counts[o as usize].load(Relaxed)
+    }
+
+    /// Counts one export; says on stderr when exports start failing (once per outage, with the
+    /// first error) and when they work again.
+    fn record(&self, r: &OTelSdkResult, endpoint: &str) {
+        match r {
+            Ok(()) => {
+                self.counts[Outcome::Ok as usize].fetch_add(1, Relaxed);
+                let failed = self.failing.swap(0, Relaxed);
+                if failed > 0 {
+                    eprintln!(
+                        "phasetrace: OTLP metrics export to {endpoint} works again after {failed} \
+                         failed export(s)"
+                    );
+                }
+            }
+            Err(e) => {
+                self.counts[Outcome::Failed as usize].fetch_add(1, Relaxed);
+                if self.failing.fetch_add(1, Relaxed) == 0 {
+                    eprintln!(
+                        "phasetrace: warning: OTLP metrics export to {endpoint} failed ({e}); \
+                         nothing is lost (the next export carries the cumulative totals) but the \
+                         backend's view is stale until one succeeds; counted in {}{{{}=\"{}\"}}",
+                        metric::METRIC_EXPORTS,
+                        attr::RESULT,
+                        Outcome::Failed.as_str()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A metrics exporter that counts its exports by outcome (see [`ExportCounts::record`]).
+#[derive(Debug)]
+pub(crate) struct CountedMetrics<E> {
+    inner: E,
+    counts: Arc<ExportCounts>,
+    /// Named in the stderr lines.
+    endpoint: String,
+}
+
+impl<E> CountedMetrics<E> {
+    pub(crate) fn new(inner: E, counts: Arc<ExportCounts>, endpoint: String) -> Self {
+        CountedMetrics {
+            inner,
+            counts,
+            endpoint,
+        }
+    }
+}
+
+impl<E: PushMetricExporter> PushMetricExporter for CountedMetrics<E> {
+    fn export(
+        &self,
+        metrics: &ResourceMetrics,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        let fut = self.inner.export(metrics);
+        let counts = self.counts.clone();
+        let endpoint = self.endpoint.clone();
+        async move {
+            let r = fut.await;
+            counts.record(&r, &endpoint);
+            r
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_sdk::error::OTelSdkError;
+
+    #[test]
+    fn exports_are_counted_by_outcome_and_an_outage_is_one_run() {
+        let c = ExportCounts::default();
+        let fail = Err(OTelSdkError::InternalFailure("connection refused".into()));
+        c.record(&Ok(()), "http://x:4317");
+        for _ in 0..3 {
+            c.record(&fail, "http://x:4317");
+        }
+        assert_eq!(c.failing.load(Relaxed), 3);
+        c.record(&Ok(()), "http://x:4317");
+        assert_eq!(c.failing.load(Relaxed), 0, "the outage ended");
+        assert_eq!((c.get(Outcome::Ok), c.get(Outcome::Failed)), (2, 3));
     }
 }

@@ -26,7 +26,7 @@ pub use self::prometheus::web_config::WebConfigError;
 pub(crate) use self::prometheus::{PrometheusServer, reload, web_config};
 
 use crate::config::{Config, HistogramAggregation};
-use crate::names::{default, metric, resource};
+use crate::names::{Outcome, default, metric, resource};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{
@@ -38,6 +38,11 @@ use opentelemetry_sdk::trace::{
 use std::net::SocketAddr;
 use std::time::Duration;
 use thiserror::Error;
+
+/// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
+pub(crate) type OtlpMetricReader = opentelemetry_sdk::metrics::PeriodicReader<
+    counted::CountedMetrics<opentelemetry_otlp::MetricExporter>,
+>;
 
 /// Spans the batch processor queues (its `max_queue_size`).
 const SPAN_QUEUE: usize = 16_384;
@@ -112,8 +117,9 @@ pub(crate) struct Exporters {
     /// endpoint are on.
     pub(crate) exemplars: Option<std::sync::Arc<ExemplarStore>>,
     pub(crate) prometheus: Option<PrometheusServer>,
-    /// `phasetrace.prometheus.web_config.reloads`, one per meter provider (kept with them).
-    _reload_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    /// `phasetrace.prometheus.web_config.reloads` and `phasetrace.metric.exports`, one each per
+    /// meter provider (kept with them).
+    _outcome_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
     /// Keeps the tonic channels' background tasks alive.
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
 }
@@ -228,8 +234,15 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     let exemplars =
         (traced && cfg.prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
     let mut otlp_reader = None;
+    let mut export_counts = None;
     if let (true, Some(o)) = (cfg.metrics_otlp, otlp) {
-        let exporter = otlp::metric_exporter(o, runtime.as_ref())?;
+        let counts = std::sync::Arc::new(counted::ExportCounts::default());
+        let exporter = counted::CountedMetrics::new(
+            otlp::metric_exporter(o, runtime.as_ref())?,
+            counts.clone(),
+            o.endpoint.clone(),
+        );
+        export_counts = Some(counts);
         otlp_reader = Some(
             opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
                 .with_interval(cfg.metric_export_interval)
@@ -285,14 +298,31 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
     }
 
-    // The web configuration file's reloads, on every meter provider (OTLP too).
-    let reload_counters = match prometheus.as_ref().and_then(PrometheusServer::reloads) {
-        Some(counts) => meter_providers
-            .iter()
-            .map(|p| reload_counter(p, &counts, &cfg.group))
-            .collect(),
-        None => Vec::new(),
-    };
+    // The web configuration file's reloads and the OTLP metrics exports, on every meter
+    // provider (OTLP and Prometheus).
+    let mut outcome_counters = Vec::new();
+    for p in &meter_providers {
+        if let Some(counts) = prometheus.as_ref().and_then(PrometheusServer::reloads) {
+            outcome_counters.push(outcome_counter(
+                p,
+                metric::PROMETHEUS_WEB_CONFIG_RELOADS,
+                metric::UNIT_RELOADS,
+                "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
+                &cfg.group,
+                move |r| counts.get(r),
+            ));
+        }
+        if let Some(counts) = export_counts.clone() {
+            outcome_counters.push(outcome_counter(
+                p,
+                metric::METRIC_EXPORTS,
+                metric::UNIT_EXPORTS,
+                "OTLP metrics exports, by result",
+                &cfg.group,
+                move |r| counts.get(r),
+            ));
+        }
+    }
 
     let span_counts = std::sync::Arc::new(SpanCounts::default());
     // Every span exporter is wrapped to count what it delivered and lost.
@@ -320,22 +350,24 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         span_counts,
         exemplars,
         prometheus,
-        _reload_counters: reload_counters,
+        _outcome_counters: outcome_counters,
         runtime,
     })
 }
 
-/// `phasetrace.prometheus.web_config.reloads` on `provider`, read from `counts` at each
-/// collection; both results from the start.
-fn reload_counter(
+/// A counter by [`Outcome`] (`result`) on `provider`, read by `get` at each collection; both
+/// results from the start.
+fn outcome_counter(
     provider: &SdkMeterProvider,
-    counts: &std::sync::Arc<reload::ReloadCounts>,
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
     group: &str,
+    get: impl Fn(Outcome) -> u64 + Send + Sync + 'static,
 ) -> opentelemetry::metrics::ObservableCounter<u64> {
-    use crate::names::{WebConfigReload, attr};
+    use crate::names::attr;
     use opentelemetry::metrics::MeterProvider as _;
-    let counts = counts.clone();
-    let series = WebConfigReload::ALL.map(|r| {
+    let series = Outcome::ALL.map(|r| {
         (
             r,
             [
@@ -346,14 +378,12 @@ fn reload_counter(
     });
     provider
         .meter("phasetrace")
-        .u64_observable_counter(metric::PROMETHEUS_WEB_CONFIG_RELOADS)
-        .with_unit(metric::UNIT_RELOADS)
-        .with_description(
-            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
-        )
+        .u64_observable_counter(name)
+        .with_unit(unit)
+        .with_description(description)
         .with_callback(move |o| {
             for (r, kv) in &series {
-                o.observe(counts.get(*r), kv);
+                o.observe(get(*r), kv);
             }
         })
         .build()

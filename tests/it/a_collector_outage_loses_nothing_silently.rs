@@ -1,6 +1,7 @@
 //! A dead or flapping collector never hurts the engine: recording goes on, export resumes once
 //! the real collector (rotel) is back on the same port, spans lost meanwhile are counted and the
-//! count is exported, and `shutdown()` with the collector down returns within its timeout.
+//! count is exported, failed metrics exports are counted (`phasetrace.metric.exports`), and
+//! `shutdown()` with the collector down returns within its timeout.
 
 use crate::support;
 
@@ -81,6 +82,25 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
         )
         .expect("norm point");
     assert_eq!(norm.value, Some(200.0));
+    // The metrics exports that failed meanwhile are counted, and the count arrives with the
+    // first export that works (exports run every 300 ms: the outage spans several).
+    let exports = |o: &support::ParsedOutput, result: &str| {
+        o.latest_point(
+            phasetrace::names::metric::METRIC_EXPORTS,
+            &[(phasetrace::names::attr::RESULT, result)],
+        )
+        .and_then(|pt| pt.value)
+        .unwrap_or(0.0)
+    };
+    let out = rotel.wait_for(
+        |o| exports(o, "failed") >= 1.0 && exports(o, "ok") >= 2.0,
+        Duration::from_secs(20),
+    );
+    eprintln!(
+        "metrics exports: {} ok, {} failed",
+        exports(&out, "ok"),
+        exports(&out, "failed")
+    );
     let s = p.stats();
     assert_eq!(s.spans_failed, s.spans - s.spans_exported, "{s:?}");
 

@@ -31,13 +31,10 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::MetricExporter;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::reader::MetricReader;
-use opentelemetry_sdk::metrics::{
-    InstrumentKind, ManualReader, PeriodicReader, Pipeline, Temporality,
-};
+use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, Temporality};
 use reload::{LiveWebConfig, ReloadCounts};
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -92,7 +89,7 @@ pub(crate) enum Source {
     /// A `ManualReader` of the endpoint's own, registered with the meter provider.
     Own(PrometheusReader),
     /// The OTLP metrics reader, registered with the meter provider by the OTLP side.
-    Otlp(PeriodicReader<MetricExporter>),
+    Otlp(super::OtlpMetricReader),
 }
 
 impl Source {
@@ -159,7 +156,7 @@ pub(super) fn start(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
-    otlp: Option<PeriodicReader<MetricExporter>>,
+    otlp: Option<super::OtlpMetricReader>,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         Some(r) => (None, Source::Otlp(r)),

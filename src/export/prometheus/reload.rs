@@ -26,7 +26,7 @@
 //! current users.
 
 use super::web_config::{self, WebConfig, WebConfigError};
-use crate::names::{WebConfigReload, env, metric};
+use crate::names::{Outcome, env, metric};
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -147,15 +147,15 @@ impl Files {
 /// Reloads counted by result, for `phasetrace.prometheus.web_config.reloads`.
 #[derive(Debug, Default)]
 pub(crate) struct ReloadCounts {
-    counts: [AtomicU64; WebConfigReload::ALL.len()],
+    counts: [AtomicU64; Outcome::ALL.len()],
 }
 
 impl ReloadCounts {
-    pub(crate) fn get(&self, r: WebConfigReload) -> u64 {
+    pub(crate) fn get(&self, r: Outcome) -> u64 {
         self.counts[r as usize].load(Ordering::Relaxed)
     }
 
-    fn add(&self, r: WebConfigReload) {
+    fn add(&self, r: Outcome) {
         self.counts[r as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -216,7 +216,7 @@ impl LiveWebConfig {
         st.files = files;
         match read {
             Ok(c) => {
-                self.counts.add(WebConfigReload::Ok);
+                self.counts.add(Outcome::Ok);
                 eprintln!(
                     "phasetrace: {}={}: re-read after a change and applied: {}",
                     env::PROMETHEUS_WEB_CONFIG,
@@ -226,7 +226,7 @@ impl LiveWebConfig {
                 st.current = Arc::new(c);
             }
             Err(e) => {
-                self.counts.add(WebConfigReload::Failed);
+                self.counts.add(Outcome::Failed);
                 eprintln!(
                     "phasetrace: warning: the changed web configuration is not applied, the \
                      Prometheus endpoint keeps the one it read before ({}) until the file is \
@@ -234,7 +234,7 @@ impl LiveWebConfig {
                     st.current.describe(),
                     metric::PROMETHEUS_WEB_CONFIG_RELOADS,
                     crate::names::attr::RESULT,
-                    WebConfigReload::Failed.as_str(),
+                    Outcome::Failed.as_str(),
                 );
             }
         }
@@ -298,7 +298,7 @@ mod tests {
         assert!(!Arc::ptr_eq(&first, &now));
         assert!(now.users.as_ref().unwrap().allows("alice", b"b"));
         assert!(!now.users.as_ref().unwrap().allows("alice", b"a"));
-        assert_eq!(live.counts.get(WebConfigReload::Ok), 1);
+        assert_eq!(live.counts.get(Outcome::Ok), 1);
         assert!(Arc::ptr_eq(&now, &live.get()));
     }
 
@@ -320,11 +320,11 @@ mod tests {
             assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}");
             assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}: said once");
         }
-        assert_eq!(live.counts.get(WebConfigReload::Failed), 4);
-        assert_eq!(live.counts.get(WebConfigReload::Ok), 0);
+        assert_eq!(live.counts.get(Outcome::Failed), 4);
+        assert_eq!(live.counts.get(Outcome::Ok), 0);
         std::fs::write(&f, "{}\n").unwrap();
         assert!(live.get().users.is_none(), "`{{}}`: no basic auth");
-        assert_eq!(live.counts.get(WebConfigReload::Ok), 1);
+        assert_eq!(live.counts.get(Outcome::Ok), 1);
     }
 
     #[test]
