@@ -45,9 +45,23 @@ pub(crate) struct ImportArgs {
     /// Default: placed before the first timestamped line, or ending at the file's mtime.
     #[arg(long)]
     start: Option<String>,
-    /// A `rank` attribute on everything imported.
-    #[arg(long)]
-    rank: Option<u32>,
+    /// The `rank` attribute of everything imported: the rank that wrote the logs (the default
+    /// is a live process's without PHASETRACE_RANK).
+    #[arg(
+        long,
+        default_value_t = settings::RANK.default_value(),
+        value_parser = |text: &str| settings::RANK.parse(text).map_err(|e| e.to_string()),
+    )]
+    rank: u32,
+    /// The `group` attribute of everything imported: the collective group of the rank that
+    /// wrote the logs, letters, digits, '_', '-', '.' or ':' (at most 64 bytes; the default is
+    /// a live process's without PHASETRACE_GROUP).
+    #[arg(
+        long,
+        default_value_t = settings::GROUP.default_value(),
+        value_parser = |text: &str| settings::GROUP.parse(text).map_err(|e| e.to_string()),
+    )]
+    group: String,
     /// OTLP endpoint for --format otlp; must accept OTLP/HTTP (port 4318 by convention)
     /// [env: OTEL_EXPORTER_OTLP_ENDPOINT]
     #[arg(long, value_parser = |text: &str| settings::OTLP_ENDPOINT.check(text).map(|()| text.to_owned()))]
@@ -197,11 +211,13 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         files.push(file);
     }
 
+    let (rank, group) = (a.rank, a.group.clone());
     match a.format {
         Format::Otlp => {
             let otlp = otlp.ok_or_else(|| Failure::runtime("no OTLP endpoint"))?;
             let opts = OtlpOptions {
-                rank: a.rank,
+                rank,
+                group: group.clone(),
                 ..OtlpOptions::default()
             };
             let sent =
@@ -218,7 +234,8 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         Format::OtlpJson => {
             let mut w = writer(&a.out, "otlp-json")?;
             let opts = OtlpOptions {
-                rank: a.rank,
+                rank,
+                group: group.clone(),
                 ..OtlpOptions::default()
             };
             let m = otlp::metrics_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
@@ -234,7 +251,8 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         Format::Openmetrics => {
             let mut w = writer(&a.out, "openmetrics")?;
             let opts = OpenMetricsOptions {
-                rank: a.rank,
+                rank,
+                group,
                 ..OpenMetricsOptions::default()
             };
             let st = write_openmetrics(&mut w, &files, &opts).map_err(Failure::runtime)?;

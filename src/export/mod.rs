@@ -14,7 +14,7 @@ mod counted;
 pub(crate) mod exemplars;
 pub(crate) mod otlp;
 mod probe;
-mod prometheus;
+pub(crate) mod prometheus;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
 

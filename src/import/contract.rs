@@ -1,11 +1,14 @@
-//! The telemetry contract as the import writers use it: the families, keys and span names of
-//! [`crate::names`], with their Prometheus spellings derived by the rule stated there (dots to
-//! underscores, `_seconds` for the unit `s`, `_total` on counter samples), so that a live run and
-//! an imported log land in the same series and traces look alike.
+//! The telemetry contract as the import writers use it: the families, units, keys and span names
+//! of [`crate::names`], with their Prometheus spellings derived by the live `/metrics` encoder's
+//! own functions (dots to underscores, `_seconds` for the unit `s`, `_total` on counter
+//! samples), so that a live run and an imported log land in the same series and traces look
+//! alike. `cli/tests/it/imported_series_are_the_series_a_live_run_exports.rs` compares the two.
 //!
-//! Keys that only an import has (`tag`, `source.file`, `source.run`) are defined here.
+//! Keys that only an import has (`tag`, `source.file`, `source.run`) are defined in
+//! [`crate::names::attr`] too.
 
 use crate::config::Timing;
+use crate::export::prometheus::encode;
 use crate::names::{attr, metric, span};
 use crate::vocab::{Section, Site};
 use std::borrow::Cow;
@@ -33,15 +36,36 @@ pub(crate) fn probe_bucket(site: &str) -> Cow<'static, str> {
     }
 }
 
-/// A metric family the writers emit.
+/// The site of a probe bucket, the inverse of [`probe_bucket`]: `attn` for `reduce_attn_bar`;
+/// `None` for a bucket that is not a rendezvous probe. A table row of a probe bucket sums the
+/// probes of that site, which the live library records at that site.
+pub(crate) fn probe_site(bucket: &str) -> Option<&str> {
+    let site = bucket.strip_prefix("reduce_")?.strip_suffix("_bar")?;
+    (!site.is_empty() && probe_bucket(site) == bucket).then_some(site)
+}
+
+/// A metric family the writers emit: the live library's instruments of the same name (see
+/// `worker::aggregate::Instruments`), with the same unit and attribute keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Family {
-    /// Time in one decode section: sum and count (calls).
+    /// Time in one decode section: sum and count (calls), attributes `bucket`, `site` (probe
+    /// buckets), `rank`, `group`; no `layer`.
     SectionDuration,
+    /// Time in one section per layer: a monotonic counter of seconds, attributes `bucket`,
+    /// `layer`, `site`, `rank`, `group`.
+    SectionLayerTime,
+    /// Calls of one section per layer: a monotonic counter, the same attributes.
+    SectionLayerCalls,
     /// Decode steps counted.
     Steps,
-    /// Rendezvous (collective arrival skew) wait: sum and count (probes).
+    /// Rendezvous (collective arrival skew) wait: sum and count (probes), attributes `site`,
+    /// `rank`, `group`; no `layer`.
     CollectiveWait,
+    /// Rendezvous wait per layer: a monotonic counter of seconds, attributes `site`, `layer`,
+    /// `rank`, `group`.
+    CollectiveLayerWaitTime,
+    /// Rendezvous waits per layer: a monotonic counter, the same attributes.
+    CollectiveLayerWaitCalls,
     /// Speculative phase time: sum and count (rounds).
     SpecPhaseDuration,
     /// Verify sub-split time: sum and count (rounds).
@@ -50,12 +74,28 @@ pub(crate) enum Family {
     SpecRounds,
 }
 
+/// What a family's data points are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// A duration distribution known only by its sum (seconds) and count: an OTLP histogram
+    /// without buckets, an OpenMetrics summary without quantiles.
+    SumCount,
+    /// A monotonic cumulative counter of seconds (the points' `sum_ns`).
+    SecondsCounter,
+    /// A monotonic cumulative counter of things (the points' `count`).
+    CountCounter,
+}
+
 impl Family {
     /// Every family, in the order the writers emit them.
-    pub(crate) const ALL: [Family; 6] = [
+    pub(crate) const ALL: [Family; 10] = [
         Family::SectionDuration,
+        Family::SectionLayerTime,
+        Family::SectionLayerCalls,
         Family::Steps,
         Family::CollectiveWait,
+        Family::CollectiveLayerWaitTime,
+        Family::CollectiveLayerWaitCalls,
         Family::SpecPhaseDuration,
         Family::SpecVerifyPartDuration,
         Family::SpecRounds,
@@ -65,44 +105,94 @@ impl Family {
     pub(crate) fn otel_name(self) -> &'static str {
         match self {
             Self::SectionDuration => metric::SECTION_DURATION,
+            Self::SectionLayerTime => metric::SECTION_LAYER_TIME,
+            Self::SectionLayerCalls => metric::SECTION_LAYER_CALLS,
             Self::Steps => metric::STEPS,
             Self::CollectiveWait => metric::COLLECTIVE_WAIT,
+            Self::CollectiveLayerWaitTime => metric::COLLECTIVE_LAYER_WAIT_TIME,
+            Self::CollectiveLayerWaitCalls => metric::COLLECTIVE_LAYER_WAIT_CALLS,
             Self::SpecPhaseDuration => metric::SPEC_PHASE_DURATION,
             Self::SpecVerifyPartDuration => metric::SPEC_VERIFY_PART_DURATION,
             Self::SpecRounds => metric::SPEC_ROUNDS,
         }
     }
 
-    /// The OpenTelemetry unit (UCUM).
+    /// The OpenTelemetry unit (UCUM), as the live instrument declares it.
     pub(crate) fn unit(self) -> &'static str {
         match self {
             Self::Steps => metric::UNIT_STEPS,
             Self::SpecRounds => metric::UNIT_ROUNDS,
-            _ => metric::UNIT_SECONDS,
+            Self::SectionLayerCalls | Self::CollectiveLayerWaitCalls => metric::UNIT_CALLS,
+            Self::SectionDuration
+            | Self::SectionLayerTime
+            | Self::CollectiveWait
+            | Self::CollectiveLayerWaitTime
+            | Self::SpecPhaseDuration
+            | Self::SpecVerifyPartDuration => metric::UNIT_SECONDS,
         }
+    }
+
+    /// What the family's points are.
+    pub(crate) fn shape(self) -> Shape {
+        match self {
+            Self::Steps
+            | Self::SpecRounds
+            | Self::SectionLayerCalls
+            | Self::CollectiveLayerWaitCalls => Shape::CountCounter,
+            Self::SectionLayerTime | Self::CollectiveLayerWaitTime => Shape::SecondsCounter,
+            Self::SectionDuration
+            | Self::CollectiveWait
+            | Self::SpecPhaseDuration
+            | Self::SpecVerifyPartDuration => Shape::SumCount,
+        }
+    }
+
+    /// Whether the family's records are events (one route-trace line is one probe, one
+    /// speculative line one burst), so that its total holds until the next line; otherwise
+    /// they are a table's snapshots of running totals.
+    pub(crate) fn is_of_events(self) -> bool {
+        !matches!(self, Self::SectionDuration | Self::Steps)
     }
 
     /// Whether the family is a monotonic counter; otherwise it is a duration with sum and count.
     pub(crate) fn is_counter(self) -> bool {
-        matches!(self, Self::Steps | Self::SpecRounds)
+        self.shape() != Shape::SumCount
     }
 
-    /// The Prometheus family name (`# TYPE` line; counters without `_total`).
+    /// The Prometheus family name (`# TYPE` line; counters without `_total`), by the live
+    /// endpoint's own rule ([`crate::export::prometheus::encode::base_name`]).
     pub(crate) fn prom_family(self) -> String {
-        let mut name = self.otel_name().replace('.', "_");
-        if self.unit() == metric::UNIT_SECONDS {
-            name.push_str("_seconds");
+        let base = encode::base_name(self.otel_name(), self.unit());
+        match base.strip_suffix("_total") {
+            Some(family) if self.is_counter() => family.to_owned(),
+            _ => base,
         }
-        name
+    }
+
+    /// The OpenMetrics `# UNIT` of the family, as the live endpoint writes it (`seconds`).
+    pub(crate) fn prom_unit(self) -> Option<&'static str> {
+        encode::unit_suffix(self.unit())
     }
 
     /// One-line description (`# HELP`, OTLP `description`).
     pub(crate) fn description(self) -> &'static str {
         match self {
             Self::SectionDuration => "Time spent in a decode section, imported from a profile log",
+            Self::SectionLayerTime => {
+                "Time spent in a decode section per layer, imported from a route trace"
+            }
+            Self::SectionLayerCalls => {
+                "Calls of a decode section per layer, imported from a route trace"
+            }
             Self::Steps => "Decode steps, imported from a profile log",
             Self::CollectiveWait => {
                 "Time a rank waited at a collective's rendezvous probe, imported from a route trace"
+            }
+            Self::CollectiveLayerWaitTime => {
+                "Time a rank waited at a collective's rendezvous probe per layer, imported from a route trace"
+            }
+            Self::CollectiveLayerWaitCalls => {
+                "Rendezvous waits at a collective per layer, imported from a route trace"
             }
             Self::SpecPhaseDuration => {
                 "Speculative round time per phase, imported from a phase log"
@@ -124,8 +214,10 @@ pub(crate) enum Key {
     Site,
     /// Layer index.
     Layer,
-    /// Tensor-parallel rank, given on the command line.
+    /// Tensor-parallel rank, given on the command line (`--rank`, default 0 as live).
     Rank,
+    /// Collective group of the rank, given on the command line (`--group`, default as live).
+    Group,
     /// Speculative phase.
     Phase,
     /// Verify sub-split part.
@@ -152,6 +244,7 @@ impl Key {
             Self::Site => attr::SITE,
             Self::Layer => attr::LAYER,
             Self::Rank => attr::RANK,
+            Self::Group => attr::GROUP,
             Self::Phase => attr::PHASE,
             Self::Part => attr::PART,
             Self::Tag => attr::TAG,
@@ -163,9 +256,10 @@ impl Key {
         }
     }
 
-    /// The Prometheus label name: the OpenTelemetry key with `.` as `_`.
+    /// The Prometheus label name, by the live endpoint's rule (`source.file` ->
+    /// `source_file`).
     pub(crate) fn prom(self) -> String {
-        self.otel().replace('.', "_")
+        encode::sanitize(self.otel(), false)
     }
 
     /// Whether values of this key are integers (OTLP `intValue`).
@@ -188,8 +282,12 @@ mod tests {
             names,
             [
                 "phasetrace_section_duration_seconds",
+                "phasetrace_section_layer_time_seconds",
+                "phasetrace_section_layer_calls",
                 "phasetrace_steps",
                 "phasetrace_collective_wait_seconds",
+                "phasetrace_collective_layer_wait_time_seconds",
+                "phasetrace_collective_layer_wait_calls",
                 "phasetrace_spec_phase_duration_seconds",
                 "phasetrace_spec_verify_part_duration_seconds",
                 "phasetrace_spec_rounds",
@@ -197,8 +295,22 @@ mod tests {
         );
         assert_eq!(Key::SourceFile.prom(), "source_file");
         assert_eq!(Key::Bucket.prom(), "bucket");
+        assert_eq!(Family::SectionLayerTime.prom_unit(), Some("seconds"));
+        assert_eq!(Family::SectionLayerCalls.prom_unit(), None);
         assert_eq!(probe_bucket("attn"), "reduce_attn_bar");
         assert_eq!(probe_bucket("mlp"), "reduce_mlp_bar");
         assert_eq!(probe_bucket("moe_a2a"), "reduce_moe_a2a_bar");
+        for site in ["attn", "mlp", "moe_a2a"] {
+            assert_eq!(probe_site(&probe_bucket(site)), Some(site));
+        }
+        for bucket in [
+            "reduce_attn",
+            "reduce_attn_enq",
+            "reduce__bar",
+            "kda_mixer",
+            "reduce_bar",
+        ] {
+            assert_eq!(probe_site(bucket), None, "{bucket}");
+        }
     }
 }

@@ -7,6 +7,11 @@
 //!                                          | otlp (proto messages: protobuf to send, OTLP/JSON)
 //! ```
 //!
+//! The series are those a live run exports (names, units and attribute keys of
+//! [`crate::names`]; see `series` for which record feeds which): section durations by bucket,
+//! rendezvous waits by site, the per-layer counters of each route-trace probe by (bucket,
+//! site, layer), and `rank` and `group` on all of them.
+//!
 //! # Formats
 //!
 //! Four formats are recognised anywhere in a line, among unrelated lines, with or without the

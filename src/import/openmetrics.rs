@@ -2,41 +2,59 @@
 //!
 //! ```text
 //! ImportedFile[] ─► series::build (cumulative, ≤ 1 point per ms per series)
-//!   ─► per family: # HELP / # TYPE / # UNIT, then each series' points in time order ─► # EOF
+//!   ─► per family: # HELP / # TYPE / # UNIT, then each series' samples in time order:
+//!      0 at the run's start, then the running totals ─► # EOF
 //! ```
 //!
-//! The names are the Prometheus names of the live exporter, so backfilled and live data share
-//! series. Labels: the family's own (`bucket`; `site`, `layer`; `tag`, `phase`; `tag`, `part`),
-//! `rank` when given, and `source_file` and `source_run`.
+//! The names are the Prometheus names of the live exporter (derived by its encoder's rule from
+//! [`crate::names`]), so backfilled and live data share series, dashboards and rules. Labels:
+//! the live ones (`bucket`, `site` of a probe bucket, `rank`, `group` on section times; `site`,
+//! `rank`, `group` on waits; `layer` on the per-layer counters only; `tag` and `phase` or `part`
+//! on speculative ones), plus `source_file` and `source_run`.
 //!
 //! A table knows each bucket's total time and call count, not how the calls were distributed,
 //! so the duration families are written as OpenMetrics summaries without quantiles: `_sum`
 //! (seconds) and `_count` series only, the same two series the live histogram exports, so that
 //! `rate(x_sum) / rate(x_count)` means the same thing in both. No `_bucket` series is invented.
+//! The per-layer counters (`phasetrace_section_layer_time_seconds_total`, `..._calls_total`,
+//! `phasetrace_collective_layer_wait_time_seconds_total`, `..._calls_total`) are counters as
+//! live.
+//!
+//! Every series starts with a sample of 0 at its run's start, one millisecond or more before
+//! its first total (the OTLP writer says the same with the points' start time): a counter is 0
+//! when its process starts, and `rate()`/`increase()` over a run then count its first interval
+//! too, which Prometheus would otherwise take as the series' starting value (and a series of
+//! one sample would have no rate at all).
 //! Values are exact decimals of the integer nanoseconds; timestamps are seconds with
 //! millisecond digits, Prometheus's resolution.
 
 use std::io::Write;
 
-use super::contract::{Family, Key};
-use super::series::{self, Series, SeriesSet};
+use super::contract::{Family, Key, Shape};
+use super::series::{self, Point, Series, SeriesSet};
 use super::{ImportError, ImportedFile};
+use crate::config::settings;
 
 /// Options of the OpenMetrics writer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenMetricsOptions {
     /// Minimum spacing of two samples of one series, nanoseconds; rounded up to whole
     /// milliseconds, since Prometheus stores milliseconds. Default 1 ms: every record.
     pub sample_interval_ns: u64,
-    /// Value of a `rank` label on every series (`--rank`); `None` leaves it out.
-    pub rank: Option<u32>,
+    /// The `rank` label of every series (`--rank`); default that of a live process without
+    /// `PHASETRACE_RANK`, 0.
+    pub rank: u32,
+    /// The `group` label of every series (`--group`); default that of a live process without
+    /// `PHASETRACE_GROUP`.
+    pub group: String,
 }
 
 impl Default for OpenMetricsOptions {
     fn default() -> Self {
         Self {
             sample_interval_ns: 1_000_000,
-            rank: None,
+            rank: settings::RANK.default_value(),
+            group: settings::GROUP.default_value(),
         }
     }
 }
@@ -59,7 +77,7 @@ pub fn write_openmetrics<W: Write>(
     options: &OpenMetricsOptions,
 ) -> Result<OpenMetricsStats, ImportError> {
     let interval = options.sample_interval_ns.max(1).div_ceil(1_000_000) * 1_000_000;
-    let set = series::build(files, interval, options.rank);
+    let set = series::build(files, interval, options.rank, &options.group);
     write_set(out, &set).map_err(|source| ImportError::Write {
         format: "openmetrics",
         source,
@@ -80,25 +98,43 @@ fn write_set<W: Write>(out: &mut W, set: &SeriesSet) -> std::io::Result<OpenMetr
         let name = family.prom_family();
         let name = name.as_str();
         writeln!(out, "# HELP {name} {}", family.description())?;
-        if family.is_counter() {
-            writeln!(out, "# TYPE {name} counter")?;
+        let kind = if family.is_counter() {
+            "counter"
         } else {
-            writeln!(out, "# TYPE {name} summary")?;
-            writeln!(out, "# UNIT {name} seconds")?;
+            "summary"
+        };
+        writeln!(out, "# TYPE {name} {kind}")?;
+        if let Some(unit) = family.prom_unit() {
+            writeln!(out, "# UNIT {name} {unit}")?;
         }
         for series in members {
             stats.series += 1;
             render_labels(&mut labels, set, series);
-            for point in &series.points {
+            let start = Point {
+                at_ns: set.resources[series.resource].start_ns,
+                sum_ns: 0,
+                count: 0,
+            };
+            let first_ms = series.points.first().map(|p| p.at_ns / 1_000_000);
+            let zero = first_ms.is_some_and(|first| start.at_ns / 1_000_000 < first);
+            for point in zero.then_some(&start).into_iter().chain(&series.points) {
                 let ts = Timestamp(point.at_ns);
-                if family.is_counter() {
-                    writeln!(out, "{name}_total{labels} {} {ts}", point.count)?;
-                    stats.samples += 1;
-                } else {
-                    let sum = Seconds(point.sum_ns);
-                    writeln!(out, "{name}_sum{labels} {sum} {ts}")?;
-                    writeln!(out, "{name}_count{labels} {} {ts}", point.count)?;
-                    stats.samples += 2;
+                match family.shape() {
+                    Shape::CountCounter => {
+                        writeln!(out, "{name}_total{labels} {} {ts}", point.count)?;
+                        stats.samples += 1;
+                    }
+                    Shape::SecondsCounter => {
+                        let sum = Seconds(point.sum_ns);
+                        writeln!(out, "{name}_total{labels} {sum} {ts}")?;
+                        stats.samples += 1;
+                    }
+                    Shape::SumCount => {
+                        let sum = Seconds(point.sum_ns);
+                        writeln!(out, "{name}_sum{labels} {sum} {ts}")?;
+                        writeln!(out, "{name}_count{labels} {} {ts}", point.count)?;
+                        stats.samples += 2;
+                    }
                 }
             }
         }
@@ -201,17 +237,61 @@ mod tests {
             write_openmetrics(&mut out, &[file], &OpenMetricsOptions::default()).expect("write");
         let text = String::from_utf8(out).expect("utf8");
         assert!(text.ends_with("# EOF\n"), "{text}");
-        assert!(text.contains(
-            "phasetrace_collective_wait_seconds_sum{site=\"attn\",layer=\"0\",source_file=\"a \\\"q\\\".log\",source_run=\"0\"} 0.00004 1790769602.000"
-        ), "{text}");
-        assert!(text.contains(
-            "phasetrace_spec_rounds_total{tag=\"t\",source_file=\"a \\\"q\\\".log\",source_run=\"0\"} 2 1790769602.004"
-        ), "{text}");
-        assert!(text.contains("# TYPE phasetrace_spec_rounds counter\n"));
-        assert!(text.contains("# UNIT phasetrace_spec_phase_duration_seconds seconds\n"));
+        let res = "rank=\"0\",group=\"default\",source_file=\"a \\\"q\\\".log\",source_run=\"0\"";
+        for line in [
+            // The wait histogram: no layer; from 0 at the run's start (the first probe's start,
+            // 12:00:00.99999) to the running total.
+            format!(
+                "phasetrace_collective_wait_seconds_sum{{site=\"attn\",{res}}} 0 1790769600.999"
+            ),
+            format!(
+                "phasetrace_collective_wait_seconds_sum{{site=\"attn\",{res}}} 0.00001 1790769601.000"
+            ),
+            format!(
+                "phasetrace_collective_wait_seconds_sum{{site=\"attn\",{res}}} 0.00004 1790769602.000"
+            ),
+            format!(
+                "phasetrace_collective_wait_seconds_count{{site=\"attn\",{res}}} 2 1790769602.000"
+            ),
+            // The per-layer counters.
+            format!(
+                "phasetrace_collective_layer_wait_time_seconds_total{{site=\"attn\",layer=\"0\",{res}}} 0 1790769600.999"
+            ),
+            format!(
+                "phasetrace_collective_layer_wait_time_seconds_total{{site=\"attn\",layer=\"0\",{res}}} 0.00004 1790769602.000"
+            ),
+            format!(
+                "phasetrace_collective_layer_wait_calls_total{{site=\"attn\",layer=\"0\",{res}}} 2 1790769602.000"
+            ),
+            format!(
+                "phasetrace_section_layer_time_seconds_total{{bucket=\"reduce_mlp_bar\",site=\"mlp\",layer=\"0\",{res}}} 0.0000025 1790769601.500"
+            ),
+            format!(
+                "phasetrace_section_layer_calls_total{{bucket=\"reduce_mlp_bar\",site=\"mlp\",layer=\"0\",{res}}} 1 1790769601.500"
+            ),
+            format!("phasetrace_spec_rounds_total{{tag=\"t\",{res}}} 2 1790769602.004"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("phasetrace_collective_wait") && l.contains("layer=")),
+            "{text}"
+        );
+        for header in [
+            "# TYPE phasetrace_spec_rounds counter\n",
+            "# UNIT phasetrace_spec_phase_duration_seconds seconds\n",
+            "# TYPE phasetrace_section_layer_time_seconds counter\n# UNIT phasetrace_section_layer_time_seconds seconds\n",
+            "# TYPE phasetrace_collective_layer_wait_calls counter\nphasetrace_collective_layer_wait_calls_total{",
+        ] {
+            assert!(text.contains(header), "{header} in {text}");
+        }
         // Each family's lines are contiguous: a family's TYPE line appears once.
-        assert_eq!(text.matches("# TYPE ").count(), 3);
-        assert_eq!(stats.series, 2 + 5 + 1);
+        assert_eq!(text.matches("# TYPE ").count(), 7);
+        // Per-layer section and wait counters, 2 each (attn and mlp of layer 0), the wait
+        // histogram (attn, mlp), 5 phases, 1 round counter.
+        assert_eq!(stats.series, 2 * 4 + 2 + 5 + 1);
         assert_eq!(stats.untimed_records, 0);
     }
 }

@@ -34,21 +34,26 @@ use opentelemetry_proto::tonic::resource::v1::Resource as ProtoResource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
 
 use super::contract::{
-    EVENT_MOE_ROUTE, Family, Key, SCOPE_NAME, SERVICE_NAME, SPAN_STEP, TIMING, probe_bucket,
+    EVENT_MOE_ROUTE, Family, Key, SCOPE_NAME, SERVICE_NAME, SPAN_STEP, Shape, TIMING, probe_bucket,
 };
 use super::series::{self, Resource};
 use super::{ImportError, ImportRecord, ImportedFile};
+use crate::config::settings;
 use crate::names::resource;
 
 /// Options of the OTLP writers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpOptions {
     /// Data points (metrics) or spans (traces) per request. Default 5000.
     pub max_items_per_request: usize,
     /// Minimum spacing of two points of one series, nanoseconds. Default 1 ms.
     pub sample_interval_ns: u64,
-    /// Value of a `rank` attribute on every series and span (`--rank`); `None` leaves it out.
-    pub rank: Option<u32>,
+    /// The `rank` attribute of every series and span (`--rank`); default that of a live process
+    /// without `PHASETRACE_RANK`, 0.
+    pub rank: u32,
+    /// The `group` attribute of every series and span (`--group`); default that of a live
+    /// process without `PHASETRACE_GROUP`.
+    pub group: String,
 }
 
 impl Default for OtlpOptions {
@@ -56,7 +61,8 @@ impl Default for OtlpOptions {
         Self {
             max_items_per_request: 5000,
             sample_interval_ns: 1_000_000,
-            rank: None,
+            rank: settings::RANK.default_value(),
+            group: settings::GROUP.default_value(),
         }
     }
 }
@@ -153,7 +159,12 @@ pub fn metrics_requests(
     options: &OtlpOptions,
     mut sink: impl FnMut(ExportMetricsServiceRequest) -> Result<(), ImportError>,
 ) -> Result<OtlpStats, ImportError> {
-    let set = series::build(files, options.sample_interval_ns, options.rank);
+    let set = series::build(
+        files,
+        options.sample_interval_ns,
+        options.rank,
+        &options.group,
+    );
     let mut stats = OtlpStats {
         untimed_records: set.untimed_records,
         ..Default::default()
@@ -224,21 +235,8 @@ struct Point {
 
 fn metric_of(family: Family, points: impl Iterator<Item = Point>) -> Metric {
     let temporality = AggregationTemporality::Cumulative as i32;
-    let data = if family.is_counter() {
-        metric::Data::Sum(Sum {
-            data_points: points
-                .map(|p| NumberDataPoint {
-                    attributes: p.attributes,
-                    start_time_unix_nano: p.start,
-                    time_unix_nano: p.at,
-                    value: Some(number_data_point::Value::AsInt(signed(p.count))),
-                    ..Default::default()
-                })
-                .collect(),
-            aggregation_temporality: temporality,
-            is_monotonic: true,
-        })
-    } else {
+    let shape = family.shape();
+    let data = if shape == Shape::SumCount {
         metric::Data::Histogram(Histogram {
             data_points: points
                 .map(|p| HistogramDataPoint {
@@ -251,6 +249,25 @@ fn metric_of(family: Family, points: impl Iterator<Item = Point>) -> Metric {
                 })
                 .collect(),
             aggregation_temporality: temporality,
+        })
+    } else {
+        // The live per-layer time counters are f64 seconds, the others integers.
+        let value = |p: &Point| match shape {
+            Shape::SecondsCounter => number_data_point::Value::AsDouble(p.sum_ns as f64 / 1e9),
+            _ => number_data_point::Value::AsInt(signed(p.count)),
+        };
+        metric::Data::Sum(Sum {
+            data_points: points
+                .map(|p| NumberDataPoint {
+                    value: Some(value(&p)),
+                    attributes: p.attributes,
+                    start_time_unix_nano: p.start,
+                    time_unix_nano: p.at,
+                    ..Default::default()
+                })
+                .collect(),
+            aggregation_temporality: temporality,
+            is_monotonic: true,
         })
     };
     Metric {
@@ -332,7 +349,12 @@ pub fn trace_requests(
     options: &OtlpOptions,
     mut sink: impl FnMut(ExportTraceServiceRequest) -> Result<(), ImportError>,
 ) -> Result<OtlpStats, ImportError> {
-    let set = series::build(files, options.sample_interval_ns, options.rank);
+    let set = series::build(
+        files,
+        options.sample_interval_ns,
+        options.rank,
+        &options.group,
+    );
     let mut stats = OtlpStats::default();
     let mut spans: Vec<SpanOut<'_>> = Vec::new();
     for file in files {
@@ -432,7 +454,10 @@ pub fn trace_requests(
             resource: Some(proto_resource(&set.resources[res])),
             scope_spans: vec![ScopeSpans {
                 scope: Some(scope()),
-                spans: group.iter().map(|s| span_of(s, options.rank)).collect(),
+                spans: group
+                    .iter()
+                    .map(|s| span_of(s, options.rank, &options.group))
+                    .collect(),
                 ..Default::default()
             }],
             ..Default::default()
@@ -450,11 +475,12 @@ impl OfResource for SpanOut<'_> {
     }
 }
 
-fn span_of(s: &SpanOut<'_>, rank: Option<u32>) -> Span {
-    let mut attributes = Vec::new();
-    if let Some(rank) = rank {
-        attributes.push(int(Key::Rank.otel(), i64::from(rank)));
-    }
+fn span_of(s: &SpanOut<'_>, rank: u32, group: &str) -> Span {
+    // `rank` and `group` on every span, as live.
+    let mut attributes = vec![
+        int(Key::Rank.otel(), i64::from(rank)),
+        string(Key::Group.otel(), group),
+    ];
     let mut out = Span {
         trace_id: s.trace_id.to_vec(),
         span_id: s.span_id.to_be_bytes().to_vec(),
@@ -523,6 +549,7 @@ pub fn write_json_line<W: Write, M: serde::Serialize>(
 mod tests {
     use super::*;
     use crate::import::{ImportOptions, import_reader};
+    use crate::names::{attr, metric};
     use serde_json::{Value, json};
 
     fn sample() -> ImportedFile {
@@ -545,7 +572,8 @@ mod tests {
     fn traces_look_like_live_ones_with_hex_ids_and_string_times() {
         let mut requests = Vec::new();
         let options = OtlpOptions {
-            rank: Some(3),
+            rank: 3,
+            group: "tp1".into(),
             ..Default::default()
         };
         let stats = trace_requests(&[sample()], &options, |r| {
@@ -589,6 +617,7 @@ mod tests {
             attrs,
             vec![
                 ("rank", &json!({ "intValue": "3" })),
+                ("group", &json!({ "stringValue": "tp1" })),
                 ("bucket", &json!({ "stringValue": "reduce_mlp_bar" })),
                 ("layer", &json!({ "intValue": "0" })),
                 ("site", &json!({ "stringValue": "mlp" })),
@@ -604,14 +633,41 @@ mod tests {
         assert_eq!(res[2]["value"]["intValue"], "0");
     }
 
-    #[test]
-    fn metrics_are_cumulative_histograms_and_chunked() {
+    /// Every metric of `requests`, by name, with its points in request order.
+    fn metrics_by_name(requests: &[Value]) -> std::collections::BTreeMap<String, Vec<Value>> {
+        let mut out: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+        for r in requests {
+            for rm in r["resourceMetrics"].as_array().into_iter().flatten() {
+                for sm in rm["scopeMetrics"].as_array().into_iter().flatten() {
+                    for m in sm["metrics"].as_array().into_iter().flatten() {
+                        let name = m["name"].as_str().unwrap_or_default().to_owned();
+                        out.entry(name).or_default().push(m.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The attribute keys and the value of `key` of an OTLP/JSON data point.
+    fn keys_and(point: &Value, key: &str) -> (Vec<String>, Value) {
+        let attrs = point["attributes"].as_array().cloned().unwrap_or_default();
+        let mut keys: Vec<String> = attrs
+            .iter()
+            .map(|a| a["key"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        keys.sort();
+        let value = attrs
+            .iter()
+            .find(|a| a["key"] == key)
+            .map(|a| a["value"].clone())
+            .unwrap_or(Value::Null);
+        (keys, value)
+    }
+
+    fn requests_of(options: &OtlpOptions) -> (OtlpStats, Vec<Value>) {
         let mut requests = Vec::new();
-        let options = OtlpOptions {
-            max_items_per_request: 2,
-            ..Default::default()
-        };
-        let stats = metrics_requests(&[sample()], &options, |r| {
+        let stats = metrics_requests(&[sample()], options, |r| {
             let json = serde_json::to_value(&r).expect("OTLP/JSON");
             let back: ExportMetricsServiceRequest =
                 serde_json::from_value(json.clone()).expect("decodes");
@@ -620,20 +676,116 @@ mod tests {
             Ok(())
         })
         .expect("metrics");
-        // attn: 2 points, mlp: 1 point.
-        assert_eq!((stats.requests, stats.items), (2, 3));
-        let m = &requests[0]["resourceMetrics"][0]["scopeMetrics"][0]["metrics"][0];
-        assert_eq!(m["name"], "phasetrace.collective.wait");
-        assert_eq!(m["unit"], "s");
-        let h = &m["histogram"];
+        (stats, requests)
+    }
+
+    #[test]
+    fn metrics_are_chunked() {
+        let (stats, requests) = requests_of(&OtlpOptions {
+            max_items_per_request: 2,
+            ..Default::default()
+        });
+        // Per family: attn layer 0 (2 points) and mlp layer 0 (1, and its total again at the
+        // run's end): the wait histogram, the two per-layer wait counters and the two per-layer
+        // section counters.
+        assert_eq!((stats.requests, stats.items), (10, 20));
+        let mut line = Vec::new();
+        write_json_line(&mut line, &requests[1]).expect("write");
+        assert!(line.ends_with(b"}\n") && !line[..line.len() - 1].contains(&b'\n'));
+    }
+
+    #[test]
+    fn metrics_are_cumulative_histograms_without_layer_and_per_layer_counters() {
+        let (stats, requests) = requests_of(&OtlpOptions::default());
+        assert_eq!((stats.requests, stats.items), (1, 20));
+        let by_name = metrics_by_name(&requests);
+        let names: Vec<&str> = by_name.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                metric::COLLECTIVE_LAYER_WAIT_CALLS,
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                metric::COLLECTIVE_WAIT,
+                metric::SECTION_LAYER_CALLS,
+                metric::SECTION_LAYER_TIME,
+            ]
+        );
+        let keys = |own: &[&str]| -> Vec<String> {
+            let mut k: Vec<String> = own
+                .iter()
+                .chain(&[attr::RANK, attr::GROUP, attr::SOURCE_FILE, attr::SOURCE_RUN])
+                .map(|s| (*s).to_owned())
+                .collect();
+            k.sort();
+            k
+        };
+
+        let wait = &by_name[metric::COLLECTIVE_WAIT][0];
+        assert_eq!(wait["unit"], metric::UNIT_SECONDS);
+        let h = &wait["histogram"];
         assert_eq!(h["aggregationTemporality"], 2);
         let p = &h["dataPoints"][1];
+        assert_eq!(
+            keys_and(p, attr::SITE),
+            (keys(&[attr::SITE]), json!({"stringValue": "attn"}))
+        );
         assert_eq!(p["count"], "2");
         assert_eq!(p["sum"], 0.00004);
         assert_eq!(p["timeUnixNano"], "1790769602000000000");
         assert_eq!(p["startTimeUnixNano"], "1790769600999990000");
-        let mut line = Vec::new();
-        write_json_line(&mut line, &requests[1]).expect("write");
-        assert!(line.ends_with(b"}\n") && !line[..line.len() - 1].contains(&b'\n'));
+
+        for (name, unit, own) in [
+            (
+                metric::COLLECTIVE_LAYER_WAIT_TIME,
+                metric::UNIT_SECONDS,
+                &[attr::SITE, attr::LAYER][..],
+            ),
+            (
+                metric::COLLECTIVE_LAYER_WAIT_CALLS,
+                metric::UNIT_CALLS,
+                &[attr::SITE, attr::LAYER][..],
+            ),
+            (
+                metric::SECTION_LAYER_TIME,
+                metric::UNIT_SECONDS,
+                &[attr::BUCKET, attr::SITE, attr::LAYER][..],
+            ),
+            (
+                metric::SECTION_LAYER_CALLS,
+                metric::UNIT_CALLS,
+                &[attr::BUCKET, attr::SITE, attr::LAYER][..],
+            ),
+        ] {
+            let m = &by_name[name][0];
+            assert_eq!(m["unit"], unit, "{name}");
+            let sum = &m["sum"];
+            assert_eq!(sum["aggregationTemporality"], 2, "{name}");
+            assert_eq!(sum["isMonotonic"], true, "{name}");
+            let points = sum["dataPoints"].as_array().expect("points");
+            assert_eq!(points.len(), 4, "{name}");
+            // attn, layer 0: the running total at each of its two probes.
+            let (k, layer) = keys_and(&points[1], attr::LAYER);
+            assert_eq!(k, keys(own), "{name}");
+            assert_eq!(layer, json!({"intValue": "0"}), "{name}");
+            assert_eq!(points[1]["timeUnixNano"], "1790769602000000000", "{name}");
+            let (first, last) = if unit == metric::UNIT_CALLS {
+                (json!("1"), json!("2"))
+            } else {
+                (json!(0.00001), json!(0.00004))
+            };
+            let value = if unit == metric::UNIT_CALLS {
+                "asInt"
+            } else {
+                "asDouble"
+            };
+            assert_eq!(points[0][value], first, "{name}");
+            assert_eq!(points[1][value], last, "{name}");
+        }
+        let bucket = keys_and(
+            &by_name[metric::SECTION_LAYER_TIME][0]["sum"]["dataPoints"][0],
+            attr::BUCKET,
+        )
+        .1;
+        assert_eq!(bucket, json!({"stringValue": "reduce_attn_bar"}));
     }
 }

@@ -1556,7 +1556,15 @@ fn promtool_backfills_the_fixtures_with_exact_values() {
     let mut out = std::fs::File::create(&om).expect("create");
     let stats =
         openmetrics::write_openmetrics(&mut out, &[glm, spec], &Default::default()).expect("write");
-    assert_eq!((stats.series, stats.samples), (54, 257));
+    // 82 series: 22 section durations, 2 step counters, 4 wait histograms (site, no layer), and
+    // per (site, layer) of each run 4 per-layer counters (section and wait, time and calls);
+    // 20 phase and verify-part summaries, 2 round counters. 510 samples: the 257 of the
+    // records' points without the per-layer counters (8 + 8 points a run), 64 of the per-layer
+    // counters, a 0 at the run's start of each series (2 samples a summary, 1 a counter: 128),
+    // and the totals at the run's end of the series of event lines that ended before it (the
+    // 2 wait histograms and 16 per-layer counters of each GLM run, 2 x 20 samples; mtp-phase's
+    // 10 summaries and 1 counter, 21 samples).
+    assert_eq!((stats.series, stats.samples), (82, 510));
     let db = dir.join("tsdb");
     let run = |args: &[&std::ffi::OsStr]| {
         let output = std::process::Command::new(&promtool)
@@ -1581,19 +1589,55 @@ fn promtool_backfills_the_fixtures_with_exact_values() {
     std::fs::create_dir_all(db.join("wal")).expect("wal dir");
     let dump = run(&["tsdb".as_ref(), "dump".as_ref(), db.as_os_str()]);
     std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(dump.lines().count(), 257);
+    assert_eq!(dump.lines().count(), 510);
     for want in [
-        r#"{__name__="phasetrace_section_duration_seconds_sum", bucket="moe_experts", source_file="glm_run_tracing.log", source_run="0"} 0.059472 1790769604190"#,
-        r#"{__name__="phasetrace_section_duration_seconds_count", bucket="moe_experts", source_file="glm_run_tracing.log", source_run="1"} 960 1790769904120"#,
-        r#"{__name__="phasetrace_steps_total", source_file="glm_run_tracing.log", source_run="0"} 24 1790769604190"#,
-        r#"{__name__="phasetrace_collective_wait_seconds_count", layer="1", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 2 1790769904066"#,
-        r#"{__name__="phasetrace_spec_phase_duration_seconds_sum", phase="verify", source_file="spec_phases_stderr.log", source_run="0", tag="glm5-phase"} 0.112265 1790773200186"#,
-        r#"{__name__="phasetrace_spec_rounds_total", source_file="spec_phases_stderr.log", source_run="0", tag="mtp-phase"} 16 1790773200142"#,
-        r#"{__name__="phasetrace_spec_verify_part_duration_seconds_sum", part="kda", source_file="spec_phases_stderr.log", source_run="0", tag="glm5-phase-v"} 0.042564 1790773200186"#,
+        r#"{__name__="phasetrace_section_duration_seconds_sum", bucket="moe_experts", group="default", rank="0", source_file="glm_run_tracing.log", source_run="0"} 0.059472 1790769604190"#,
+        r#"{__name__="phasetrace_section_duration_seconds_count", bucket="moe_experts", group="default", rank="0", source_file="glm_run_tracing.log", source_run="1"} 960 1790769904120"#,
+        // A probe bucket's row carries its site, as the live probe section does.
+        r#"{__name__="phasetrace_section_duration_seconds_count", bucket="reduce_attn_bar", group="default", rank="0", site="attn", source_file="glm_run_tracing.log", source_run="0"} 1248 1790769604130"#,
+        r#"{__name__="phasetrace_steps_total", group="default", rank="0", source_file="glm_run_tracing.log", source_run="0"} 24 1790769604190"#,
+        // The wait histogram has no layer: run 1's four mlp probes (layers 0 and 1, steps 0
+        // and 8).
+        r#"{__name__="phasetrace_collective_wait_seconds_count", group="default", rank="0", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 4 1790769904066"#,
+        // Per layer: layer 1's mlp probes of run 1, 48.7 + 48.6 us.
+        r#"{__name__="phasetrace_collective_layer_wait_calls_total", group="default", layer="1", rank="0", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 2 1790769904066"#,
+        r#"{__name__="phasetrace_collective_layer_wait_time_seconds_total", group="default", layer="1", rank="0", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 9.73e-05 1790769904066"#,
+        r#"{__name__="phasetrace_section_layer_calls_total", bucket="reduce_mlp_bar", group="default", layer="1", rank="0", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 2 1790769904066"#,
+        r#"{__name__="phasetrace_section_layer_time_seconds_total", bucket="reduce_mlp_bar", group="default", layer="1", rank="0", site="mlp", source_file="glm_run_tracing.log", source_run="1"} 9.73e-05 1790769904066"#,
+        r#"{__name__="phasetrace_spec_phase_duration_seconds_sum", group="default", phase="verify", rank="0", source_file="spec_phases_stderr.log", source_run="0", tag="glm5-phase"} 0.112265 1790773200186"#,
+        r#"{__name__="phasetrace_spec_rounds_total", group="default", rank="0", source_file="spec_phases_stderr.log", source_run="0", tag="mtp-phase"} 16 1790773200142"#,
+        r#"{__name__="phasetrace_spec_verify_part_duration_seconds_sum", group="default", part="kda", rank="0", source_file="spec_phases_stderr.log", source_run="0", tag="glm5-phase-v"} 0.042564 1790773200186"#,
+        // Run 0 of the speculative log starts at its --start: every series begins there at 0.
+        r#"{__name__="phasetrace_spec_rounds_total", group="default", rank="0", source_file="spec_phases_stderr.log", source_run="0", tag="mtp-phase"} 0 1790773200000"#,
     ] {
         assert!(
             dump.lines().any(|l| l == want),
             "missing from the dump: {want}"
+        );
+    }
+    // No series has a layer unless it is a per-layer counter; each begins at 0 and only grows.
+    let mut series: std::collections::BTreeMap<&str, Vec<(u64, f64)>> = Default::default();
+    for line in dump.lines() {
+        let (labels, rest) = line.rsplit_once('}').expect("labels");
+        let mut fields = rest.split_whitespace();
+        let value: f64 = fields.next().and_then(|v| v.parse().ok()).expect("value");
+        let at: u64 = fields.next().and_then(|v| v.parse().ok()).expect("time");
+        series.entry(labels).or_default().push((at, value));
+    }
+    assert_eq!(
+        series.len(),
+        36 + 2 * 46,
+        "one per counter, two per summary"
+    );
+    for (labels, samples) in &series {
+        let per_layer = labels.contains("_layer_");
+        assert_eq!(labels.contains(" layer=\""), per_layer, "{labels}");
+        assert_eq!(samples[0].1, 0.0, "{labels} starts at 0");
+        assert!(
+            samples
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            "{labels}: {samples:?}"
         );
     }
 }

@@ -6,6 +6,9 @@
 use crate::cli;
 use crate::support;
 
+use phasetrace::import::ImportRecord;
+use phasetrace::names::metric;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{Prometheus, Rotel, TempDir};
 
@@ -57,6 +60,7 @@ fn imported_logs_reach_rotel_with_their_timestamps() {
         |o| {
             o.spans_named("decode.step").len() >= 3
                 && o.metrics_named("phasetrace.spec.phase.duration").len() == 1
+                && o.metrics_named(metric::SECTION_LAYER_CALLS).len() == 2
         },
         Duration::from_secs(20),
     );
@@ -87,6 +91,52 @@ fn imported_logs_reach_rotel_with_their_timestamps() {
         .max_by_key(|(t, _)| *t)
         .expect("run 1 steps");
     assert_eq!(last_run1, (T0 + 304_120_000_000, 16.0));
+
+    // Per layer, as live: counters by (bucket, site, layer), each a running total at its
+    // lines' times and held to the run's end (T0 + 304.120 s, its last table); the wait
+    // histogram by site only. Run 1, mlp probe of layer 1: 48.7 µs at step 0, 48.6 µs at step 8
+    // (T0 + 304.066020 s).
+    let per_layer = [("site", "mlp"), ("layer", "1"), ("source.run", "1")];
+    let value_at = |name: &str, labels: &[(&str, &str)], t: u64| -> f64 {
+        points(name)
+            .iter()
+            .find(|p| p.matches(labels) && p.time_unix_nanos == Some(t))
+            .and_then(|p| p.value)
+            .unwrap_or_else(|| panic!("{name} {labels:?} at {t}"))
+    };
+    for t in [T0 + 304_066_020_000, T0 + 304_120_000_000] {
+        let time = value_at(metric::COLLECTIVE_LAYER_WAIT_TIME, &per_layer, t);
+        assert!(close(time, 0.000_097_3), "{time}");
+        assert_eq!(
+            value_at(metric::COLLECTIVE_LAYER_WAIT_CALLS, &per_layer, t),
+            2.0
+        );
+        let section = [per_layer.as_slice(), &[("bucket", "reduce_mlp_bar")]].concat();
+        let time = value_at(metric::SECTION_LAYER_TIME, &section, t);
+        assert!(close(time, 0.000_097_3), "{time}");
+        assert_eq!(value_at(metric::SECTION_LAYER_CALLS, &section, t), 2.0);
+    }
+    let waits = points(metric::COLLECTIVE_WAIT);
+    assert!(waits.iter().all(|p| p.attr("layer").is_none()), "{waits:?}");
+    let mlp = waits
+        .iter()
+        .filter(|p| p.matches(&[("site", "mlp"), ("source.run", "1")]))
+        .max_by_key(|p| p.time_unix_nanos)
+        .expect("run 1 mlp waits");
+    // Layers 0 and 1, steps 0 and 8: 3.4 + 48.7 + 3.4 + 48.6 µs.
+    assert_eq!(
+        (mlp.count, mlp.time_unix_nanos),
+        (Some(4), Some(T0 + 304_120_000_000))
+    );
+    assert!(close(mlp.sum.unwrap_or(0.0), 0.000_104_1), "{mlp:?}");
+    // Every series carries the live default rank and group.
+    assert!(
+        out.metrics
+            .iter()
+            .flat_map(|m| &m.points)
+            .all(|p| p.matches(&[("rank", "0"), ("group", "default")])),
+        "rank and group on every point"
+    );
 
     // Route traces: one child span per GLMTRACE line, under its step's decode.step root.
     let probes: Vec<_> = out
@@ -202,4 +252,452 @@ fn openmetrics_output_backfills_prometheus_at_the_logs_timestamps() {
         S + 186_593_000,
     );
     assert!(kda.len() == 1 && close(kda[0], 0.042_564), "{kda:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-layer counters: backfilled, then read by the dashboards' and rules' own expressions.
+
+/// Window of every range in the per-layer queries: covers one run of the fixture, whose runs
+/// are 300 s apart.
+const RANGE: &str = "60s";
+
+/// The fixture with every route-trace probe 1.0 µs longer: rank 1 of the same group, so that
+/// the ranks differ by exactly 1 µs at every (site, layer).
+fn slower_rank(path: &std::path::Path) {
+    let text = std::fs::read(fixture("glm_run_tracing.log")).expect("fixture");
+    let mut out = Vec::new();
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let probe = String::from_utf8_lossy(line);
+        match probe.split_once("bar_us=") {
+            Some((head, tail)) => {
+                let (us, rest) = tail.split_once(' ').expect("bar_us=X ids=");
+                let us: f64 = us.parse().expect("bar_us");
+                out.extend_from_slice(format!("{head}bar_us={:.1} {rest}", us + 1.0).as_bytes());
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+    std::fs::write(path, out).expect("rank 1 log");
+}
+
+/// Per (rank, run): the run's end, its steps, and per (site, layer) the probes' ns and count,
+/// as the library reads the logs.
+#[derive(Default)]
+struct Truth {
+    end: BTreeMap<u32, u64>,
+    steps: BTreeMap<(u32, u32), u64>,
+    probes: BTreeMap<(u32, u32, String, u32), (u64, u64)>,
+}
+
+impl Truth {
+    fn read(&mut self, rank: u32, path: &str) {
+        let file =
+            phasetrace::import::import_path(path.as_ref(), Default::default()).expect("import");
+        for r in &file.records {
+            let at = r.at().expect("timestamped");
+            let end = self.end.entry(r.run()).or_default();
+            *end = (*end).max(at);
+            match r {
+                ImportRecord::DecodeSteps {
+                    run,
+                    steps_in_interval,
+                    ..
+                } => *self.steps.entry((rank, *run)).or_default() += steps_in_interval,
+                ImportRecord::RouteTrace {
+                    run,
+                    site,
+                    layer,
+                    bar_ns,
+                    ..
+                } => {
+                    let e = self
+                        .probes
+                        .entry((rank, *run, site.clone(), *layer))
+                        .or_default();
+                    e.0 += bar_ns;
+                    e.1 += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Seconds and probes of `run` summed over what `keep(rank, site, layer)` selects, grouped
+    /// by `key(rank, site, layer)`.
+    fn sums(
+        &self,
+        run: u32,
+        key: impl Fn(u32, &str, u32) -> Labels,
+    ) -> BTreeMap<Labels, (f64, f64)> {
+        let mut out: BTreeMap<Labels, (u64, u64)> = BTreeMap::new();
+        for ((rank, r, site, layer), (ns, calls)) in &self.probes {
+            if *r == run {
+                let e = out.entry(key(*rank, site, *layer)).or_default();
+                e.0 += ns;
+                e.1 += calls;
+            }
+        }
+        out.into_iter()
+            .map(|(k, (ns, calls))| (k, (ns as f64 / 1e9, calls as f64)))
+            .collect()
+    }
+
+    fn steps(&self, run: u32) -> f64 {
+        self.steps
+            .iter()
+            .filter(|((_, r), _)| *r == run)
+            .map(|(_, s)| *s as f64)
+            .sum()
+    }
+}
+
+type Labels = BTreeMap<String, String>;
+
+fn labels(pairs: &[(&str, String)]) -> Labels {
+    let mut l: Labels = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    l.insert("group".into(), "default".into());
+    l
+}
+
+/// The bundled dashboards: (file, title, expression) of every panel target that reads a
+/// per-layer counter, and (file, variable, query) of every variable that lists one's labels.
+/// Variables take the dashboards' defaults (`All` is their `allValue`, `.*`; a constant its
+/// value) and `$__range` and `$__rate_interval` are [`RANGE`].
+#[allow(clippy::type_complexity)]
+fn dashboards() -> (Vec<(String, String, String)>, Vec<(String, String, String)>) {
+    let dir = support::repo_root().join("dashboards");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dashboards/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    paths.sort();
+    let (mut panels, mut variables) = (Vec::new(), Vec::new());
+    for path in paths {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let d: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("JSON");
+        let mut vars: Vec<(String, String)> = vec![
+            ("__rate_interval".into(), RANGE.into()),
+            ("__range".into(), RANGE.into()),
+        ];
+        for v in d["templating"]["list"].as_array().into_iter().flatten() {
+            let value = match v["allValue"].as_str() {
+                Some(all) if v["includeAll"] == true => all,
+                _ => v["current"]["value"].as_str().unwrap_or_default(),
+            };
+            vars.push((v["name"].as_str().unwrap_or_default().into(), value.into()));
+            if let Some(q) = v["query"].as_str().filter(|q| q.contains("_layer_")) {
+                variables.push((
+                    name.clone(),
+                    v["name"].as_str().unwrap_or_default().into(),
+                    q.to_owned(),
+                ));
+            }
+        }
+        // Longest names first: `$layer` must not eat a longer name's prefix.
+        vars.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
+        let fill = |e: &str| {
+            vars.iter()
+                .fold(e.to_owned(), |e, (n, v)| e.replace(&format!("${n}"), v))
+        };
+        let mut stack: Vec<&serde_json::Value> =
+            d["panels"].as_array().into_iter().flatten().collect();
+        while let Some(p) = stack.pop() {
+            stack.extend(p["panels"].as_array().into_iter().flatten());
+            for t in p["targets"].as_array().into_iter().flatten() {
+                if let Some(e) = t["expr"].as_str().filter(|e| e.contains("_layer_")) {
+                    let title = p["title"].as_str().unwrap_or_default().to_owned();
+                    panels.push((name.clone(), title, fill(e)));
+                }
+            }
+        }
+        for v in &mut variables {
+            v.2 = fill(&v.2);
+        }
+    }
+    (panels, variables)
+}
+
+/// The expression of recording rule `record` in `otel-config/rules/phasetrace-recording.yml`.
+fn recording_rule(record: &str) -> String {
+    let path = support::repo_root().join("otel-config/rules/phasetrace-recording.yml");
+    let text = std::fs::read_to_string(path).expect("rules");
+    let mut lines = text
+        .lines()
+        .skip_while(|l| l.trim() != format!("- record: {record}"))
+        .skip(1);
+    let expr = lines.next().expect("expr line");
+    let indent = expr.len() - expr.trim_start().len();
+    match expr.trim().strip_prefix("expr:").map(str::trim) {
+        Some("|") => lines
+            .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Some(inline) => inline.to_owned(),
+        None => panic!("{record}: no expr after the record line"),
+    }
+}
+
+fn assert_exact(what: &str, got: &[(Labels, f64)], want: &BTreeMap<Labels, f64>) {
+    let got: BTreeMap<Labels, f64> = got.iter().cloned().collect();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{what}: series"
+    );
+    for (k, w) in want {
+        let g = got[k];
+        assert!(
+            (g - w).abs() <= 1e-12 * w.abs().max(1e-9),
+            "{what} {k:?}: {g:e}, imported {w:e}"
+        );
+    }
+}
+
+#[test]
+fn backfilled_per_layer_counters_answer_the_dashboards_and_rules_exactly() {
+    support::require_tools!(Prometheus, Promtool);
+    let dir = TempDir::new("phasetrace-backfill-layers");
+    let rank1 = dir.path().join("glm_rank1.log");
+    slower_rank(&rank1);
+    let tsdb = dir.path().join("tsdb");
+    let mut truth = Truth::default();
+    for (rank, log) in [
+        (0u32, fixture("glm_run_tracing.log")),
+        (1, rank1.display().to_string()),
+    ] {
+        let om = dir.path().join(format!("rank{rank}.om"));
+        let done = cli::phasetrace(
+            &[
+                "import",
+                &log,
+                "--rank",
+                &rank.to_string(),
+                "--format",
+                "openmetrics",
+                "--out",
+                &om.display().to_string(),
+            ],
+            &[],
+            Duration::from_secs(60),
+        );
+        assert_eq!(done.code, Some(0), "{done}");
+        let status = std::process::Command::new(support::promtool_binary())
+            .args(["tsdb", "create-blocks-from", "openmetrics"])
+            .arg(&om)
+            .arg(&tsdb)
+            .output()
+            .expect("promtool");
+        assert!(
+            status.status.success(),
+            "promtool: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        truth.read(rank, &log);
+    }
+    assert_eq!(truth.end.len(), 2, "two runs");
+    let prom = Prometheus::builder()
+        .data_dir(&tsdb)
+        .arg("--storage.tsdb.retention.time=100y")
+        .start();
+    let at = |ns: u64| format!("{}.{:03}", ns / 1_000_000_000, (ns / 1_000_000) % 1000);
+    let query_at = |q: &str, ns: u64| -> Vec<(Labels, f64)> {
+        let v = prom
+            .get_json(&format!(
+                "/api/v1/query?query={}&time={}",
+                support::url_encode(q),
+                at(ns)
+            ))
+            .unwrap_or_else(|e| panic!("{q}: {e}"));
+        support::samples(&v)
+    };
+
+    let (panels, variables) = dashboards();
+    let titles: BTreeSet<(&str, &str)> = panels
+        .iter()
+        .map(|(f, t, _)| (f.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(
+        titles,
+        BTreeSet::from([
+            ("collectives-rank-skew.json", "Mean wait: layer x rank"),
+            ("collectives-rank-skew.json", "Rank skew by site and layer"),
+            ("collectives-rank-skew.json", "Wait p99 by layer"),
+            (
+                "decode-sections.json",
+                "Layer x bucket heatmap (time per token)"
+            ),
+            ("decode-sections.json", "Time per token by layer over time"),
+            (
+                "speculative-decoding.json",
+                "Section time per round by layer"
+            ),
+        ]),
+        "the per-layer panels this test knows; a new one needs its expectation here"
+    );
+    let bucket = |site: &str| format!("reduce_{site}_bar");
+    for (&run, &end) in &truth.end {
+        let steps = truth.steps(run);
+        let mean = |(s, c): (f64, f64)| s / c;
+        for (file, title, expr) in &panels {
+            let (expr, want): (&str, BTreeMap<Labels, f64>) = match title.as_str() {
+                // Mean wait per (layer, rank), both sites together.
+                "Mean wait: layer x rank" => (
+                    expr,
+                    truth
+                        .sums(run, |r, _, l| {
+                            labels(&[("layer", l.to_string()), ("rank", r.to_string())])
+                        })
+                        .into_iter()
+                        .map(|(k, v)| (k, mean(v)))
+                        .collect(),
+                ),
+                // The same per layer, all ranks together.
+                "Wait p99 by layer" => (
+                    expr,
+                    truth
+                        .sums(run, |_, _, l| labels(&[("layer", l.to_string())]))
+                        .into_iter()
+                        .map(|(k, v)| (k, mean(v)))
+                        .collect(),
+                ),
+                // Rank 1 waits 1 µs longer at every probe: the skew of every (site, layer).
+                "Rank skew by site and layer" => {
+                    let by_rank = truth.sums(run, |r, s, l| {
+                        labels(&[
+                            ("site", s.into()),
+                            ("layer", l.to_string()),
+                            ("rank", r.to_string()),
+                        ])
+                    });
+                    let mut want: BTreeMap<Labels, f64> = BTreeMap::new();
+                    for (k, v) in by_rank {
+                        let mut key = k.clone();
+                        let rank = key.remove("rank");
+                        let sign = if rank.as_deref() == Some("1") {
+                            1.0
+                        } else {
+                            -1.0
+                        };
+                        *want.entry(key).or_default() += sign * mean(v);
+                    }
+                    for v in want.values() {
+                        assert!((v - 1e-6).abs() < 1e-12, "the fixture's skew is 1 µs: {v}");
+                    }
+                    (expr, want)
+                }
+                // Time per token per (layer, bucket): the probe buckets of the route traces.
+                "Layer x bucket heatmap (time per token)" => (
+                    expr,
+                    truth
+                        .sums(run, |_, s, l| {
+                            labels(&[("layer", l.to_string()), ("bucket", bucket(s))])
+                        })
+                        .into_iter()
+                        .map(|(k, (secs, _))| (k, secs / steps))
+                        .collect(),
+                ),
+                "Time per token by layer over time" => (
+                    expr,
+                    truth
+                        .sums(run, |_, _, l| labels(&[("layer", l.to_string())]))
+                        .into_iter()
+                        .map(|(k, (secs, _))| (k, secs / steps))
+                        .collect(),
+                ),
+                // Divided by rounds, which the speculative log has at other times: its
+                // per-layer numerator, a rate over the window, times the window.
+                "Section time per round by layer" => {
+                    let numerator = expr
+                        .split_once("/ on (group) group_left ()")
+                        .map_or(expr.as_str(), |(n, _)| n)
+                        .trim();
+                    let secs: f64 = RANGE.trim_end_matches('s').parse().expect("seconds");
+                    let got: Vec<(Labels, f64)> = query_at(numerator, end)
+                        .into_iter()
+                        .map(|(k, v)| (k, v * secs))
+                        .collect();
+                    let want = truth
+                        .sums(run, |_, _, l| labels(&[("layer", l.to_string())]))
+                        .into_iter()
+                        .map(|(k, (s, _))| (k, s))
+                        .collect();
+                    assert_exact(
+                        &format!("{file} {title:?} (numerator), run {run}"),
+                        &got,
+                        &want,
+                    );
+                    continue;
+                }
+                other => panic!("no expectation for the per-layer panel {other:?}"),
+            };
+            let got = query_at(expr, end);
+            assert_exact(&format!("{file} {title:?}, run {run}"), &got, &want);
+        }
+    }
+
+    // The recording rule the collectives rules and alerts build on, at run 0's end (its 5m
+    // window holds no other run there).
+    let rule = recording_rule("phasetrace:collective_wait_seconds:mean5m");
+    let want = truth
+        .sums(0, |r, s, l| {
+            labels(&[
+                ("site", s.into()),
+                ("layer", l.to_string()),
+                ("rank", r.to_string()),
+            ])
+        })
+        .into_iter()
+        .map(|(k, v)| (k, v.0 / v.1))
+        .collect();
+    assert_exact(
+        "phasetrace:collective_wait_seconds:mean5m",
+        &query_at(&rule, truth.end[&0]),
+        &want,
+    );
+
+    // The dashboards' variables list the imported sites, ranks, layers and probe buckets.
+    let (first, last) = (truth.end[&0] - 60_000_000_000, truth.end[&1]);
+    for (file, name, query) in &variables {
+        let inner = query
+            .strip_prefix("label_values(")
+            .and_then(|q| q.strip_suffix(')'))
+            .unwrap_or_else(|| panic!("{file} ${name}: {query}"));
+        let (selector, label) = inner
+            .rsplit_once(',')
+            .expect("label_values(selector, label)");
+        let label = label.trim();
+        let v = prom
+            .get_json(&format!(
+                "/api/v1/label/{label}/values?match[]={}&start={}&end={}",
+                support::url_encode(selector.trim()),
+                at(first),
+                at(last)
+            ))
+            .expect("label values");
+        let got: BTreeSet<&str> = v["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str())
+            .collect();
+        let want: BTreeSet<&str> = match label {
+            "group" => ["default"].into(),
+            "site" => ["attn", "mlp"].into(),
+            "rank" | "layer" => ["0", "1"].into(),
+            "bucket" => ["reduce_attn_bar", "reduce_mlp_bar"].into(),
+            // Backfilled data has no scrape job; the variable's `All` (`.*`) matches it.
+            "job" => BTreeSet::new(),
+            other => panic!("{file} ${name}: no expectation for label {other}"),
+        };
+        assert_eq!(got, want, "{file} ${name} = {query}");
+    }
 }

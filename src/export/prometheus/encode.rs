@@ -135,7 +135,7 @@ struct Writer<'a, 'e> {
 }
 
 /// The Prometheus spelling of a unit, `None` for none or an annotation (`{token}`).
-fn unit_suffix(unit: &str) -> Option<&'static str> {
+pub(crate) fn unit_suffix(unit: &str) -> Option<&'static str> {
     match unit {
         "s" => Some("seconds"),
         "ms" => Some("milliseconds"),
@@ -148,7 +148,7 @@ fn unit_suffix(unit: &str) -> Option<&'static str> {
 }
 
 /// A metric or label name with every character outside `[a-zA-Z0-9_:]` turned into `_`.
-fn sanitize(name: &str, colons: bool) -> String {
+pub(crate) fn sanitize(name: &str, colons: bool) -> String {
     let mut s: String = name
         .chars()
         .map(|c| {

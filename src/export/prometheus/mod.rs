@@ -16,7 +16,7 @@
 //! [`default::PROMETHEUS_REQUEST_TIMEOUT_MS`] (a stalled write too). Scraping runs off the
 //! engine's threads and off the worker: it collects what the SDK aggregated.
 
-mod encode;
+pub(crate) mod encode;
 mod negotiate;
 pub(crate) mod reload;
 pub(crate) mod web_config;
