@@ -55,8 +55,10 @@ const LIVE_ONLY_PROMETHEUS: [&str; 17] = [
     "target_info",
 ];
 
-/// The same over OTLP (instrument names; the resource is not a metric there).
-const LIVE_ONLY_OTLP: [&str; 6] = [
+/// The same over OTLP (instrument names; the resource is not a metric there), plus the live
+/// exporter's own export count.
+const LIVE_ONLY_OTLP: [&str; 7] = [
+    metric::METRIC_EXPORTS,
     metric::STEP_DURATION,
     metric::STEP_COLLECTIVE_WAIT,
     metric::RECORDS_DROPPED,
