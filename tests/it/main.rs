@@ -3,6 +3,9 @@
 
 use phasetrace_testkit as support;
 
+/// Test support shared by modules below (not a test).
+mod manual_clock;
+
 mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
 mod arbitrary_api_call_sequences_never_panic;

@@ -6,39 +6,22 @@
 
 use crate::support;
 
+use crate::manual_clock::Manual;
 use phasetrace::config::settings;
-use phasetrace::timing::{Clock, Resolved, Token};
 use phasetrace::{Level, Profiler, RecorderOptions, Section, Site};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use support::{Prometheus, Rotel};
-
-/// A clock the test moves by hand.
-#[derive(Default)]
-struct Manual(AtomicU64);
-
-impl Clock for Manual {
-    fn mark(&self) -> Option<Token> {
-        Some(Token(self.0.load(Ordering::Relaxed)))
-    }
-    fn resolve(&self, t: Token) -> Resolved {
-        Resolved::At(t.0)
-    }
-    fn timing(&self) -> phasetrace::Timing {
-        phasetrace::Timing::Host
-    }
-}
 
 const US: u64 = 1_000;
 
 /// `n` kda_mixer sections of 100 µs, one per layer 0..n, from `t`; returns the time after.
 fn batch(rec: &phasetrace::Recorder, clock: &Manual, mut t: u64, n: u32) -> u64 {
     for layer in 0..n {
-        clock.0.store(t, Ordering::Relaxed);
+        clock.set(t);
         let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
         t += 100 * US;
-        clock.0.store(t, Ordering::Relaxed);
+        clock.set(t);
     }
     t + 10 * US
 }

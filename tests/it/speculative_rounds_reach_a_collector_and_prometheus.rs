@@ -4,34 +4,11 @@
 
 use crate::support;
 
-use phasetrace::timing::{Clock, Resolved, Token};
+use crate::manual_clock::Manual;
 use phasetrace::{Level, Phase, Profiler, RecorderOptions, SpecLevel, VerifyPart};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use support::{Prometheus, Rotel};
-
-/// A clock the test moves by hand: every mark reads the time the test set.
-#[derive(Default)]
-struct Manual(AtomicU64);
-
-impl Manual {
-    fn set(&self, ns: u64) {
-        self.0.store(ns, Ordering::Relaxed);
-    }
-}
-
-impl Clock for Manual {
-    fn mark(&self) -> Option<Token> {
-        Some(Token(self.0.load(Ordering::Relaxed)))
-    }
-    fn resolve(&self, t: Token) -> Resolved {
-        Resolved::At(t.0)
-    }
-    fn timing(&self) -> phasetrace::Timing {
-        phasetrace::Timing::Host
-    }
-}
 
 const US: u64 = 1_000;
 
