@@ -8,7 +8,7 @@ use crate::config::{
 use crate::export::{ExportError, Exporters};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
-use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments, series::LayerTotals};
+use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;

@@ -19,28 +19,12 @@ use super::mark::{Mark, MarkKind};
 use super::recorder::Recorder;
 use crate::config::Level;
 use crate::timing::{Clock, Token};
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Most boundaries one capture keeps; beyond, marks are dropped and counted (`reason="clock"`).
 pub(crate) const CAPTURE_MARKS_MAX: usize = 1 << 16;
-
-/// The capture state of one recorder (engine thread).
-#[derive(Default)]
-pub(crate) struct CaptureSlot {
-    active: Cell<bool>,
-    marks: RefCell<Vec<Mark>>,
-}
-
-impl CaptureSlot {
-    /// Whether a capture is open on this recorder: boundaries go to the capture, not the lane.
-    #[inline]
-    pub(crate) fn active(&self) -> bool {
-        self.active.get()
-    }
-}
 
 /// What the worker and the handles share about one captured graph.
 pub(crate) struct GraphShared {

@@ -4,7 +4,6 @@
 //! by a constructor named for its kind and read through accessors named for what they return.
 //! The recorder builds a mark without its time, then [`Mark::at`] stamps the clock's token.
 
-use super::recorder::RoundRef;
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
 
 /// What a mark says. The worker pairs begins with ends and turns marks into durations.
@@ -43,6 +42,22 @@ pub(crate) enum MarkKind {
     ReplayBegin,
     /// The launch was enqueued; the token is the fence after it (same graph and sequence).
     ReplayEnd,
+}
+
+/// Names a round for verify parts recorded on other threads. `Copy + Send`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RoundRef {
+    /// The lane of the round's recorder.
+    pub(crate) lane: u16,
+    /// The round's sequence number in its lane; 0 = no round; [`RoundRef::LAUNCHING_SEQ`]: the
+    /// round open when a captured graph is launched.
+    pub(crate) seq: u32,
+}
+
+impl RoundRef {
+    /// `seq` of [`crate::GraphCapture::round`]: whatever round is open on the recorder when the
+    /// part runs (at a replay: the round the graph is launched in). Never a real round's.
+    pub(crate) const LAUNCHING_SEQ: u32 = u32::MAX;
 }
 
 /// `flag` bit: the token is a raw host-clock reading (converted on the worker), whatever the

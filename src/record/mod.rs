@@ -15,9 +15,8 @@ mod ring;
 
 pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
 pub(crate) use lane::Lane;
-pub use recorder::{
-    PartGuard, Recorder, RecorderOptions, RoundGuard, RoundRef, SectionGuard, StepGuard,
-};
+pub use mark::RoundRef;
+pub use recorder::{PartGuard, Recorder, RecorderOptions, RoundGuard, SectionGuard, StepGuard};
 
 use crate::config::{Level, SpecLevel};
 use crate::timing::Clock;

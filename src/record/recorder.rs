@@ -1,12 +1,12 @@
 //! [`Recorder`]: the API an engine calls at every boundary.
 
-use super::mark::Mark;
+use super::mark::{Mark, RoundRef};
 use super::{Lane, Shared};
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::timing::{Clock, HostReader};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -48,6 +48,21 @@ impl RecorderOptions {
     }
 }
 
+/// The capture state of one recorder (engine thread).
+#[derive(Default)]
+pub(crate) struct CaptureSlot {
+    pub(super) active: Cell<bool>,
+    pub(super) marks: RefCell<Vec<Mark>>,
+}
+
+impl CaptureSlot {
+    /// Whether a capture is open on this recorder: boundaries go to the capture, not the lane.
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.active.get()
+    }
+}
+
 /// Records one engine thread's boundaries. Get one per thread from
 /// [`crate::Profiler::recorder`]; it is `Send` but not `Sync`.
 ///
@@ -69,7 +84,7 @@ pub struct Recorder {
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
-    capture: super::graph::CaptureSlot,
+    capture: CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -123,7 +138,7 @@ impl Recorder {
         self.lane.rank
     }
 
-    pub(super) fn capture_slot(&self) -> &super::graph::CaptureSlot {
+    pub(super) fn capture_slot(&self) -> &CaptureSlot {
         &self.capture
     }
 
@@ -445,22 +460,6 @@ impl Drop for SectionGuard<'_> {
             rec.push_timed(Mark::section_end(self.section, self.host));
         }
     }
-}
-
-/// Names a round for verify parts recorded on other threads. `Copy + Send`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RoundRef {
-    /// The lane of the round's recorder.
-    pub(crate) lane: u16,
-    /// The round's sequence number in its lane; 0 = no round; [`RoundRef::LAUNCHING_SEQ`]: the
-    /// round open when a captured graph is launched.
-    pub(crate) seq: u32,
-}
-
-impl RoundRef {
-    /// `seq` of [`crate::GraphCapture::round`]: whatever round is open on the recorder when the
-    /// part runs (at a replay: the round the graph is launched in). Never a real round's.
-    pub(crate) const LAUNCHING_SEQ: u32 = u32::MAX;
 }
 
 /// An open speculative round.

@@ -90,6 +90,16 @@ pub enum HostSourceReason {
     Chosen,
 }
 
+impl From<tsc::Unusable> for HostSourceReason {
+    fn from(u: tsc::Unusable) -> HostSourceReason {
+        match u {
+            tsc::Unusable::NotX86_64 => HostSourceReason::NotX86_64,
+            tsc::Unusable::NoInvariantTsc => HostSourceReason::NoInvariantTsc,
+            tsc::Unusable::KernelClocksource(cs) => HostSourceReason::KernelClocksource(cs),
+        }
+    }
+}
+
 impl std::fmt::Display for HostSourceReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -500,7 +510,7 @@ impl Timeline {
         let _ = epoch();
         match tsc::check() {
             Ok(()) => Timeline::calibrated(),
-            Err(reason) => Timeline::monotonic(reason),
+            Err(reason) => Timeline::monotonic(reason.into()),
         }
     }
 

@@ -9,7 +9,18 @@
 //! intrinsics from `core::arch` and two CPUID leaves, not worth `raw-cpuid`, `crossbeam-utils`
 //! and `once_cell` in every engine that links phasetrace.
 
-use super::timeline::HostSourceReason;
+/// Why this machine's TSC cannot be used (the timeline says it as a
+/// [`super::HostSourceReason`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Unusable {
+    /// Not an x86-64 CPU.
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    NotX86_64,
+    /// No invariant TSC (CPUID `8000_0007h` EDX bit 8).
+    NoInvariantTsc,
+    /// The kernel's clocksource is this one, not `tsc`.
+    KernelClocksource(String),
+}
 
 /// Reads the time-stamp counter: one `rdtsc`, no fence.
 ///
@@ -27,11 +38,12 @@ pub(crate) fn read() -> u64 {
     }
 }
 
-/// Not x86-64: there is no TSC, and no TSC reader is ever constructed; the monotonic clock.
+/// Not x86-64: there is no TSC. Never called: [`check`] refuses the TSC here, so the timeline
+/// runs on the monotonic clock and neither a reader nor a calibration reads the counter.
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
 pub(crate) fn read() -> u64 {
-    super::timeline::monotonic_ns()
+    0
 }
 
 /// Whether the CPU reports an invariant TSC (constant rate in every P-, C- and T-state), and the
@@ -42,7 +54,7 @@ pub(crate) fn read() -> u64 {
 /// keep steady are the usual case); a kernel that uses another clocksource has either found the
 /// TSC wanting or been told not to trust it, and phasetrace follows it.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn check() -> Result<(), HostSourceReason> {
+pub(crate) fn check() -> Result<(), Unusable> {
     use core::arch::x86_64::__cpuid;
     // SAFETY: CPUID exists on every x86-64 CPU; leaves above the maximum reported one are not
     // queried (checked first). `unsafe fn` on older toolchains only.
@@ -54,17 +66,17 @@ pub(crate) fn check() -> Result<(), HostSourceReason> {
         (has_tsc, invariant)
     };
     if !has_tsc || !invariant {
-        return Err(HostSourceReason::NoInvariantTsc);
+        return Err(Unusable::NoInvariantTsc);
     }
     match kernel_clocksource() {
-        Some(cs) if cs != "tsc" => Err(HostSourceReason::KernelClocksource(cs)),
+        Some(cs) if cs != "tsc" => Err(Unusable::KernelClocksource(cs)),
         _ => Ok(()),
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn check() -> Result<(), HostSourceReason> {
-    Err(HostSourceReason::NotX86_64)
+pub(crate) fn check() -> Result<(), Unusable> {
+    Err(Unusable::NotX86_64)
 }
 
 /// The kernel's current clocksource (Linux), if it can be read.

@@ -6,55 +6,13 @@
 //! counters at each collection (a scrape or an OTLP export): two series per (bucket, layer)
 //! instead of a histogram's 25.
 
-use super::series::LayerTotals;
+use super::attrs::rank_attr;
+use super::layers::LayerTotals;
 use crate::names::{DropReason, attr, metric};
-use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, Section, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
 use std::sync::Arc;
-
-/// The attributes of a section measurement (the first `n`): bucket, rank, group and site;
-/// exemplars key on the same. Built once per (lane, section, site) by
-/// [`super::series::LaneSeries`].
-pub(crate) fn section_attrs(
-    group: &KeyValue,
-    s: Section,
-    site: Site,
-    rank: u32,
-) -> ([KeyValue; 4], usize) {
-    let mut kv: [KeyValue; 4] = [
-        KeyValue::new(attr::BUCKET, s.as_str()),
-        rank_attr(rank),
-        group.clone(),
-        KeyValue::new(attr::RANK, 0),
-    ];
-    let mut n = 3;
-    if let Some(site) = site.as_str() {
-        kv[n] = KeyValue::new(attr::SITE, site);
-        n += 1;
-    }
-    (kv, n)
-}
-
-/// The attributes of a collective-wait measurement (the first `n`): rank, group and site.
-pub(crate) fn wait_attrs(group: &KeyValue, site: Site, rank: u32) -> ([KeyValue; 3], usize) {
-    let mut kv: [KeyValue; 3] = [rank_attr(rank), group.clone(), KeyValue::new(attr::RANK, 0)];
-    let mut n = 2;
-    if let Some(site) = site.as_str() {
-        kv[n] = KeyValue::new(attr::SITE, site);
-        n += 1;
-    }
-    (kv, n)
-}
-
-/// The attributes of a step measurement.
-pub(crate) fn step_attrs(group: &KeyValue, rank: u32) -> [KeyValue; 2] {
-    [rank_attr(rank), group.clone()]
-}
-
-fn rank_attr(rank: u32) -> KeyValue {
-    KeyValue::new(attr::RANK, i64::from(rank))
-}
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {

@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! lanes ──drain──> LaneState (resolve tokens in order, pair begin/end, hold the open step)
-//!                     ├──> LaneSeries (attribute sets built once; per-layer totals, no locks)
-//!                     │      └──> Instruments (SDK histograms, counters)
+//!                     ├──> LaneSeries (attribute sets built once) ─┬─> Instruments (SDK
+//!                     │                                             │   histograms, counters)
+//!                     │                                             └─> LayerTotals (per-layer
+//!                     │                                                 cells, no locks)
 //!                     ├──> at a step's end: Tail (sampled one in N? slower than the
 //!                     │    threshold, within the rank's budget?) ──> spans ──> exemplars
 //!                     └──> Tally ──> console summary
@@ -13,6 +15,8 @@
 //! [`crate::Profiler::flush`] calls take; the hot path never touches it.
 
 pub(crate) mod aggregate;
+mod attrs;
+pub(crate) mod layers;
 mod pair;
 mod replay;
 pub(crate) mod series;
@@ -49,7 +53,7 @@ pub(crate) struct Pipeline {
     lanes: Vec<LaneState>,
     inst: Vec<Instruments>,
     /// The per-layer totals every provider's instruments read.
-    layers: Arc<series::LayerTotals>,
+    layers: Arc<layers::LayerTotals>,
     tracer: Option<SdkTracer>,
     tally: Tally,
     spec: SpecTally,
@@ -77,7 +81,7 @@ impl Pipeline {
     pub(crate) fn new(
         shared: Arc<Shared>,
         inst: Vec<Instruments>,
-        layers: Arc<series::LayerTotals>,
+        layers: Arc<layers::LayerTotals>,
         tracer: Option<SdkTracer>,
         summary_every: u64,
         spec_summary_every: u64,

@@ -1,8 +1,10 @@
 //! Pairing: turns one lane's mark stream into durations, in order, and hands them to the
 //! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
 
-use super::aggregate::{Instruments, Tally, section_attrs, step_attrs, wait_attrs};
-use super::series::{LaneSeries, LayerTotals};
+use super::aggregate::{Instruments, Tally};
+use super::attrs::{section_attrs, step_attrs, wait_attrs};
+use super::layers::LayerTotals;
+use super::series::LaneSeries;
 use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait, Why};
 use super::tail::{Kind, Tail, Verdict};
 use crate::export::exemplars::{Exemplar, ExemplarStore};

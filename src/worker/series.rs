@@ -1,225 +1,23 @@
 //! Series: each lane's attribute sets, built once per (section, site) and reused for every
-//! measurement, and the per-layer totals the worker sums without locks.
+//! measurement; each measurement goes to every provider's histogram and, per layer, to the
+//! lock-free totals of [`super::layers`].
 //!
 //! ```text
 //! LaneState ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
 //!                                            ├──> Instruments (each provider's histogram)
-//!                                            └──> Row: per-layer cells (one writer: the worker)
-//! collection (scrape / OTLP export) ──> LayerTotals::each_* ──> observable counters
+//!                                            └──> LayerTotals: the per-layer cells
 //! ```
 //!
 //! Why: building and dropping four `KeyValue`s per section, and summing per-layer totals in a
 //! `Mutex<HashMap>` keyed by a hashed tuple, cost the worker about a third of its time per
 //! section; see `worker/drain_*` in `BENCHMARKS.md`.
-//!
-//! The totals are written by one thread (the pipeline's, which holds `&mut Pipeline`), so a
-//! cell is updated by a relaxed load and store, never a locked read-modify-write; collection
-//! reads them concurrently and sees each counter only grow. Layers from 0 to
-//! [`DENSE_LAYERS`] - 1 have dense cells; higher layer indices (no real model has them) are
-//! summed in a map under a mutex, so nothing is lost.
 
-use super::aggregate::{Instruments, section_attrs, wait_attrs};
-use crate::names::attr;
+use super::aggregate::Instruments;
+use super::attrs::{section_attrs, step_attrs, wait_attrs};
+use super::layers::{LayerTotals, Row, RowKey, RowKind};
 use crate::vocab::{Layer, Section, Site};
 use opentelemetry::KeyValue;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// Layers with dense cells; higher indices go to the (locked) sparse map.
-pub(crate) const DENSE_LAYERS: u32 = 1024;
-/// Cells per chunk: a row allocates its cells 64 layers (1 KiB) at a time.
-const CHUNK: u32 = 64;
-const CHUNKS: usize = (DENSE_LAYERS / CHUNK) as usize;
-
-/// What a row sums: one section's time at one site, or the rendezvous waits at one site.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum RowKind {
-    Section(Section),
-    Wait,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct RowKey {
-    kind: RowKind,
-    site: Site,
-    rank: u32,
-}
-
-/// One layer's total time (ns) and calls.
-#[derive(Default)]
-struct Cell {
-    ns: AtomicU64,
-    calls: AtomicU64,
-}
-
-impl Cell {
-    /// Single writer: see the module doc.
-    #[inline]
-    fn add(&self, ns: u64) {
-        self.ns
-            .store(self.ns.load(Relaxed).saturating_add(ns), Relaxed);
-        self.calls
-            .store(self.calls.load(Relaxed).saturating_add(1), Relaxed);
-    }
-
-    fn read(&self) -> (u64, u64) {
-        (self.ns.load(Relaxed), self.calls.load(Relaxed))
-    }
-}
-
-type Chunk = [Cell; CHUNK as usize];
-
-/// The per-layer cells of one (kind, site, rank).
-pub(crate) struct Row {
-    key: RowKey,
-    chunks: [OnceLock<Box<Chunk>>; CHUNKS],
-}
-
-impl Row {
-    fn new(key: RowKey) -> Row {
-        Row {
-            key,
-            chunks: std::array::from_fn(|_| OnceLock::new()),
-        }
-    }
-
-    /// Adds one call of `ns` at `layer`; `false` when the layer has no dense cell.
-    #[inline]
-    fn add(&self, layer: u32, ns: u64) -> bool {
-        let Some(chunk) = self.chunks.get((layer / CHUNK) as usize) else {
-            return false;
-        };
-        let chunk = chunk.get_or_init(|| Box::new(std::array::from_fn(|_| Cell::default())));
-        chunk[(layer % CHUNK) as usize].add(ns);
-        true
-    }
-
-    /// Every layer with at least one call: (layer, ns, calls).
-    fn each(&self, mut f: impl FnMut(u32, u64, u64)) {
-        for (c, chunk) in self.chunks.iter().enumerate() {
-            let Some(chunk) = chunk.get() else { continue };
-            for (i, cell) in chunk.iter().enumerate() {
-                let (ns, calls) = cell.read();
-                if calls > 0 {
-                    f(c as u32 * CHUNK + i as u32, ns, calls);
-                }
-            }
-        }
-    }
-}
-
-/// Time (ns) and calls per (section, layer, site, rank) and per rendezvous (site, layer,
-/// rank): written by the worker, read by the per-layer observable counters at each collection.
-/// One per profiler, shared by all its meter providers.
-pub(crate) struct LayerTotals {
-    /// `group` on every series.
-    group: KeyValue,
-    /// Whether sections are summed per layer (`PHASETRACE_LAYER_ATTR`); waits always are.
-    layer_attr: bool,
-    /// Every row, in order of first use; locked when a lane meets a new (section, site) and
-    /// at collection.
-    rows: Mutex<Vec<Arc<Row>>>,
-    /// Layers at or above [`DENSE_LAYERS`].
-    sparse: Mutex<HashMap<(RowKey, u32), (u64, u64)>>,
-}
-
-impl LayerTotals {
-    pub(crate) fn new(group: &str, layer_attr: bool) -> Arc<LayerTotals> {
-        Arc::new(LayerTotals {
-            group: KeyValue::new(
-                attr::GROUP,
-                opentelemetry::StringValue::from(Arc::<str>::from(group)),
-            ),
-            layer_attr,
-            rows: Mutex::default(),
-            sparse: Mutex::default(),
-        })
-    }
-
-    /// `group` on every series: shared, so that cloning it never allocates.
-    pub(crate) fn group(&self) -> &KeyValue {
-        &self.group
-    }
-
-    /// The row of `key`, created on first use.
-    fn row(&self, key: RowKey) -> Arc<Row> {
-        let mut rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = rows.iter().find(|r| r.key == key) {
-            return r.clone();
-        }
-        let r = Arc::new(Row::new(key));
-        rows.push(r.clone());
-        r
-    }
-
-    fn add(&self, row: &Row, layer: u32, ns: u64) {
-        if !row.add(layer, ns) {
-            let mut m = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
-            let e = m.entry((row.key, layer)).or_default();
-            e.0 = e.0.saturating_add(ns);
-            e.1 = e.1.saturating_add(1);
-        }
-    }
-
-    /// Every (key, layer, ns, calls), dense rows first.
-    fn each(&self, mut f: impl FnMut(RowKey, u32, u64, u64)) {
-        // The row list is copied out (Arc clones), so the worker waits at most for the copy.
-        let rows: Vec<Arc<Row>> = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for r in &rows {
-            r.each(|layer, ns, calls| f(r.key, layer, ns, calls));
-        }
-        let sparse: Vec<_> = {
-            let m = self.sparse.lock().unwrap_or_else(|p| p.into_inner());
-            m.iter().map(|(k, v)| (*k, *v)).collect()
-        };
-        for ((key, layer), (ns, calls)) in sparse {
-            f(key, layer, ns, calls);
-        }
-    }
-
-    /// The attributes of one per-layer section series.
-    pub(crate) fn section_layer_attrs(
-        &self,
-        s: Section,
-        layer: u32,
-        site: Site,
-        rank: u32,
-    ) -> Vec<KeyValue> {
-        let (kv, n) = section_attrs(&self.group, s, site, rank);
-        let mut v: Vec<KeyValue> = kv[..n].to_vec();
-        v.push(KeyValue::new(attr::LAYER, i64::from(layer)));
-        v
-    }
-
-    /// The attributes of one per-layer wait series.
-    pub(crate) fn wait_layer_attrs(&self, site: Site, layer: u32, rank: u32) -> Vec<KeyValue> {
-        let (kv, n) = wait_attrs(&self.group, site, rank);
-        let mut v: Vec<KeyValue> = kv[..n].to_vec();
-        v.push(KeyValue::new(attr::LAYER, i64::from(layer)));
-        v
-    }
-
-    /// Calls `f(attributes, seconds, calls)` for every per-layer section total.
-    pub(crate) fn each_section(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        self.each(|key, layer, ns, calls| {
-            if let RowKind::Section(s) = key.kind {
-                let kv = self.section_layer_attrs(s, layer, key.site, key.rank);
-                f(&kv, ns as f64 * 1e-9, calls);
-            }
-        });
-    }
-
-    /// Calls `f(attributes, seconds, calls)` for every per-layer wait total.
-    pub(crate) fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        self.each(|key, layer, ns, calls| {
-            if key.kind == RowKind::Wait {
-                let kv = self.wait_layer_attrs(key.site, layer, key.rank);
-                f(&kv, ns as f64 * 1e-9, calls);
-            }
-        });
-    }
-}
+use std::sync::Arc;
 
 /// The series of one section at one site of a lane's rank.
 struct SectionSeries {
@@ -252,7 +50,7 @@ impl LaneSeries {
     pub(crate) fn new(rank: u32, totals: Arc<LayerTotals>) -> LaneSeries {
         LaneSeries {
             rank,
-            step: super::aggregate::step_attrs(&totals.group, rank),
+            step: step_attrs(&totals.group, rank),
             totals,
             sections: Vec::new(),
             waits: Vec::new(),
@@ -360,7 +158,10 @@ impl LaneSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::attr;
+    use crate::worker::layers::DENSE_LAYERS;
     use opentelemetry::metrics::MeterProvider;
+    use std::collections::HashMap;
 
     /// One provider's instruments over `t`.
     fn inst(t: &Arc<LayerTotals>) -> Vec<Instruments> {

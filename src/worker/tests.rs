@@ -2,7 +2,7 @@
 
 use super::Pipeline;
 use super::aggregate::Instruments;
-use super::series::LayerTotals;
+use super::layers::LayerTotals;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};

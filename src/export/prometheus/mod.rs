@@ -19,6 +19,7 @@
 pub(crate) mod encode;
 mod negotiate;
 pub(crate) mod reload;
+mod watched;
 pub(crate) mod web_config;
 
 use super::ExportError;

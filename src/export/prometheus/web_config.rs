@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use thiserror::Error;
 
-use super::reload::Files;
+use super::watched::Files;
 use crate::names::env;
 
 /// A web configuration file that cannot be used.
