@@ -5,9 +5,16 @@
 # `group` label, as two tensor-parallel groups of one job would be):
 #   straggler  4 ranks, rank 1 computes 1.2x slower (with speculative decoding and the expert
 #              counter, so that every metric the dashboards read exists);
-#   balanced4  4 ranks;   balanced8  8 ranks.
-# Checks: every expression parses and returns data; PhasetraceRankStraggler fires for
-# group=straggler rank=1 (within 5 minutes); it stays quiet for both balanced groups.
+#   balanced4  4 ranks, with a web configuration file for its Prometheus endpoint and metrics
+#              also over OTLP, to a port where nothing listens (so that phasetrace's own
+#              health series exist: web config reloads, last reload successful, metrics
+#              exports, every one failing);
+#   balanced8  8 ranks.
+# Checks: every expression parses and returns data (the web-config and metrics-export series
+# too: --expect-data); PhasetraceRankStraggler fires for group=straggler rank=1 (within 5
+# minutes); it stays quiet for both balanced groups; PhasetraceMetricsExportFailing fires for
+# balanced4; breaking its web configuration file fires PhasetraceWebConfigReloadFailed (and
+# the engine's stderr says why), and fixing it clears the alert.
 # The demos shorten nothing but their own knobs (sections 20x longer, sleeping instead of
 # spinning: 16 rank threads share this machine's cores); scrape and evaluation every 1 s.
 # Uses the debug build of the CLI (built by `cargo test`); everything listens on 127.0.0.1.
@@ -44,7 +51,15 @@ start_demo() {
 }
 
 start_demo straggler --ranks 4 --straggler-rank 1 --straggler-factor 1.2 --spec 4 --expert-counter on
-start_demo balanced4 --ranks 4
+# The web configuration serves plain HTTP without auth (`{}`), so the scrape needs nothing
+# more; what matters is that the file is watched.
+WEB="$WORK/web.yml"
+printf '{}\n' > "$WEB"
+DEAD_OTLP="http://127.0.0.1:$(free_port)"
+PHASETRACE_PROMETHEUS_WEB_CONFIG="$WEB" OTEL_EXPORTER_OTLP_ENDPOINT="$DEAD_OTLP" \
+  OTEL_METRICS_EXPORTER=otlp,prometheus OTEL_TRACES_EXPORTER=none \
+  OTEL_METRIC_EXPORT_INTERVAL=2000 OTEL_EXPORTER_OTLP_TIMEOUT=1000 \
+  start_demo balanced4 --ranks 4
 start_demo balanced8 --ranks 8
 
 prom_port="$(free_port)"
@@ -69,13 +84,14 @@ for _ in $(seq 1 30); do
 done
 if [ "$ready" -ne 1 ]; then cat "$WORK/prometheus.log" >&2; exit 1; fi
 
-echo "live check 1/3: every expression returns data" >&2
+echo "live check 1/5: every expression returns data" >&2
 python3 scripts/promql-live-check.py --prometheus "$URL" --retry-for 120 --retry-interval 5 \
+  --expect-data phasetrace_prometheus_web_config_ --expect-data phasetrace_metric_exports_total \
   || { tail -20 "$WORK"/*.log >&2; exit 1; }
-echo "live check 2/3: PhasetraceRankStraggler fires for the 1.2x straggler (rank 1 of group straggler)" >&2
+echo "live check 2/5: PhasetraceRankStraggler fires for the 1.2x straggler (rank 1 of group straggler)" >&2
 python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceRankStraggler \
   --expect firing --label group=straggler --label rank=1 --timeout-alert 300 --poll 2
-echo "live check 3/3: and stays quiet for the balanced groups of 4 and 8 rank threads" >&2
+echo "live check 3/5: and stays quiet for the balanced groups of 4 and 8 rank threads" >&2
 for group in balanced4 balanced8; do
   python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceRankStraggler \
     --expect quiet --label "group=$group" --hold 20 --poll 2
@@ -90,5 +106,18 @@ if wrong:
     sys.exit(f"FAILED: straggler alerts for the wrong group or rank: {wrong}")
 print("ok: the only straggler alert is rank 1 of group straggler")
 PY
+echo "live check 4/5: PhasetraceMetricsExportFailing fires for balanced4 (every OTLP export fails)" >&2
+python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceMetricsExportFailing \
+  --expect firing --label group=balanced4 --timeout-alert 240 --poll 2
+echo "live check 5/5: a broken web config fires PhasetraceWebConfigReloadFailed for balanced4; the fix clears it" >&2
+printf 'basic_auth_users: [\n' > "$WEB.new" && mv "$WEB.new" "$WEB"
+python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceWebConfigReloadFailed \
+  --expect firing --label group=balanced4 --timeout-alert 120 --poll 2
+grep -q "the changed web configuration is not applied" "$WORK/balanced4.log" \
+  || { echo "FAILED: balanced4's stderr does not say why its web config was refused" >&2; exit 1; }
+echo "ok: balanced4's stderr says the changed web configuration is not applied" >&2
+printf '{}\n' > "$WEB.new" && mv "$WEB.new" "$WEB"
+python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceWebConfigReloadFailed \
+  --expect quiet --label group=balanced4 --timeout-alert 30 --poll 1
 cleanup
 echo "live stack check passed" >&2

@@ -41,11 +41,18 @@ Some expressions legitimately return nothing on a healthy run. Built in (see ALL
   * anything reading ALERTS: needs a pending or firing alert;
   * phasetrace_moe_expert_tokens_total: opt-in (PHASETRACE_EXPERT_COUNTER=on);
   * phasetrace_records_dropped_total: exported only once a record has been dropped;
-  * phasetrace:rank_silent: recorded only while a rank is silent.
+  * phasetrace:rank_silent: recorded only while a rank is silent;
+  * phasetrace_prometheus_web_config_*: only with a web configuration file
+    (PHASETRACE_PROMETHEUS_WEB_CONFIG);
+  * phasetrace_metric_exports_total: only with metrics over OTLP (and, through a collector,
+    only once an export has worked).
 
 Add more with --expect-empty PATTERN (a regular expression searched in the item's name, e.g.
 'speculative-decoding/Verify sub-split', 'record/phasetrace:collective_wait_seconds:p99_5m',
-or in its expression). --no-default-allow disables the built-in list.
+or in its expression). --no-default-allow disables the built-in list; --expect-data PATTERN
+takes the items (and alert input series) it matches off it, for a run that has them
+(scripts/live-stack-check.sh runs one demo with a web configuration and OTLP, so it passes
+--expect-data for those two).
 
 Exit status: 0 all checks passed, 1 some failed (or the alert did not reach the expected state
 in time), 2 usage error or Prometheus unreachable. The last line of an expression check reads
@@ -74,6 +81,8 @@ ALLOW_EMPTY: list[tuple[str, str]] = [
     (r"phasetrace_moe_expert_tokens_total", "opt-in metric (PHASETRACE_EXPERT_COUNTER=on)"),
     (r"phasetrace_records_dropped_total", "exported only after a record was dropped"),
     (r"phasetrace:rank_silent", "only while a rank is silent (killed, hung, not exporting)"),
+    (r"phasetrace_prometheus_web_config_", "only with a web configuration file (PHASETRACE_PROMETHEUS_WEB_CONFIG)"),
+    (r"phasetrace_metric_exports_total", "only with metrics over OTLP (through a collector: once an export worked)"),
 ]
 
 # PromQL words that are not metric names (keywords, aggregation modifiers, literals).
@@ -345,6 +354,8 @@ def collect(args) -> list[Item]:
     for item in items:
         if item.allow_empty:
             continue
+        if any(re.search(p, item.name) or re.search(p, item.expr) for p in args.expect_data):
+            continue
         for pattern, reason in allow:
             if re.search(pattern, item.name) or re.search(pattern, item.expr):
                 item.allow_empty = reason
@@ -396,9 +407,10 @@ def check_once(args, items: list[Item]):
                     metric_cache[metric] = bool(instant(args.prometheus, f"count({{__name__={json.dumps(metric)}}})", args.timeout))
                 except PromError:
                     metric_cache[metric] = False
-            if not metric_cache[metric] and not any(
+            required = any(re.search(p, metric) for p in args.expect_data)
+            if not metric_cache[metric] and (required or not any(
                 re.search(pattern, metric) for pattern, _ in ([] if args.no_default_allow else ALLOW_EMPTY)
-            ) and not any(re.search(p, metric) for p in args.expect_empty):
+            )) and not any(re.search(p, metric) for p in args.expect_empty):
                 problem = (problem + "; " if problem else "") + f"input series {metric} has no data"
         if problem:
             failures.append(f"  {item.name} ({item.source}): {problem}\n    {one_line(item.expr)}")
@@ -495,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-empty", action="append", default=[], metavar="PATTERN",
                         help="allow items whose name or expression matches PATTERN to return no data")
     parser.add_argument("--no-default-allow", action="store_true", help="disable the built-in allow-list")
+    parser.add_argument("--expect-data", action="append", default=[], metavar="PATTERN",
+                        help="items (and alert input series) matching PATTERN must return data, "
+                             "even where the built-in allow-list lets them be empty")
     parser.add_argument("--retry-for", type=float, default=0, metavar="SECONDS",
                         help="re-run failing checks until they pass or this time is up (default: 0)")
     parser.add_argument("--retry-interval", type=float, default=10, metavar="SECONDS", help="(default: 10)")

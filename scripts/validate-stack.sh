@@ -261,6 +261,16 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   cp otel-config/rules/*.yml "$M/r3/"
   mutate otel-config/rules/phasetrace-alerts.yml "$M/r3/phasetrace-alerts.yml" 's/^          unless on (job, group)$/          or on (job, group)/'
   expect_failure "promtool test rules: straggler alerts no longer held back by a silent rank" check_rule_tests "$M/r3/phasetrace-alerts.test.yml"
+  # The web-config alert on the healthy state: the healthy endpoints of its scenario alert.
+  mkdir -p "$M/r4"
+  cp otel-config/rules/*.yml "$M/r4/"
+  mutate otel-config/rules/phasetrace-alerts.yml "$M/r4/phasetrace-alerts.yml" 's/_last_reload_successful == 0$/_last_reload_successful == 1/'
+  expect_failure "promtool test rules: web-config reload alert fires on a healthy endpoint" check_rule_tests "$M/r4/phasetrace-alerts.test.yml"
+  # The export-failure threshold lowered to one failure in two: the flapping exporter alerts.
+  mkdir -p "$M/r5"
+  cp otel-config/rules/*.yml "$M/r5/"
+  mutate otel-config/rules/phasetrace-thresholds.yml "$M/r5/phasetrace-thresholds.yml" 's/vector(1)$/vector(0.5)/'
+  expect_failure "promtool test rules: metrics-export failure threshold lowered to 0.5 (a flapping exporter alerts)" check_rule_tests "$M/r5/phasetrace-alerts.test.yml"
   # Prometheus config: a rule file that does not resolve.
   mkdir -p "$M/c1/rules"
   cp otel-config/rules/*.yml "$M/c1/rules/"
@@ -280,6 +290,11 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   cp -r dashboards otel-config Dockerfile "$M/repo/"
   mutate docker-compose.yml "$M/repo/docker-compose.yml" 's/"127.0.0.1:9090:9090"/"9090:9090"/'
   expect_failure "consistency: port not bound to 127.0.0.1" check_consistency "$M/repo"
+  # Consistency: an alert that compares against a literal instead of a threshold series.
+  mkdir -p "$M/repo-th"
+  cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-th/"
+  mutate otel-config/rules/phasetrace-alerts.yml "$M/repo-th/otel-config/rules/phasetrace-alerts.yml" 's/^          phasetrace:metric_exports_failed_ratio:threshold$/          vector(1)/'
+  expect_failure "consistency: alert threshold as a literal" check_consistency "$M/repo-th"
   # Consistency: exemplars that link nowhere, or panels that do not show them.
   mkdir -p "$M/repo-ex1"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex1/"

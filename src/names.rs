@@ -59,6 +59,15 @@ pub mod metric {
     /// `result` ([`crate::names::Outcome`]); both series exist, at 0, from the start
     /// (`phasetrace_prometheus_web_config_reloads_total`). Only with a web configuration file.
     pub const PROMETHEUS_WEB_CONFIG_RELOADS: &str = "phasetrace.prometheus.web_config.reloads";
+    /// Gauge, 1 while the web configuration in force is the one on disk and 0 after a change to
+    /// it was refused (the endpoint serves the configuration it read before), back to 1 with the
+    /// next reload that works; attribute `group` only, no unit (a state, as Prometheus's own
+    /// `prometheus_config_last_reload_successful`:
+    /// `phasetrace_prometheus_web_config_last_reload_successful`). Only with a web
+    /// configuration file; a change is noticed at the next connection or request, so a scrape
+    /// reads the state of the file as it is then.
+    pub const PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
+        "phasetrace.prometheus.web_config.last_reload_successful";
     /// Counter of OTLP metrics exports, attribute `result` ([`crate::names::Outcome`]); both
     /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
     /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export

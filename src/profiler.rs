@@ -139,8 +139,9 @@ impl ProfilerBuilder {
     /// the field. While the endpoint runs, it is re-read when it or a file it names changes (new
     /// connections get new certificates, requests new users); a broken change keeps the last
     /// good configuration, warns on stderr and counts
-    /// `phasetrace.prometheus.web_config.reloads{result="failed"}`. Whether the endpoint speaks
-    /// TLS is fixed at start. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP,
+    /// `phasetrace.prometheus.web_config.reloads{result="failed"}`, and
+    /// `phasetrace.prometheus.web_config.last_reload_successful` reads 0 until a change that
+    /// works. Whether the endpoint speaks TLS is fixed at start. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP,
     /// no auth).
     pub fn with_prometheus_web_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.cfg

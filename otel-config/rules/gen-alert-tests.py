@@ -20,6 +20,7 @@ OUT = os.path.join(HERE, "phasetrace-alerts.test.yml")
 STEP_S = 15  # seconds between samples
 N = 60  # samples per series: 15 minutes
 DASH = "/d/phasetrace-collectives/phasetrace-collectives-and-rank-skew"
+DECODE_DASH = "/d/phasetrace-decode/phasetrace-decode-sections"
 
 
 def fmt(x: float) -> str:
@@ -372,6 +373,101 @@ def main() -> int:
         + alert("PhasetraceRankSilent", "7m", [({"severity": "critical", "job": job, "group": "tp0", "rank": "1", "instance": "10.0.5.2:9464"}, silent_annotations(1, "tp0", job, "10.0.5.2:9464", None))])
     )
     tests.append(test("a hung rank is silent; a group that stops as a whole is not", inputs, alerts))
+
+    # 7. The web configuration file: a change refused at 5m (the gauge 0: the endpoint serves
+    #    the configuration it read before), fixed at 10m; a healthy endpoint; and one whose
+    #    file was broken for 30 s only (fixed within the `for`). Fires at 6m for the first only,
+    #    names its host, and clears with the fix.
+    inputs = ""
+    for inst, gauge, ok, failed in (
+        ("10.0.7.1:9464", "1x19 0x19 1x20", "2x39 3x20", "0x19 1x39"),
+        ("10.0.7.2:9464", "1x59", "0x59", "0x59"),
+        ("10.0.7.3:9464", "1x19 0x1 1x37", "0x21 1x37", "0x19 1x39"),
+    ):
+        kv = dict(job=job, instance=inst, group="tp0")
+        inputs += series("phasetrace_prometheus_web_config_last_reload_successful", gauge, **kv)
+        inputs += series("phasetrace_prometheus_web_config_reloads_total", ok, result="ok", **kv)
+        inputs += series("phasetrace_prometheus_web_config_reloads_total", failed, result="failed", **kv)
+        inputs += target_info(job, inst, "node-" + inst.split(".")[-1].split(":")[0])
+    reload_alert = [(
+        {"severity": "warning", "job": job, "instance": "10.0.7.1:9464", "group": "tp0"},
+        {
+            "summary": "The phasetrace Prometheus endpoint on 10.0.7.1:9464 refused its changed web config",
+            "description": (
+                f"The Prometheus endpoint of {job} (group tp0, instance 10.0.7.1:9464, host node-1) "
+                "could not apply the last change to its web configuration file "
+                "(PHASETRACE_PROMETHEUS_WEB_CONFIG) or a certificate, key or CA file it names: it "
+                "keeps serving the previous config (the certificates and users it read before) until "
+                "the file is fixed (changes refused since it started: 1). Look at the engine's stderr "
+                'for why: one warning per refused change, "the changed web configuration is not '
+                'applied", with the file and the field.'
+            ),
+            "dashboard": DECODE_DASH,
+        },
+    )]
+    alerts = (
+        alert("PhasetraceWebConfigReloadFailed", "4m45s")
+        + alert("PhasetraceWebConfigReloadFailed", "5m45s")
+        + alert("PhasetraceWebConfigReloadFailed", "6m", reload_alert)
+        + alert("PhasetraceWebConfigReloadFailed", "9m45s", reload_alert)
+        + alert("PhasetraceWebConfigReloadFailed", "10m")
+        + alert("PhasetraceWebConfigReloadFailed", "14m")
+    )
+    tests.append(test("a refused web config change fires after 1 minute, for that endpoint only, and clears with the fix", inputs, alerts))
+
+    # 8. OTLP metrics exports, one every 10 s (1.5 a sample): process 1 exports fine for 5
+    #    minutes, then every export fails for 10 minutes (the collector down), then they work
+    #    again; process 2 never fails; process 3 loses every other export (a flapping collector:
+    #    half of them, under the threshold of 1); process 4 never had a collector (every export
+    #    failed from the start). Process 1 fires 7 minutes into its outage (the 5-minute window
+    #    holds no ok export from 10m, then `for: 2m`) and clears at the first export that works;
+    #    process 4 about 2.5 minutes after its start.
+    inputs = ""
+    for inst, ok, failed in (
+        ("10.0.8.1:9464", "0+1.5x20 30x39 31.5+1.5x20", "0x20 1.5+1.5x39 60x20"),
+        ("10.0.8.2:9464", "0+1.5x81", "0x81"),
+        ("10.0.8.3:9464", "0+0.75x81", "0+0.75x81"),
+        ("10.0.8.4:9464", "0x81", "0+1.5x81"),
+    ):
+        kv = dict(job=job, instance=inst, group="tp0")
+        inputs += series("phasetrace_metric_exports_total", ok, result="ok", **kv)
+        inputs += series("phasetrace_metric_exports_total", failed, result="failed", **kv)
+        inputs += target_info(job, inst, "node-" + inst.split(".")[-1].split(":")[0])
+
+    def export_alert(inst, host, failed):
+        return (
+            {"severity": "warning", "job": job, "instance": inst, "group": "tp0"},
+            {
+                "summary": f"OTLP metrics exports of {job} on {inst} are failing",
+                "description": (
+                    f"100% of the OTLP metrics exports of {job} (group tp0, instance {inst}, "
+                    f"host {host}) failed over the last 5 minutes ({failed} failed): the collector "
+                    "(OTEL_EXPORTER_OTLP_ENDPOINT) is down, unreachable or refusing. Nothing is lost "
+                    "(the next export that works carries the cumulative totals), but what the "
+                    "collector's backend shows of this process is stale until then. The engine's "
+                    "stderr has the first error of the outage. This fires where Prometheus scrapes "
+                    "the embedded endpoint; a Prometheus fed only through the collector cannot see "
+                    "it, since the collector receives the count only once exports work again."
+                ),
+                "dashboard": DECODE_DASH,
+            },
+        )
+
+    never = export_alert("10.0.8.4:9464", "node-4", "30")
+    alerts = (
+        alert("PhasetraceMetricsExportFailing", "2m")
+        + alert("PhasetraceMetricsExportFailing", "3m", [export_alert("10.0.8.4:9464", "node-4", "18")])
+        + alert("PhasetraceMetricsExportFailing", "11m45s", [never])
+        + alert("PhasetraceMetricsExportFailing", "12m", [export_alert("10.0.8.1:9464", "node-1", "30"), never])
+        + alert("PhasetraceMetricsExportFailing", "15m", [export_alert("10.0.8.1:9464", "node-1", "30"), never])
+        + alert("PhasetraceMetricsExportFailing", "15m15s", [never])
+    )
+    exprs = expr_test(
+        'sum by (instance) (rate(phasetrace_metric_exports_total{result="failed"}[5m])) / sum by (instance) (rate(phasetrace_metric_exports_total[5m]))',
+        "12m",
+        [('{instance="10.0.8.1:9464"}', 1), ('{instance="10.0.8.2:9464"}', 0), ('{instance="10.0.8.3:9464"}', 0.5), ('{instance="10.0.8.4:9464"}', 1)],
+    )
+    tests.append(test("steadily failing OTLP metrics exports fire, a healthy or flapping exporter does not, recovery clears", inputs, alerts, exprs))
 
     rest = OTHER_ALERTS
 

@@ -120,6 +120,8 @@ pub(crate) struct Exporters {
     /// `phasetrace.prometheus.web_config.reloads` and `phasetrace.metric.exports`, one each per
     /// meter provider (kept with them).
     _outcome_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    /// `phasetrace.prometheus.web_config.last_reload_successful`, one per meter provider.
+    _state_gauges: Vec<opentelemetry::metrics::ObservableGauge<u64>>,
     /// Keeps the tonic channels' background tasks alive.
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
 }
@@ -298,11 +300,13 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
     }
 
-    // The web configuration file's reloads and the OTLP metrics exports, on every meter
-    // provider (OTLP and Prometheus).
+    // The web configuration file's reloads (and whether the last one worked) and the OTLP
+    // metrics exports, on every meter provider (OTLP and Prometheus).
     let mut outcome_counters = Vec::new();
+    let mut state_gauges = Vec::new();
     for p in &meter_providers {
         if let Some(counts) = prometheus.as_ref().and_then(PrometheusServer::reloads) {
+            let last = counts.clone();
             outcome_counters.push(outcome_counter(
                 p,
                 metric::PROMETHEUS_WEB_CONFIG_RELOADS,
@@ -310,6 +314,14 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                 "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
                 &cfg.group,
                 move |r| counts.get(r),
+            ));
+            state_gauges.push(state_gauge(
+                p,
+                metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
+                "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
+                 0 after a change to it was refused (the configuration read before stays in force)",
+                &cfg.group,
+                move || last.last_successful(),
             ));
         }
         if let Some(counts) = export_counts.clone() {
@@ -351,6 +363,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         exemplars,
         prometheus,
         _outcome_counters: outcome_counters,
+        _state_gauges: state_gauges,
         runtime,
     })
 }
@@ -386,6 +399,25 @@ fn outcome_counter(
                 o.observe(get(*r), kv);
             }
         })
+        .build()
+}
+
+/// A 0/1 gauge on `provider` (1 when `get` says so), read at each collection; attribute `group`,
+/// no unit.
+fn state_gauge(
+    provider: &SdkMeterProvider,
+    name: &'static str,
+    description: &'static str,
+    group: &str,
+    get: impl Fn() -> bool + Send + Sync + 'static,
+) -> opentelemetry::metrics::ObservableGauge<u64> {
+    use opentelemetry::metrics::MeterProvider as _;
+    let kv = [KeyValue::new(crate::names::attr::GROUP, group.to_owned())];
+    provider
+        .meter("phasetrace")
+        .u64_observable_gauge(name)
+        .with_description(description)
+        .with_callback(move |o| o.observe(u64::from(get()), &kv))
         .build()
 }
 

@@ -4,8 +4,9 @@
 //! too), the old password gets 401 and the new one 200 (for a real Prometheus too, on its
 //! kept-alive connection). A broken file, certificate or hash, or one that would turn TLS off,
 //! keeps the last good configuration serving and counts
-//! `phasetrace_prometheus_web_config_reloads_total{result="failed"}` once per change; fixed,
-//! `result="ok"`.
+//! `phasetrace_prometheus_web_config_reloads_total{result="failed"}` once per change, and
+//! `phasetrace_prometheus_web_config_last_reload_successful` reads 0; fixed, `result="ok"` and
+//! the gauge back at 1.
 
 use crate::prometheus_scrapes_over_tls_with_basic_auth::{base64, certificates, job};
 use crate::support;
@@ -133,6 +134,14 @@ fn reloads(body: &str) -> Option<(u64, u64)> {
     Some((value("ok")?, value("failed")?))
 }
 
+/// The value of the last-reload-successful gauge in a scrape; `None` when it is not there.
+fn last_reload_successful(body: &str) -> Option<u64> {
+    body.lines()
+        .find(|l| l.starts_with("phasetrace_prometheus_web_config_last_reload_successful{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 #[test]
 fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_good_one() {
     let root = TempDir::new("phasetrace-web-reload");
@@ -186,6 +195,12 @@ fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_goo
         Some((0, 0)),
         "both series from the start"
     );
+    assert_eq!(
+        last_reload_successful(&first.body),
+        Some(1),
+        "the file read at start is in force: {}",
+        first.body
+    );
 
     // The password, rewritten in place.
     std::fs::write(&web, web_yml(NEW, true)).unwrap();
@@ -197,6 +212,7 @@ fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_goo
     let r = scrape(addr, &ca_a, &a, NEW).unwrap();
     assert_eq!(r.status, 200, "the new password");
     assert_eq!(reloads(&r.body), Some((1, 0)));
+    assert_eq!(last_reload_successful(&r.body), Some(1));
 
     // Certificate, key and client CA, each renamed into place.
     use_certs(&b);
@@ -268,6 +284,7 @@ fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_goo
             assert_eq!(r.status, 200, "{what}");
             assert_eq!(r.server_cert, der(&b.join("server.pem")), "{what}");
             assert_eq!(reloads(&r.body), Some((2, i as u64 + 1)), "{what}");
+            assert_eq!(last_reload_successful(&r.body), Some(0), "{what}");
         }
         assert_eq!(status(&ca_b, &b, OLD), Ok(401), "{what}");
     }
@@ -277,6 +294,7 @@ fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_goo
     let r = scrape(addr, &ca_b, &b, "third").unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(reloads(&r.body), Some((3, 4)));
+    assert_eq!(last_reload_successful(&r.body), Some(1), "fixed");
     assert_eq!(status(&ca_b, &b, NEW), Ok(401));
     p.shutdown();
 }
@@ -322,8 +340,16 @@ fn a_real_prometheus_follows_a_password_rotation_on_its_kept_alive_connection() 
             Duration::from_secs(30),
         );
     };
+    let last_ok = |v: f64| {
+        prometheus.wait_for_query(
+            "phasetrace_prometheus_web_config_last_reload_successful",
+            |s| !s.is_empty() && s.iter().all(|(_, x)| *x == v),
+            Duration::from_secs(30),
+        );
+    };
     up(1.0, 0.0);
     reloads("ok", 0.0);
+    last_ok(1.0);
 
     replace(&web, web_yml(NEW, true).as_bytes());
     up(0.0, 1.0);
@@ -331,10 +357,12 @@ fn a_real_prometheus_follows_a_password_rotation_on_its_kept_alive_connection() 
 
     replace(&web, b"tls_server_config: {cert_file: server.pem\n");
     reloads("failed", 1.0);
+    last_ok(0.0);
     up(0.0, 1.0);
 
     replace(&web, web_yml(NEW, true).as_bytes());
     reloads("ok", 2.0);
+    last_ok(1.0);
     up(0.0, 1.0);
     assert!(!prometheus.output().contains(OLD));
     p.shutdown();

@@ -16,7 +16,8 @@ agree with each other and with the stack's rules; this script checks that:
                       exactly the rule files in rules/ (unit tests excluded), as does the test;
   rules               every alert has `for`, a severity, summary/description naming site
                       (and rank/layer where it has them), compares against a
-                      `...:threshold` series (no literal thresholds) and is unit-tested firing
+                      `...:threshold` series (no literal thresholds; a 0/1 state gauge
+                      `..._successful == 0` has none) and is unit-tested firing
                       and quiet; dashboard links in annotations point at existing dashboards;
   Grafana             datasource uids `prometheus`/`jaeger` with compose-service URLs; the
                       dashboard provider path is where compose mounts dashboards/;
@@ -220,8 +221,11 @@ def check_rules(dashboard_uids: set[str]) -> None:
                     if re.search(rf"\b{label}\b", rule["expr"]) and f"$labels.{label}" not in text and f".Labels.{label}" not in text:
                         problem(where, f"annotations should name the {label} ($labels.{label})")
                 # A condition with a number compares against a threshold series; an alert on a
-                # recorded condition (phasetrace:rank_silent) has no number to tune.
-                if re.search(r"[<>]=?|==|!=", rule["expr"]) and ":threshold" not in rule["expr"]:
+                # recorded condition (phasetrace:rank_silent) has no number to tune, nor one on
+                # a 0/1 state gauge (`..._successful == 0`, as Prometheus's own
+                # prometheus_config_last_reload_successful).
+                condition = re.sub(r"\b[a-z_:]+_successful\s*==\s*0\b", " ", rule["expr"])
+                if re.search(r"[<>]=?|==|!=", condition) and ":threshold" not in condition:
                     problem(where, "compare against a `...:threshold` recording rule (phasetrace-thresholds.yml), not a literal")
                 counts = tests.get(name, {"firing": 0, "quiet": 0})
                 if not counts["firing"] or not counts["quiet"]:

@@ -8,7 +8,8 @@
 //!        changed   ─► read and check everything again, as at start
 //!                       ok     ─► new handshakes and requests use it; one line on stderr
 //!                       failed ─► the last good configuration stays; one warning on stderr
-//!   both counted in phasetrace.prometheus.web_config.reloads{result="ok"|"failed"}
+//!   both counted in phasetrace.prometheus.web_config.reloads{result="ok"|"failed"};
+//!   phasetrace.prometheus.web_config.last_reload_successful: 1 after ok (and at start), 0 after failed
 //! ```
 //!
 //! Whether a file changed: [`super::watched`].
@@ -24,13 +25,17 @@ use super::watched::Files;
 use super::web_config::{self, WebConfig, WebConfigError};
 use crate::names::{Outcome, env, metric};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Reloads counted by result, for `phasetrace.prometheus.web_config.reloads`.
+/// Reloads counted by result, for `phasetrace.prometheus.web_config.reloads`, and how the last
+/// one ended, for `phasetrace.prometheus.web_config.last_reload_successful`.
 #[derive(Debug, Default)]
 pub(crate) struct ReloadCounts {
     counts: [AtomicU64; Outcome::ALL.len()],
+    /// The last reload failed: the configuration in force is not the one on disk. `false` at
+    /// start (the file read at start is the one in force).
+    last_failed: AtomicBool,
 }
 
 impl ReloadCounts {
@@ -38,8 +43,16 @@ impl ReloadCounts {
         self.counts[r as usize].load(Ordering::Relaxed)
     }
 
+    /// Whether the configuration in force is the file as last read: true at start and after a
+    /// reload that worked, false after one that failed.
+    pub(crate) fn last_successful(&self) -> bool {
+        !self.last_failed.load(Ordering::Relaxed)
+    }
+
     fn add(&self, r: Outcome) {
         self.counts[r as usize].fetch_add(1, Ordering::Relaxed);
+        self.last_failed
+            .store(r == Outcome::Failed, Ordering::Relaxed);
     }
 }
 
@@ -182,6 +195,7 @@ mod tests {
         assert!(now.users.as_ref().unwrap().allows("alice", b"b"));
         assert!(!now.users.as_ref().unwrap().allows("alice", b"a"));
         assert_eq!(live.counts.get(Outcome::Ok), 1);
+        assert!(live.counts.last_successful());
         assert!(Arc::ptr_eq(&now, &live.get()));
     }
 
@@ -193,6 +207,7 @@ mod tests {
         std::fs::write(&f, users(&a)).unwrap();
         let live = LiveWebConfig::load(&f).unwrap();
         let good = live.get();
+        assert!(live.counts.last_successful(), "at start");
         for broken in [
             "basic_auth_users: [\n".to_owned(),
             "basic_auth_users:\n  alice: hunter2\n".to_owned(),
@@ -202,11 +217,13 @@ mod tests {
             std::fs::write(&f, &broken).unwrap();
             assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}");
             assert!(Arc::ptr_eq(&good, &live.get()), "{broken:?}: said once");
+            assert!(!live.counts.last_successful(), "{broken:?}");
         }
         assert_eq!(live.counts.get(Outcome::Failed), 4);
         assert_eq!(live.counts.get(Outcome::Ok), 0);
         std::fs::write(&f, "{}\n").unwrap();
         assert!(live.get().users.is_none(), "`{{}}`: no basic auth");
         assert_eq!(live.counts.get(Outcome::Ok), 1);
+        assert!(live.counts.last_successful(), "fixed");
     }
 }
