@@ -2,24 +2,53 @@
 //! [`phasetrace::config::settings::SETTINGS`] that names one, checked by the library's own
 //! parser (the variable's rules and the variable's message). A flag beats its variable.
 //! A setting gets a flag by naming it in the table; nothing here changes.
+//! `phasetrace import` takes only the flags of the OTLP connection
+//! ([`phasetrace::config::settings::OTLP_CONNECTION`]): [`OtlpFlags`].
 
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
-use phasetrace::config::settings::{AnySetting, SETTINGS};
+use phasetrace::config::settings::{AnySetting, OTLP_CONNECTION, SETTINGS};
 use phasetrace::{ConfigError, ProfilerBuilder};
+use std::marker::PhantomData;
+
+/// Which settings of the table a command takes flags for.
+pub(crate) trait FlagSet: Send + Sync + 'static {
+    /// The settings.
+    const SETTINGS: &'static [&'static dyn AnySetting];
+}
+
+/// Every setting (`demo`, `check`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct AllSettings;
+
+impl FlagSet for AllSettings {
+    const SETTINGS: &'static [&'static dyn AnySetting] = SETTINGS;
+}
+
+/// The OTLP connection's settings (`import`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct OtlpConnection;
+
+impl FlagSet for OtlpConnection {
+    const SETTINGS: &'static [&'static dyn AnySetting] = OTLP_CONNECTION;
+}
 
 /// The profiler flags given on the command line, as text the library parses.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ProfilerFlags {
+pub(crate) struct ProfilerFlags<S: FlagSet = AllSettings> {
     given: Vec<(&'static dyn AnySetting, String)>,
+    set: PhantomData<S>,
 }
 
-fn with_flags() -> impl Iterator<Item = (&'static dyn AnySetting, &'static str)> {
-    SETTINGS.iter().filter_map(|s| s.flag().map(|f| (*s, f)))
+/// The flags of the OTLP connection only.
+pub(crate) type OtlpFlags = ProfilerFlags<OtlpConnection>;
+
+fn with_flags<S: FlagSet>() -> impl Iterator<Item = (&'static dyn AnySetting, &'static str)> {
+    S::SETTINGS.iter().filter_map(|s| s.flag().map(|f| (*s, f)))
 }
 
-impl Args for ProfilerFlags {
+impl<S: FlagSet> Args for ProfilerFlags<S> {
     fn augment_args(cmd: Command) -> Command {
-        with_flags().fold(cmd, |cmd, (s, flag)| {
+        with_flags::<S>().fold(cmd, |cmd, (s, flag)| {
             cmd.arg(
                 Arg::new(flag)
                     .long(flag)
@@ -40,12 +69,15 @@ impl Args for ProfilerFlags {
     }
 }
 
-impl FromArgMatches for ProfilerFlags {
+impl<S: FlagSet> FromArgMatches for ProfilerFlags<S> {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
-        let given = with_flags()
+        let given = with_flags::<S>()
             .filter_map(|(s, flag)| m.get_one::<String>(flag).map(|v| (s, v.clone())))
             .collect();
-        Ok(ProfilerFlags { given })
+        Ok(ProfilerFlags {
+            given,
+            set: PhantomData,
+        })
     }
 
     fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
@@ -54,7 +86,7 @@ impl FromArgMatches for ProfilerFlags {
     }
 }
 
-impl ProfilerFlags {
+impl<S: FlagSet> ProfilerFlags<S> {
     /// Applies the flags given on top of the builder (flags beat the environment).
     pub(crate) fn apply(&self, mut b: ProfilerBuilder) -> Result<ProfilerBuilder, ConfigError> {
         for (s, text) in &self.given {

@@ -3,12 +3,14 @@
 //! the logs' own timestamps.
 
 use crate::Failure;
+use crate::flags::OtlpFlags;
 use clap::{Args, ValueEnum};
 use phasetrace::Profiler;
-use phasetrace::config::settings::{self, AnySetting as _};
+use phasetrace::config::Protocol;
+use phasetrace::config::settings;
 use phasetrace::import::openmetrics::{OpenMetricsOptions, write_openmetrics};
 use phasetrace::import::otlp::{self, OtlpOptions};
-use phasetrace::import::{ImportOptions, ImportedFile, Summary};
+use phasetrace::import::{ImportError, ImportOptions, ImportedFile, Summary};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,8 +18,10 @@ use std::time::Instant;
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
-    /// POST OTLP/HTTP (protobuf) to the collector at OTEL_EXPORTER_OTLP_ENDPOINT (or
-    /// --otlp-endpoint).
+    /// Send OTLP to the collector at OTEL_EXPORTER_OTLP_ENDPOINT (or --otlp-endpoint), over
+    /// gRPC or HTTP/protobuf as OTEL_EXPORTER_OTLP_PROTOCOL (or --otlp-protocol) says, with
+    /// OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT (per request), _COMPRESSION and _CERTIFICATE as
+    /// live; each request under the 4 MiB message limit of OTLP/gRPC receivers by default.
     Otlp,
     /// OTLP JSON requests, one per line (JSON Lines), to --out.
     OtlpJson,
@@ -62,10 +66,10 @@ pub(crate) struct ImportArgs {
         value_parser = |text: &str| settings::GROUP.parse(text).map_err(|e| e.to_string()),
     )]
     group: String,
-    /// OTLP endpoint for --format otlp; must accept OTLP/HTTP (port 4318 by convention)
-    /// [env: OTEL_EXPORTER_OTLP_ENDPOINT]
-    #[arg(long, value_parser = |text: &str| settings::OTLP_ENDPOINT.check(text).map(|()| text.to_owned()))]
-    otlp_endpoint: Option<String>,
+    /// The OTLP connection of --format otlp, as the live exporters take it (headers, timeout,
+    /// compression and CA from their OTEL_EXPORTER_OTLP_* variables).
+    #[command(flatten)]
+    otlp: OtlpFlags,
     /// No progress bar, even on a terminal.
     #[arg(long)]
     quiet: bool,
@@ -150,6 +154,24 @@ fn writer(out: &Option<PathBuf>, what: &str) -> Result<Box<dyn Write>, Failure> 
     }
 }
 
+/// A failed send, with a note on the transport when nothing got through.
+fn send_failure(e: ImportError) -> Failure {
+    let hint = match &e {
+        ImportError::Send(f) if f.sent.metrics.requests + f.sent.traces.requests == 0 => {
+            match f.protocol {
+                Protocol::Grpc => {
+                    " (OTLP/gRPC listens on port 4317 by convention; an OTLP/HTTP endpoint, 4318, needs --otlp-protocol http/protobuf)"
+                }
+                Protocol::HttpProtobuf => {
+                    " (OTLP/HTTP listens on port 4318 by convention; an OTLP/gRPC endpoint, 4317, needs --otlp-protocol grpc)"
+                }
+            }
+        }
+        _ => "",
+    };
+    Failure::runtime(format!("{e}{hint}"))
+}
+
 pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
     let start = match &a.start {
         None => None,
@@ -159,16 +181,13 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
             ))
         })?),
     };
-    // The OTLP destination is resolved like the profiler's: flag, then environment.
+    // The OTLP connection is resolved like the profiler's: flag, then environment.
     let otlp = if a.format == Format::Otlp {
-        let mut b = Profiler::builder();
-        if let Some(e) = &a.otlp_endpoint {
-            b = b.with_otlp_endpoint(Some(e));
-        }
+        let b = a.otlp.apply(Profiler::builder()).map_err(Failure::config)?;
         let cfg = b.config().map_err(Failure::config)?;
         Some(cfg.otlp.ok_or_else(|| Failure {
             code: 3,
-            message: "invalid configuration: --format otlp needs OTEL_EXPORTER_OTLP_ENDPOINT or --otlp-endpoint (an OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318); or choose --format otlp-json or openmetrics".into(),
+            message: "invalid configuration: --format otlp needs OTEL_EXPORTER_OTLP_ENDPOINT or --otlp-endpoint (OTLP/gRPC by default, e.g. http://127.0.0.1:4317; OTLP/HTTP with --otlp-protocol http/protobuf, e.g. http://127.0.0.1:4318); or choose --format otlp-json or openmetrics".into(),
         })?)
     } else {
         None
@@ -221,15 +240,23 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
                 ..OtlpOptions::default()
             };
             let sent =
-                phasetrace::import::send::send(&files, &otlp, &opts).map_err(Failure::runtime)?;
+                phasetrace::import::send::send(&files, &otlp, &opts).map_err(send_failure)?;
+            let st = &sent.stats;
             eprintln!(
-                "sent to {}: {} metric requests ({} points), {} trace requests ({} spans)",
+                "sent to {} over {}: {st}; largest request {} bytes of protobuf (at most {} each)",
                 otlp.endpoint,
-                sent.metrics.requests,
-                sent.metrics.items,
-                sent.traces.requests,
-                sent.traces.items
+                otlp.protocol,
+                st.metrics
+                    .largest_request_bytes
+                    .max(st.traces.largest_request_bytes),
+                opts.max_request_bytes,
             );
+            if let Some(why) = &sent.rejection {
+                return Err(Failure::runtime(format!(
+                    "{} at {} rejected {} points and {} spans of what was sent: {why}",
+                    otlp.protocol, otlp.endpoint, st.rejected_points, st.rejected_spans
+                )));
+            }
         }
         Format::OtlpJson => {
             let mut w = writer(&a.out, "otlp-json")?;
@@ -238,9 +265,9 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
                 group: group.clone(),
                 ..OtlpOptions::default()
             };
-            let m = otlp::metrics_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+            let m = otlp::metrics_requests(&files, &opts, |r, _| otlp::write_json_line(&mut w, &r))
                 .map_err(Failure::runtime)?;
-            let t = otlp::trace_requests(&files, &opts, |r| otlp::write_json_line(&mut w, &r))
+            let t = otlp::trace_requests(&files, &opts, |r, _| otlp::write_json_line(&mut w, &r))
                 .map_err(Failure::runtime)?;
             w.flush().map_err(Failure::runtime)?;
             eprintln!(

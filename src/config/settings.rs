@@ -868,3 +868,14 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &TRACES_EXPORTER,
     &METRICS_EXPORTER,
 ];
+
+/// The settings of the OTLP connection (where to, how, with what): the ones that
+/// `phasetrace import` reads to send what it imports, as the live exporters do.
+pub static OTLP_CONNECTION: &[&dyn AnySetting] = &[
+    &OTLP_ENDPOINT,
+    &OTLP_PROTOCOL,
+    &OTLP_HEADERS,
+    &OTLP_TIMEOUT,
+    &OTLP_COMPRESSION,
+    &OTLP_CERTIFICATE,
+];

@@ -8,17 +8,28 @@ use opentelemetry_otlp::{
 use opentelemetry_sdk::metrics::Temporality;
 use std::collections::HashMap;
 
-fn metadata(o: &OtlpConfig) -> tonic_metadata::MetadataMap {
+/// `OTEL_EXPORTER_OTLP_HEADERS` as gRPC metadata; `Err` names the first header that cannot be
+/// one (never its value).
+pub(crate) fn metadata(o: &OtlpConfig) -> Result<tonic_metadata::MetadataMap, String> {
     let mut map = tonic_metadata::MetadataMap::new();
     for (k, v) in &o.headers {
-        if let (Ok(k), Ok(v)) = (
+        match (
             tonic_metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
             tonic_metadata::MetadataValue::try_from(v.as_str()),
         ) {
-            map.insert(k, v);
+            (Ok(k), Ok(v)) => {
+                map.insert(k, v);
+            }
+            _ => {
+                return Err(format!(
+                    "OTEL_EXPORTER_OTLP_HEADERS: header {k:?} cannot be sent as gRPC metadata \
+                     (expected a header name of letters, digits, '-', '_' or '.', not ending \
+                     in -bin, and a value without control characters)"
+                ));
+            }
         }
     }
-    map
+    Ok(map)
 }
 
 mod tonic_metadata {
@@ -33,7 +44,11 @@ fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> Expor
     }
 }
 
-fn tls(o: &OtlpConfig) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {
+/// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`):
+/// the system's roots plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+pub(crate) fn tls(
+    o: &OtlpConfig,
+) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {
     if !o.endpoint.starts_with("https://") {
         return Ok(None);
     }
@@ -116,7 +131,7 @@ pub(super) fn span_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(metadata(o));
+                .with_metadata(metadata(o).map_err(|e| err("traces", o, e))?);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);
             }
@@ -152,7 +167,7 @@ pub(super) fn metric_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(metadata(o))
+                .with_metadata(metadata(o).map_err(|e| err("metrics", o, e))?)
                 .with_temporality(Temporality::Cumulative);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);
@@ -175,6 +190,44 @@ pub(super) fn metric_exporter(
                 b = b.with_compression(Compression::Gzip);
             }
             b.build().map_err(|e| err("metrics", o, e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HistogramAggregation;
+    use std::time::Duration;
+
+    fn with_headers(headers: &[(&str, &str)]) -> OtlpConfig {
+        OtlpConfig {
+            endpoint: "http://127.0.0.1:4317".into(),
+            protocol: Protocol::Grpc,
+            headers: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            timeout: Duration::from_secs(1),
+            gzip: false,
+            certificate: None,
+            histogram: HistogramAggregation::Explicit,
+        }
+    }
+
+    #[test]
+    fn headers_become_metadata_or_an_error_naming_the_header_not_its_value() {
+        let md = metadata(&with_headers(&[("X-Api-Key", "s3cret"), ("team", "café")]))
+            .expect("metadata");
+        assert_eq!(
+            md.get("x-api-key").and_then(|v| v.to_str().ok()),
+            Some("s3cret")
+        );
+        assert_eq!(md.len(), 2);
+        for bad in [("x-token-bin", "s3cret"), ("x-api-key", "s3\ncret")] {
+            let e = metadata(&with_headers(&[("ok", "1"), bad])).expect_err("refused");
+            assert!(e.contains(&format!("{:?}", bad.0)), "{e}");
+            assert!(!e.contains("s3"), "{e}");
         }
     }
 }

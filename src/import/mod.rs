@@ -113,14 +113,20 @@ pub enum ImportError {
         /// The cause; `InvalidInput`/`InvalidData` for a corrupt gzip stream.
         source: io::Error,
     },
-    /// Sending to the collector failed.
-    #[error("sending to {url}: {detail}")]
-    Send {
-        /// The URL posted to.
-        url: String,
+    /// The OTLP client could not be set up (its TLS configuration, its headers).
+    #[error("cannot send to {endpoint} over {protocol}: {detail}")]
+    Client {
+        /// The endpoint.
+        endpoint: String,
+        /// The transport.
+        protocol: crate::config::Protocol,
         /// What went wrong (header values never appear here).
         detail: String,
     },
+    /// A request failed (refused, unanswered, or answered with an error): nothing after it
+    /// was sent.
+    #[error(transparent)]
+    Send(Box<send::SendError>),
     /// Writing an output failed.
     #[error("writing {format} output: {source}")]
     Write {

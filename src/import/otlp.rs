@@ -8,8 +8,13 @@
 //!                                    points, cumulative, start = run start
 //!                ─► route traces ─► one trace per (file, run, step): a `decode.step` root
 //!                                   with `moe.route` events, one probe span per line
-//!                ─► requests of at most `max_items_per_request` points or spans ─► sink
+//!                ─► requests of at most `max_items_per_request` points or spans and
+//!                    `max_request_bytes` bytes of protobuf ─► sink
 //! ```
+//!
+//! Requests are cut by size as well as by count, so that each stays under the 4 MiB message
+//! limit of OTLP/gRPC receivers (the collector's default `max_recv_msg_size_mib`, tonic's and
+//! grpc-go's default). The same requests go over OTLP/HTTP and into the `otlp-json` output.
 //!
 //! Each (file, run) is one resource with `service.name`, `source.file` and `source.run`; the
 //! data points carry `source.file` and `source.run` too, so that a collector without
@@ -20,6 +25,8 @@
 //! same ids and a backend deduplicates rather than doubles.
 
 use std::io::Write;
+
+use prost::Message as _;
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -41,11 +48,19 @@ use super::{ImportError, ImportRecord, ImportedFile};
 use crate::config::settings;
 use crate::names::resource;
 
+/// The default [`OtlpOptions::max_request_bytes`]: 4,000,000 bytes, under the 4 MiB
+/// (4,194,304-byte) message limit that OTLP/gRPC receivers apply by default.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4_000_000;
+
 /// Options of the OTLP writers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtlpOptions {
     /// Data points (metrics) or spans (traces) per request. Default 5000.
     pub max_items_per_request: usize,
+    /// Bytes of encoded protobuf per request, at most: a request is cut before the point or
+    /// span that would take it over. A single point or span larger than this goes alone in
+    /// its own request. Default [`DEFAULT_MAX_REQUEST_BYTES`].
+    pub max_request_bytes: usize,
     /// Minimum spacing of two points of one series, nanoseconds. Default 1 ms.
     pub sample_interval_ns: u64,
     /// The `rank` attribute of every series and span (`--rank`); default that of a live process
@@ -60,6 +75,7 @@ impl Default for OtlpOptions {
     fn default() -> Self {
         Self {
             max_items_per_request: 5000,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             sample_interval_ns: 1_000_000,
             rank: settings::RANK.default_value(),
             group: settings::GROUP.default_value(),
@@ -74,8 +90,86 @@ pub struct OtlpStats {
     pub requests: usize,
     /// Data points or spans in them.
     pub items: usize,
+    /// Encoded protobuf bytes of those requests.
+    pub bytes: u64,
+    /// Encoded protobuf bytes of the largest request.
+    pub largest_request_bytes: usize,
     /// Records left out because they had no time.
     pub untimed_records: u64,
+}
+
+/// What a request handed to a sink holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// Its place among the writer's requests, from 1.
+    pub number: usize,
+    /// Data points or spans in it.
+    pub items: usize,
+    /// Its encoded protobuf size in bytes.
+    pub bytes: usize,
+}
+
+/// The most a nested message's tag and length take (lengths below 2^35).
+const WRAP: usize = 1 + 5;
+
+/// The bytes an item of `len` bytes takes in a repeated message field: its tag, its length,
+/// itself.
+fn in_field(len: usize) -> usize {
+    1 + prost::length_delimiter_len(len) + len
+}
+
+/// Cuts a stream of items into requests by count and by an upper bound of their encoded size.
+struct Budget {
+    max_items: usize,
+    max_bytes: usize,
+    items: usize,
+    bytes: usize,
+}
+
+impl Budget {
+    fn new(options: &OtlpOptions) -> Budget {
+        Budget {
+            max_items: options.max_items_per_request.max(1),
+            max_bytes: options.max_request_bytes,
+            items: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Whether an item that adds at most `cost` bytes fits in the request (always, into an
+    /// empty one).
+    fn fits(&self, cost: usize) -> bool {
+        self.items == 0
+            || (self.items < self.max_items && self.bytes.saturating_add(cost) <= self.max_bytes)
+    }
+
+    fn add(&mut self, cost: usize) {
+        self.items += 1;
+        self.bytes = self.bytes.saturating_add(cost);
+    }
+
+    /// Hands the request to `sink` and starts an empty one.
+    fn emit<M: prost::Message>(
+        &mut self,
+        message: M,
+        stats: &mut OtlpStats,
+        sink: &mut impl FnMut(M, RequestInfo) -> Result<(), ImportError>,
+    ) -> Result<(), ImportError> {
+        let bytes = message.encoded_len();
+        debug_assert!(bytes <= self.bytes, "{bytes} > the bound {}", self.bytes);
+        let info = RequestInfo {
+            number: stats.requests + 1,
+            items: self.items,
+            bytes,
+        };
+        stats.requests += 1;
+        stats.items += self.items;
+        stats.bytes += bytes as u64;
+        stats.largest_request_bytes = stats.largest_request_bytes.max(bytes);
+        self.items = 0;
+        self.bytes = 0;
+        sink(message, info)
+    }
 }
 
 fn kv(key: &str, value: any_value::Value) -> KeyValue {
@@ -121,31 +215,12 @@ fn scope() -> InstrumentationScope {
     }
 }
 
-/// Something a request carries, with the index of its resource.
-trait OfResource {
-    fn resource(&self) -> usize;
-}
-
-/// Groups consecutive items by resource into one request's resource list.
-fn by_resource<T: OfResource, R>(items: &[T], mut build: impl FnMut(usize, &[T]) -> R) -> Vec<R> {
-    items
-        .chunk_by(|a, b| a.resource() == b.resource())
-        .map(|group| build(group[0].resource(), group))
-        .collect()
-}
-
 /// One point of one series, in request order.
 #[derive(Clone, Copy)]
 struct PointRef {
     resource: usize,
     series: usize,
     point: usize,
-}
-
-impl OfResource for PointRef {
-    fn resource(&self) -> usize {
-        self.resource
-    }
 }
 
 /// Nanoseconds as OTLP's signed integer value (saturating; counts never get near it).
@@ -157,7 +232,7 @@ fn signed(v: u64) -> i64 {
 pub fn metrics_requests(
     files: &[ImportedFile],
     options: &OtlpOptions,
-    mut sink: impl FnMut(ExportMetricsServiceRequest) -> Result<(), ImportError>,
+    mut sink: impl FnMut(ExportMetricsServiceRequest, RequestInfo) -> Result<(), ImportError>,
 ) -> Result<OtlpStats, ImportError> {
     let set = series::build(
         files,
@@ -181,45 +256,78 @@ pub fn metrics_requests(
             point,
         }));
     }
-    for chunk in order.chunks(options.max_items_per_request.max(1)) {
-        let resource_metrics = by_resource(chunk, |res, group| {
-            let resource = &set.resources[res];
-            let metrics: Vec<Metric> = group
-                .chunk_by(|a, b| set.series[a.series].family == set.series[b.series].family)
-                .map(|fam| {
-                    let family = set.series[fam[0].series].family;
-                    let points = fam.iter().map(|r| {
-                        let s = &set.series[r.series];
-                        let p = s.points[r.point];
-                        let mut attributes: Vec<KeyValue> =
-                            s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
-                        attributes
-                            .push(string(Key::SourceFile.otel(), resource.source_file.clone()));
-                        attributes.push(int(Key::SourceRun.otel(), i64::from(resource.run)));
-                        Point {
-                            attributes,
-                            start: resource.start_ns.min(p.at_ns),
-                            at: p.at_ns,
-                            sum_ns: p.sum_ns,
-                            count: p.count,
-                        }
-                    });
-                    metric_of(family, points)
-                })
-                .collect();
-            ResourceMetrics {
-                resource: Some(proto_resource(resource)),
-                scope_metrics: vec![ScopeMetrics {
-                    scope: Some(scope()),
-                    metrics,
-                    ..Default::default()
-                }],
-                ..Default::default()
+    let mut budget = Budget::new(options);
+    let mut request: Vec<ResourceMetrics> = Vec::new();
+    // The (resource, family) that the request's last metric holds.
+    let mut open: Option<(usize, Family)> = None;
+    for r in &order {
+        let s = &set.series[r.series];
+        let resource = &set.resources[r.resource];
+        let p = s.points[r.point];
+        let mut attributes: Vec<KeyValue> = s.labels.iter().map(|(k, v)| attr(*k, v)).collect();
+        attributes.push(string(Key::SourceFile.otel(), resource.source_file.clone()));
+        attributes.push(int(Key::SourceRun.otel(), i64::from(resource.run)));
+        let point = point_of(
+            s.family,
+            Point {
+                attributes,
+                start: resource.start_ns.min(p.at_ns),
+                at: p.at_ns,
+                sum_ns: p.sum_ns,
+                count: p.count,
+            },
+        );
+        let item = in_field(point.encoded_len());
+        let opens = |open: Option<(usize, Family)>| {
+            let new_resource = open.is_none_or(|(res, _)| res != r.resource);
+            let new_metric = new_resource || open.is_some_and(|(_, f)| f != s.family);
+            (new_resource, new_metric)
+        };
+        let cost = |(new_resource, new_metric): (bool, bool)| {
+            let mut c = item;
+            if new_metric {
+                c += metric_of(s.family).encoded_len() + 2 * WRAP;
             }
-        });
-        stats.requests += 1;
-        stats.items += chunk.len();
-        sink(ExportMetricsServiceRequest { resource_metrics })?;
+            if new_resource {
+                c += resource_metrics(resource).encoded_len() + 3 * WRAP;
+            }
+            c
+        };
+        if !budget.fits(cost(opens(open))) {
+            let resource_metrics = std::mem::take(&mut request);
+            budget.emit(
+                ExportMetricsServiceRequest { resource_metrics },
+                &mut stats,
+                &mut sink,
+            )?;
+            open = None;
+        }
+        let (new_resource, new_metric) = opens(open);
+        budget.add(cost((new_resource, new_metric)));
+        if new_resource {
+            request.push(resource_metrics(resource));
+        }
+        let metrics = request
+            .last_mut()
+            .and_then(|rm| rm.scope_metrics.last_mut())
+            .map(|sm| &mut sm.metrics);
+        let Some(metrics) = metrics else { continue };
+        if new_metric {
+            metrics.push(metric_of(s.family));
+        }
+        if let Some(metric) = metrics.last_mut() {
+            point.push_into(metric);
+        }
+        open = Some((r.resource, s.family));
+    }
+    if budget.items > 0 {
+        budget.emit(
+            ExportMetricsServiceRequest {
+                resource_metrics: request,
+            },
+            &mut stats,
+            &mut sink,
+        )?;
     }
     Ok(stats)
 }
@@ -233,40 +341,67 @@ struct Point {
     count: u64,
 }
 
-fn metric_of(family: Family, points: impl Iterator<Item = Point>) -> Metric {
-    let temporality = AggregationTemporality::Cumulative as i32;
-    let shape = family.shape();
-    let data = if shape == Shape::SumCount {
+/// One point as its family's kind of data point.
+enum DataPoint {
+    Histogram(HistogramDataPoint),
+    Number(NumberDataPoint),
+}
+
+impl DataPoint {
+    fn encoded_len(&self) -> usize {
+        match self {
+            DataPoint::Histogram(p) => p.encoded_len(),
+            DataPoint::Number(p) => p.encoded_len(),
+        }
+    }
+
+    /// Appends the point to `metric`'s data, which is of the point's kind (both come from
+    /// the family).
+    fn push_into(self, metric: &mut Metric) {
+        match (self, &mut metric.data) {
+            (DataPoint::Histogram(p), Some(metric::Data::Histogram(h))) => h.data_points.push(p),
+            (DataPoint::Number(p), Some(metric::Data::Sum(s))) => s.data_points.push(p),
+            _ => debug_assert!(false, "a point of another kind than its metric"),
+        }
+    }
+}
+
+fn point_of(family: Family, p: Point) -> DataPoint {
+    match family.shape() {
+        Shape::SumCount => DataPoint::Histogram(HistogramDataPoint {
+            attributes: p.attributes,
+            start_time_unix_nano: p.start,
+            time_unix_nano: p.at,
+            count: p.count,
+            sum: Some(p.sum_ns as f64 / 1e9),
+            ..Default::default()
+        }),
+        shape => DataPoint::Number(NumberDataPoint {
+            // The live per-layer time counters are f64 seconds, the others integers.
+            value: Some(match shape {
+                Shape::SecondsCounter => number_data_point::Value::AsDouble(p.sum_ns as f64 / 1e9),
+                _ => number_data_point::Value::AsInt(signed(p.count)),
+            }),
+            attributes: p.attributes,
+            start_time_unix_nano: p.start,
+            time_unix_nano: p.at,
+            ..Default::default()
+        }),
+    }
+}
+
+/// A family's metric, without points yet.
+fn metric_of(family: Family) -> Metric {
+    let aggregation_temporality = AggregationTemporality::Cumulative as i32;
+    let data = if family.shape() == Shape::SumCount {
         metric::Data::Histogram(Histogram {
-            data_points: points
-                .map(|p| HistogramDataPoint {
-                    attributes: p.attributes,
-                    start_time_unix_nano: p.start,
-                    time_unix_nano: p.at,
-                    count: p.count,
-                    sum: Some(p.sum_ns as f64 / 1e9),
-                    ..Default::default()
-                })
-                .collect(),
-            aggregation_temporality: temporality,
+            data_points: Vec::new(),
+            aggregation_temporality,
         })
     } else {
-        // The live per-layer time counters are f64 seconds, the others integers.
-        let value = |p: &Point| match shape {
-            Shape::SecondsCounter => number_data_point::Value::AsDouble(p.sum_ns as f64 / 1e9),
-            _ => number_data_point::Value::AsInt(signed(p.count)),
-        };
         metric::Data::Sum(Sum {
-            data_points: points
-                .map(|p| NumberDataPoint {
-                    value: Some(value(&p)),
-                    attributes: p.attributes,
-                    start_time_unix_nano: p.start,
-                    time_unix_nano: p.at,
-                    ..Default::default()
-                })
-                .collect(),
-            aggregation_temporality: temporality,
+            data_points: Vec::new(),
+            aggregation_temporality,
             is_monotonic: true,
         })
     };
@@ -275,6 +410,18 @@ fn metric_of(family: Family, points: impl Iterator<Item = Point>) -> Metric {
         description: family.description().to_owned(),
         unit: family.unit().to_owned(),
         data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// A resource's entry of a metrics request, with its scope and no metrics yet.
+fn resource_metrics(resource: &Resource) -> ResourceMetrics {
+    ResourceMetrics {
+        resource: Some(proto_resource(resource)),
+        scope_metrics: vec![ScopeMetrics {
+            scope: Some(scope()),
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }
@@ -347,7 +494,7 @@ struct SpanOut<'a> {
 pub fn trace_requests(
     files: &[ImportedFile],
     options: &OtlpOptions,
-    mut sink: impl FnMut(ExportTraceServiceRequest) -> Result<(), ImportError>,
+    mut sink: impl FnMut(ExportTraceServiceRequest, RequestInfo) -> Result<(), ImportError>,
 ) -> Result<OtlpStats, ImportError> {
     let set = series::build(
         files,
@@ -449,29 +596,61 @@ pub fn trace_requests(
             }
         }
     }
-    for chunk in spans.chunks(options.max_items_per_request.max(1)) {
-        let resource_spans = by_resource(chunk, |res, group| ResourceSpans {
-            resource: Some(proto_resource(&set.resources[res])),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(scope()),
-                spans: group
-                    .iter()
-                    .map(|s| span_of(s, options.rank, &options.group))
-                    .collect(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        });
-        stats.requests += 1;
-        stats.items += chunk.len();
-        sink(ExportTraceServiceRequest { resource_spans })?;
+    let mut budget = Budget::new(options);
+    let mut request: Vec<ResourceSpans> = Vec::new();
+    // The resource that the request's last entry holds.
+    let mut open: Option<usize> = None;
+    for out in &spans {
+        let span = span_of(out, options.rank, &options.group);
+        let item = in_field(span.encoded_len());
+        let resource = &set.resources[out.resource];
+        let cost = |new_resource: bool| {
+            if new_resource {
+                item + resource_spans(resource).encoded_len() + 3 * WRAP
+            } else {
+                item
+            }
+        };
+        if !budget.fits(cost(open != Some(out.resource))) {
+            let resource_spans = std::mem::take(&mut request);
+            budget.emit(
+                ExportTraceServiceRequest { resource_spans },
+                &mut stats,
+                &mut sink,
+            )?;
+            open = None;
+        }
+        let new_resource = open != Some(out.resource);
+        budget.add(cost(new_resource));
+        if new_resource {
+            request.push(resource_spans(resource));
+        }
+        if let Some(ss) = request.last_mut().and_then(|rs| rs.scope_spans.last_mut()) {
+            ss.spans.push(span);
+        }
+        open = Some(out.resource);
+    }
+    if budget.items > 0 {
+        budget.emit(
+            ExportTraceServiceRequest {
+                resource_spans: request,
+            },
+            &mut stats,
+            &mut sink,
+        )?;
     }
     Ok(stats)
 }
 
-impl OfResource for SpanOut<'_> {
-    fn resource(&self) -> usize {
-        self.resource
+/// A resource's entry of a trace request, with its scope and no spans yet.
+fn resource_spans(resource: &Resource) -> ResourceSpans {
+    ResourceSpans {
+        resource: Some(proto_resource(resource)),
+        scope_spans: vec![ScopeSpans {
+            scope: Some(scope()),
+            ..Default::default()
+        }],
+        ..Default::default()
     }
 }
 
@@ -576,7 +755,7 @@ mod tests {
             group: "tp1".into(),
             ..Default::default()
         };
-        let stats = trace_requests(&[sample()], &options, |r| {
+        let stats = trace_requests(&[sample()], &options, |r, _| {
             let json = serde_json::to_value(&r).expect("OTLP/JSON");
             // What a collector's OTLP/JSON receiver decodes is the message that was built.
             let back: ExportTraceServiceRequest =
@@ -667,7 +846,7 @@ mod tests {
 
     fn requests_of(options: &OtlpOptions) -> (OtlpStats, Vec<Value>) {
         let mut requests = Vec::new();
-        let stats = metrics_requests(&[sample()], options, |r| {
+        let stats = metrics_requests(&[sample()], options, |r, _| {
             let json = serde_json::to_value(&r).expect("OTLP/JSON");
             let back: ExportMetricsServiceRequest =
                 serde_json::from_value(json.clone()).expect("decodes");
@@ -692,6 +871,194 @@ mod tests {
         let mut line = Vec::new();
         write_json_line(&mut line, &requests[1]).expect("write");
         assert!(line.ends_with(b"}\n") && !line[..line.len() - 1].contains(&b'\n'));
+    }
+
+    /// Route-trace lines of `steps` steps of `layers` routed layers, each line with `ids`
+    /// expert ids: big root spans (one route event per layer) and many series.
+    fn routed(steps: u64, layers: u32, ids: u32) -> ImportedFile {
+        let ids: Vec<String> = (0..ids).map(|i| i.to_string()).collect();
+        let ids = ids.join(",");
+        let mut log = String::new();
+        for step in 0..steps {
+            for layer in 0..layers {
+                let us = 1_000 * step + u64::from(layer);
+                log += &format!(
+                    "2026-09-30T12:00:{:02}.{us:06}Z  WARN p: GLMTRACE step={step} site=mlp L={layer} moe=1 bar_us=2.5 ids={ids}\n",
+                    step / 1000
+                );
+            }
+        }
+        import_reader(
+            log.as_bytes(),
+            ImportOptions {
+                source_file: "routed.log".into(),
+                ..Default::default()
+            },
+        )
+        .expect("import")
+    }
+
+    /// Every (resource, metric, point) of metrics requests, encoded, sorted.
+    fn metric_points(requests: &[ExportMetricsServiceRequest]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for r in requests {
+            for rm in &r.resource_metrics {
+                let res = rm
+                    .resource
+                    .as_ref()
+                    .map(|r| r.encode_to_vec())
+                    .unwrap_or_default();
+                for sm in &rm.scope_metrics {
+                    for m in &sm.metrics {
+                        let head = [res.clone(), m.name.clone().into_bytes()].concat();
+                        match &m.data {
+                            Some(super::metric::Data::Histogram(h)) => out.extend(
+                                h.data_points
+                                    .iter()
+                                    .map(|p| [head.clone(), p.encode_to_vec()].concat()),
+                            ),
+                            Some(super::metric::Data::Sum(s)) => out.extend(
+                                s.data_points
+                                    .iter()
+                                    .map(|p| [head.clone(), p.encode_to_vec()].concat()),
+                            ),
+                            other => panic!("unexpected data {other:?}"),
+                        }
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Every (resource, span) of trace requests, encoded, sorted.
+    fn spans_of(requests: &[ExportTraceServiceRequest]) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = requests
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|rs| {
+                let res = rs
+                    .resource
+                    .as_ref()
+                    .map(|r| r.encode_to_vec())
+                    .unwrap_or_default();
+                rs.scope_spans
+                    .iter()
+                    .flat_map(|ss| &ss.spans)
+                    .map(move |s| [res.clone(), s.encode_to_vec()].concat())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn requests_are_cut_by_size_and_carry_everything() {
+        let file = [routed(40, 16, 64)];
+        let whole = OtlpOptions {
+            max_items_per_request: usize::MAX,
+            max_request_bytes: usize::MAX,
+            ..Default::default()
+        };
+        let mut all_m = Vec::new();
+        let mut all_t = Vec::new();
+        let m = metrics_requests(&file, &whole, |r, _| {
+            all_m.push(r);
+            Ok(())
+        })
+        .expect("metrics");
+        let t = trace_requests(&file, &whole, |r, _| {
+            all_t.push(r);
+            Ok(())
+        })
+        .expect("traces");
+        assert_eq!((m.requests, t.requests), (1, 1));
+        // 40 roots with 16 route events of 64 ids, 640 probes.
+        assert_eq!(t.items, 680);
+        assert!(t.bytes > 200_000, "{t:?}");
+        for limit in [20_000, 64_000, 150_000] {
+            let options = OtlpOptions {
+                max_request_bytes: limit,
+                ..whole.clone()
+            };
+            for (what, stats, sizes, same) in [
+                {
+                    let mut got = Vec::new();
+                    let mut sizes = Vec::new();
+                    let stats = metrics_requests(&file, &options, |r, info| {
+                        assert_eq!(info.bytes, r.encoded_len());
+                        assert_eq!(info.number, got.len() + 1);
+                        sizes.push(info.bytes);
+                        got.push(r);
+                        Ok(())
+                    })
+                    .expect("metrics");
+                    (
+                        "metrics",
+                        stats,
+                        sizes,
+                        metric_points(&got) == metric_points(&all_m),
+                    )
+                },
+                {
+                    let mut got = Vec::new();
+                    let mut sizes = Vec::new();
+                    let stats = trace_requests(&file, &options, |r, info| {
+                        assert_eq!(info.bytes, r.encoded_len());
+                        sizes.push(info.bytes);
+                        got.push(r);
+                        Ok(())
+                    })
+                    .expect("traces");
+                    ("traces", stats, sizes, spans_of(&got) == spans_of(&all_t))
+                },
+            ] {
+                assert!(same, "{what} at {limit}: the same points or spans, split");
+                let total = if what == "metrics" { m } else { t };
+                assert_eq!(stats.items, total.items, "{what} at {limit}");
+                assert!(stats.requests > 1, "{what} at {limit}: {stats:?}");
+                assert_eq!(
+                    stats.largest_request_bytes,
+                    *sizes.iter().max().unwrap_or(&0)
+                );
+                assert!(
+                    sizes.iter().all(|&b| b <= limit),
+                    "{what} at {limit}: {sizes:?}"
+                );
+                // The bound is close: every request but the last is nearly full (a root span,
+                // 16 events of 64 ids, is a quarter of the smallest limit).
+                let full = if what == "metrics" { 0.9 } else { 0.75 };
+                assert!(
+                    sizes[..sizes.len() - 1]
+                        .iter()
+                        .all(|&b| b as f64 > limit as f64 * full),
+                    "{what} at {limit}: {sizes:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_span_larger_than_the_limit_goes_alone() {
+        let file = [routed(3, 8, 256)];
+        let options = OtlpOptions {
+            max_request_bytes: 1_000,
+            ..Default::default()
+        };
+        let mut sizes = Vec::new();
+        let stats = trace_requests(&file, &options, |r, info| {
+            sizes.push((r.resource_spans[0].scope_spans[0].spans.len(), info.bytes));
+            Ok(())
+        })
+        .expect("traces");
+        // A root (8 events of 256 ids) is over 1,000 bytes: alone in its request.
+        assert_eq!(stats.items, 27);
+        assert!(sizes.iter().any(|&(n, b)| n == 1 && b > 1_000), "{sizes:?}");
+        assert!(
+            sizes.iter().all(|&(n, b)| n == 1 || b <= 1_000),
+            "{sizes:?}"
+        );
     }
 
     #[test]

@@ -1,17 +1,74 @@
-//! Sends imported data to a collector over OTLP/HTTP, keeping the logs' timestamps (the SDK's
-//! exporters stamp data with the export time, so they cannot).
+//! Sends imported data to a collector over OTLP/gRPC or OTLP/HTTP, as the live exporter's
+//! settings choose (`OTEL_EXPORTER_OTLP_PROTOCOL`, the endpoint, headers, timeout, compression
+//! and CA), keeping the logs' timestamps (the SDK's exporters stamp data with the export time,
+//! so they cannot).
 //!
 //! ```text
-//! ImportedFile ──otlp::{metrics,trace}_requests──> proto messages ──encode──> protobuf ──POST──> {endpoint}/v1/{metrics,traces}
+//! ImportedFile ──otlp::{metrics,trace}_requests──> proto messages (each ≤ max_request_bytes)
+//!   grpc:          tonic clients of opentelemetry-proto ──> {endpoint} MetricsService/Export, TraceService/Export
+//!   http/protobuf: protobuf body ──POST──> {endpoint}/v1/metrics, {endpoint}/v1/traces
 //! ```
 //!
-//! The requests (the same messages the `otlp-json` output writes as JSON) are sent as
-//! `application/x-protobuf`: every OTLP/HTTP receiver must accept protobuf, while JSON support
+//! Both transports send the same requests, one at a time, in order: metrics, then traces.
+//! The first request that fails ends the import with [`ImportError::Send`], which says what
+//! was sent before it. Points or spans that a collector answers as rejected (an OTLP partial
+//! success) are counted in [`SendStats`]. OTLP/HTTP bodies are protobuf
+//! (`application/x-protobuf`): every OTLP/HTTP receiver must accept it, while JSON support
 //! varies (rotel's JSON decoding drops histograms, for one).
 
-use super::otlp::{self, OtlpOptions, OtlpStats};
+use std::fmt;
+use std::io::Write as _;
+
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use prost::Message as _;
+
+use super::otlp::{self, OtlpOptions, OtlpStats, RequestInfo};
 use super::{ImportError, ImportedFile};
-use crate::config::OtlpConfig;
+use crate::config::{OtlpConfig, Protocol};
+
+/// What a request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Metric data points.
+    Metrics,
+    /// Spans.
+    Traces,
+}
+
+impl Signal {
+    /// `metrics` or `traces`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::Metrics => "metrics",
+            Signal::Traces => "traces",
+        }
+    }
+
+    /// What its items are called: `points` or `spans`.
+    pub fn items(self) -> &'static str {
+        match self {
+            Signal::Metrics => "points",
+            Signal::Traces => "spans",
+        }
+    }
+
+    /// The OTLP/HTTP path.
+    fn http_path(self) -> &'static str {
+        match self {
+            Signal::Metrics => "/v1/metrics",
+            Signal::Traces => "/v1/traces",
+        }
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What was sent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -20,56 +77,302 @@ pub struct SendStats {
     pub metrics: OtlpStats,
     /// Trace requests and their spans.
     pub traces: OtlpStats,
+    /// Data points the collector answered as rejected (OTLP partial success).
+    pub rejected_points: u64,
+    /// Spans the collector answered as rejected (OTLP partial success).
+    pub rejected_spans: u64,
 }
 
-fn post<M: prost::Message>(
-    client: &reqwest::blocking::Client,
-    otlp: &OtlpConfig,
-    url: &str,
-    msg: M,
-) -> Result<(), ImportError> {
-    let send_err = |detail: String| ImportError::Send {
-        url: url.to_owned(),
-        detail,
-    };
-    let mut req = client
-        .post(url)
-        .header("content-type", "application/x-protobuf")
-        .body(msg.encode_to_vec());
-    for (k, v) in &otlp.headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    // reqwest's error text names the URL, never header values.
-    let resp = req.send().map_err(|e| send_err(e.to_string()))?;
-    let status = resp.status();
-    if status.is_success() {
-        Ok(())
-    } else {
-        let text = resp.text().unwrap_or_default();
-        Err(send_err(format!(
-            "answered {status}: {}",
-            text.chars().take(200).collect::<String>()
-        )))
+impl fmt::Display for SendStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} metric requests ({} points), {} trace requests ({} spans)",
+            self.metrics.requests, self.metrics.items, self.traces.requests, self.traces.items
+        )
     }
 }
 
-/// Posts every metric and trace request of `files` to the OTLP/HTTP endpoint of `otlp`
-/// (`/v1/metrics`, `/v1/traces`), with its headers, timeout and TLS settings. The endpoint must
-/// accept OTLP/HTTP (port 4318 by convention), whatever `OTEL_EXPORTER_OTLP_PROTOCOL` says.
+/// A request that failed, and what was sent before it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "sending {signal} request {request} ({items} {}, {bytes} bytes of protobuf) to {target} over {protocol} failed: {detail}; sent before it: {sent}",
+    signal.items()
+)]
+pub struct SendError {
+    /// The endpoint (gRPC) or the URL posted to (HTTP).
+    pub target: String,
+    /// The transport.
+    pub protocol: Protocol,
+    /// What the request carried.
+    pub signal: Signal,
+    /// Its number among the requests of its signal, from 1.
+    pub request: usize,
+    /// Its data points or spans.
+    pub items: usize,
+    /// Its encoded size.
+    pub bytes: usize,
+    /// What went wrong (header values never appear here).
+    pub detail: String,
+    /// What was sent before it.
+    pub sent: SendStats,
+}
+
+/// A partial success: how many items the collector rejected, and why.
+type Rejected = (u64, String);
+
+fn rejected_of(count: i64, message: &str) -> Option<Rejected> {
+    (count > 0 || !message.is_empty()).then(|| (count.max(0) as u64, message.to_owned()))
+}
+
+fn metrics_rejected(resp: &ExportMetricsServiceResponse) -> Option<Rejected> {
+    let p = resp.partial_success.as_ref()?;
+    rejected_of(p.rejected_data_points, &p.error_message)
+}
+
+fn traces_rejected(resp: &ExportTraceServiceResponse) -> Option<Rejected> {
+    let p = resp.partial_success.as_ref()?;
+    rejected_of(p.rejected_spans, &p.error_message)
+}
+
+/// Appends the text of `source` and of its sources to `out`, each unless `out` says it already.
+fn with_sources(mut out: String, mut source: Option<&dyn std::error::Error>) -> String {
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out += ": ";
+            out += &text;
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// The error text of `e` and its sources.
+fn chain(e: &dyn std::error::Error) -> String {
+    with_sources(e.to_string(), e.source())
+}
+
+/// A gRPC status as `Code: message: sources`.
+fn status_text(status: &tonic::Status) -> String {
+    let mut out = format!("{:?}", status.code());
+    if !status.message().is_empty() {
+        out += ": ";
+        out += status.message();
+    }
+    with_sources(out, std::error::Error::source(status))
+}
+
+/// Sends requests one at a time and keeps the tally the errors report.
+struct Sender<'a> {
+    otlp: &'a OtlpConfig,
+    stats: SendStats,
+    rejections: Option<String>,
+}
+
+impl Sender<'_> {
+    /// Records the outcome of request `info` of `signal` sent to `target`.
+    fn record(
+        &mut self,
+        signal: Signal,
+        target: &str,
+        info: RequestInfo,
+        outcome: Result<Option<Rejected>, String>,
+    ) -> Result<(), ImportError> {
+        match outcome {
+            Ok(rejected) => {
+                let s = match signal {
+                    Signal::Metrics => &mut self.stats.metrics,
+                    Signal::Traces => &mut self.stats.traces,
+                };
+                s.requests += 1;
+                s.items += info.items;
+                s.bytes += info.bytes as u64;
+                s.largest_request_bytes = s.largest_request_bytes.max(info.bytes);
+                if let Some((n, message)) = rejected {
+                    match signal {
+                        Signal::Metrics => self.stats.rejected_points += n,
+                        Signal::Traces => self.stats.rejected_spans += n,
+                    }
+                    self.rejections.get_or_insert(message);
+                }
+                Ok(())
+            }
+            Err(detail) => Err(ImportError::Send(Box::new(SendError {
+                target: target.to_owned(),
+                protocol: self.otlp.protocol,
+                signal,
+                request: info.number,
+                items: info.items,
+                bytes: info.bytes,
+                detail,
+                sent: self.stats,
+            }))),
+        }
+    }
+}
+
+/// What [`send`] returns: the tally, and the collector's first rejection message, if any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Requests, items and rejections.
+    pub stats: SendStats,
+    /// The collector's message with its first partial success (rejected points or spans).
+    pub rejection: Option<String>,
+}
+
+/// Sends every metric and trace request of `files` to the collector of `otlp`: over gRPC
+/// (`MetricsService/Export`, `TraceService/Export` at the endpoint; port 4317 by convention)
+/// or HTTP (`/v1/metrics`, `/v1/traces` under it; port 4318), as `otlp.protocol` says, with
+/// its headers, timeout (per request), compression and TLS settings. Each request holds at
+/// most `options.max_request_bytes` bytes of protobuf (see [`OtlpOptions`]).
 pub fn send(
     files: &[ImportedFile],
     otlp: &OtlpConfig,
     options: &OtlpOptions,
-) -> Result<SendStats, ImportError> {
+) -> Result<Sent, ImportError> {
+    let mut sender = Sender {
+        otlp,
+        stats: SendStats::default(),
+        rejections: None,
+    };
+    match otlp.protocol {
+        Protocol::Grpc => send_grpc(files, otlp, options, &mut sender)?,
+        Protocol::HttpProtobuf => send_http(files, otlp, options, &mut sender)?,
+    }
+    Ok(Sent {
+        stats: sender.stats,
+        rejection: sender.rejections,
+    })
+}
+
+fn client_err(otlp: &OtlpConfig, detail: impl fmt::Display) -> ImportError {
+    ImportError::Client {
+        endpoint: otlp.endpoint.clone(),
+        protocol: otlp.protocol,
+        detail: detail.to_string(),
+    }
+}
+
+fn send_grpc(
+    files: &[ImportedFile],
+    otlp: &OtlpConfig,
+    options: &OtlpOptions,
+    sender: &mut Sender<'_>,
+) -> Result<(), ImportError> {
+    use tonic::codec::CompressionEncoding;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| client_err(otlp, e))?;
+    let metadata = crate::export::otlp::metadata(otlp).map_err(|e| client_err(otlp, e))?;
+    let channel = {
+        let _guard = rt.enter();
+        let mut endpoint = tonic::transport::Endpoint::from_shared(otlp.endpoint.clone())
+            .map_err(|e| client_err(otlp, chain(&e)))?
+            .timeout(otlp.timeout)
+            .connect_timeout(otlp.timeout);
+        if let Some(tls) = crate::export::otlp::tls(otlp).map_err(|e| client_err(otlp, e))? {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| client_err(otlp, chain(&e)))?;
+        }
+        endpoint.connect_lazy()
+    };
+    let mut metrics = MetricsServiceClient::new(channel.clone());
+    let mut traces = TraceServiceClient::new(channel);
+    if otlp.gzip {
+        metrics = metrics.send_compressed(CompressionEncoding::Gzip);
+        traces = traces.send_compressed(CompressionEncoding::Gzip);
+    }
+    fn request<M>(message: M, metadata: &tonic::metadata::MetadataMap) -> tonic::Request<M> {
+        let mut r = tonic::Request::new(message);
+        *r.metadata_mut() = metadata.clone();
+        r
+    }
+    let target = otlp.endpoint.as_str();
+    otlp::metrics_requests(files, options, |message, info| {
+        let outcome = rt
+            .block_on(metrics.export(request(message, &metadata)))
+            .map(|resp| metrics_rejected(resp.get_ref()))
+            .map_err(|status| status_text(&status));
+        sender.record(Signal::Metrics, target, info, outcome)
+    })?;
+    otlp::trace_requests(files, options, |message, info| {
+        let outcome = rt
+            .block_on(traces.export(request(message, &metadata)))
+            .map(|resp| traces_rejected(resp.get_ref()))
+            .map_err(|status| status_text(&status));
+        sender.record(Signal::Traces, target, info, outcome)
+    })?;
+    Ok(())
+}
+
+/// POSTs one protobuf body; `Ok` holds the response body.
+fn post(
+    client: &reqwest::blocking::Client,
+    otlp: &OtlpConfig,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/x-protobuf");
+    let body = if otlp.gzip {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&body)
+            .and_then(|()| gz.finish())
+            .map_err(|e| format!("gzip: {e}"))?
+    } else {
+        body
+    };
+    if otlp.gzip {
+        req = req.header("content-encoding", "gzip");
+    }
+    for (k, v) in &otlp.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    // reqwest's error text names the URL, never header values.
+    let resp = req.body(body).send().map_err(|e| chain(&e))?;
+    let status = resp.status();
+    let bytes = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
+    if status.is_success() {
+        Ok(bytes)
+    } else {
+        let text = String::from_utf8_lossy(&bytes);
+        Err(format!(
+            "answered {status}: {}",
+            text.chars().take(200).collect::<String>()
+        ))
+    }
+}
+
+fn send_http(
+    files: &[ImportedFile],
+    otlp: &OtlpConfig,
+    options: &OtlpOptions,
+    sender: &mut Sender<'_>,
+) -> Result<(), ImportError> {
     let client =
-        crate::export::otlp::http_client("import", otlp).map_err(|e| ImportError::Send {
-            url: otlp.endpoint.clone(),
-            detail: e.to_string(),
-        })?;
-    let metrics_url = format!("{}/v1/metrics", otlp.endpoint);
-    let traces_url = format!("{}/v1/traces", otlp.endpoint);
-    let metrics =
-        otlp::metrics_requests(files, options, |req| post(&client, otlp, &metrics_url, req))?;
-    let traces = otlp::trace_requests(files, options, |req| post(&client, otlp, &traces_url, req))?;
-    Ok(SendStats { metrics, traces })
+        crate::export::otlp::http_client("import", otlp).map_err(|e| client_err(otlp, e))?;
+    let metrics_url = format!("{}{}", otlp.endpoint, Signal::Metrics.http_path());
+    let traces_url = format!("{}{}", otlp.endpoint, Signal::Traces.http_path());
+    otlp::metrics_requests(files, options, |message, info| {
+        let outcome = post(&client, otlp, &metrics_url, message.encode_to_vec()).map(|body| {
+            // An empty or undecodable success body is a full success.
+            ExportMetricsServiceResponse::decode(body.as_slice())
+                .ok()
+                .and_then(|r| metrics_rejected(&r))
+        });
+        sender.record(Signal::Metrics, &metrics_url, info, outcome)
+    })?;
+    otlp::trace_requests(files, options, |message, info| {
+        let outcome = post(&client, otlp, &traces_url, message.encode_to_vec()).map(|body| {
+            ExportTraceServiceResponse::decode(body.as_slice())
+                .ok()
+                .and_then(|r| traces_rejected(&r))
+        });
+        sender.record(Signal::Traces, &traces_url, info, outcome)
+    })?;
+    Ok(())
 }

@@ -20,6 +20,8 @@ pub struct Rotel {
     http_port: u16,
     output: Arc<Mutex<String>>,
     child: Option<CapturedChild>,
+    /// Arguments added to `rotel-agent start`.
+    extra_args: Vec<String>,
 }
 
 /// The `rotel-agent` binary: `$PHASETRACE_ROTEL_BIN`, then `.tools/venv`, then `PATH`.
@@ -49,6 +51,12 @@ pub(crate) fn find_rotel() -> Option<PathBuf> {
 impl Rotel {
     /// Starts rotel on two free ports and waits until both accept connections.
     pub fn start() -> Rotel {
+        Rotel::start_with_args(&[])
+    }
+
+    /// [`Rotel::start`] with more arguments to `rotel-agent start`
+    /// (`--otlp-grpc-max-recv-msg-size-mib 2`).
+    pub fn start_with_args(extra_args: &[&str]) -> Rotel {
         let bin = rotel_binary();
         let mut last_output = String::new();
         // A free port can be taken by someone else between the probe and rotel's bind:
@@ -60,6 +68,7 @@ impl Rotel {
                 http_port: free_port(),
                 output: Arc::new(Mutex::new(String::new())),
                 child: None,
+                extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             };
             if rotel.grpc_port == rotel.http_port {
                 continue;
@@ -173,7 +182,8 @@ impl Rotel {
             .arg(format!("127.0.0.1:{}", self.http_port))
             .args(["--exporter", "blackhole"])
             .args(["--debug-log", "traces", "--debug-log", "metrics"])
-            .args(["--debug-log-verbosity", "detailed"]);
+            .args(["--debug-log-verbosity", "detailed"])
+            .args(&self.extra_args);
         let mut child = CapturedChild::spawn(command, &self.output)
             .map_err(|e| format!("spawning {}: {e}", self.bin.display()))?;
         let (grpc, http) = (self.grpc_port, self.http_port);

@@ -30,39 +30,116 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 
+/// What the import's summary line says it sent: (metric requests, points, trace requests,
+/// spans, largest request bytes).
+fn sent_counts(stderr: &str) -> (usize, usize, usize, usize, usize) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("sent to "))
+        .unwrap_or_else(|| panic!("no summary line: {stderr}"));
+    let numbers: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().expect("number"))
+        .collect();
+    // `sent to http://127.0.0.1:PORT over P: M metric requests (N points), T trace requests
+    // (S spans); largest request B bytes of protobuf (at most L each)`.
+    let n = numbers.len();
+    assert!(n >= 6, "{line}");
+    (
+        numbers[n - 6],
+        numbers[n - 5],
+        numbers[n - 4],
+        numbers[n - 3],
+        numbers[n - 2],
+    )
+}
+
+/// Spans and points as received, in an order that does not depend on how the collector
+/// batched them.
+fn canonical(out: &support::ParsedOutput) -> (Vec<String>, Vec<String>) {
+    let mut spans: Vec<String> = out.spans.iter().map(|s| format!("{s:?}")).collect();
+    spans.sort();
+    let mut points: Vec<String> = out
+        .metrics
+        .iter()
+        .flat_map(|m| {
+            m.points.iter().map(move |p| {
+                format!(
+                    "{} {} {:?} {} {:?} {:?} {:?} {p:?}",
+                    m.name, m.unit, m.kind, m.temporality, m.monotonic, m.resource, m.scope_name
+                )
+            })
+        })
+        .collect();
+    points.sort();
+    (spans, points)
+}
+
+fn point_count(out: &support::ParsedOutput) -> usize {
+    out.metrics.iter().map(|m| m.points.len()).sum()
+}
+
 #[test]
-fn imported_logs_reach_rotel_with_their_timestamps() {
+fn imported_logs_reach_rotel_identically_over_grpc_and_http() {
     support::require_tools!(Rotel);
     let rotel = Rotel::start();
     let glm = fixture("glm_run_tracing.log.gz");
     let spec = fixture("spec_phases_stderr.log");
-    let done = cli::phasetrace(
-        &[
-            "import",
-            &glm,
-            &spec,
-            "--start",
-            START,
-            "--otlp-endpoint",
-            &rotel.http_endpoint(),
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
-    assert_eq!(done.code, Some(0), "{done}");
+    let mut received = Vec::new();
+    for (protocol, endpoint, compression) in [
+        ("grpc", rotel.grpc_endpoint(), "none"),
+        ("grpc", rotel.grpc_endpoint(), "gzip"),
+        ("http/protobuf", rotel.http_endpoint(), "none"),
+        ("http/protobuf", rotel.http_endpoint(), "gzip"),
+    ] {
+        rotel.clear_output();
+        let done = cli::phasetrace(
+            &[
+                "import",
+                &glm,
+                &spec,
+                "--start",
+                START,
+                "--otlp-protocol",
+                protocol,
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &[("OTEL_EXPORTER_OTLP_COMPRESSION", compression)],
+            Duration::from_secs(60),
+        );
+        assert_eq!(done.code, Some(0), "{done}");
+        assert!(
+            done.stderr.contains(&format!(
+                "sent to {endpoint} over {protocol}: 1 metric requests"
+            )),
+            "{done}"
+        );
+        let (_, points, _, spans, _) = sent_counts(&done.stderr);
+        let out = rotel.wait_for(
+            |o| o.spans.len() >= spans && point_count(o) >= points,
+            Duration::from_secs(20),
+        );
+        assert_eq!((out.spans.len(), point_count(&out)), (spans, points));
+        assert_fixtures_arrived(&done, &out);
+        received.push((format!("{protocol}, {compression}"), canonical(&out)));
+    }
+    let (first, want) = &received[0];
+    for (how, got) in &received[1..] {
+        assert!(
+            got == want,
+            "{how} received other spans or points than {first}"
+        );
+    }
+}
+
+/// The fixtures' exact values at their timestamps, as `out` received them.
+fn assert_fixtures_arrived(done: &cli::Finished, out: &support::ParsedOutput) {
     assert!(done.stderr.contains("1 truncated tables"), "{done}");
     assert!(
         done.stderr.contains("line 46:"),
         "the cut row is reported: {done}"
-    );
-
-    let out = rotel.wait_for(
-        |o| {
-            o.spans_named("decode.step").len() >= 3
-                && o.metrics_named("phasetrace.spec.phase.duration").len() == 1
-                && o.metrics_named(metric::SECTION_LAYER_CALLS).len() == 2
-        },
-        Duration::from_secs(20),
     );
     // The last table of run 0 (T0 + 4.190 s): moe_experts after 24 steps.
     // One metric per resource (file and run): search all of them.
@@ -168,6 +245,255 @@ fn imported_logs_reach_rotel_with_their_timestamps() {
         .expect("glm5-phase verify");
     assert!(close(verify.sum.unwrap_or(0.0), 0.112_265), "{verify:?}");
     assert_eq!(verify.time_unix_nanos, Some(S + 186_593_000));
+}
+
+#[test]
+fn a_dead_or_silent_grpc_endpoint_fails_naming_it() {
+    let glm = fixture("glm_run_tracing.log");
+    // Nothing listens: refused at once.
+    let dead = format!("http://127.0.0.1:{}", support::free_port());
+    let done = cli::phasetrace(
+        &["import", &glm, "--otlp-endpoint", &dead],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(1), "{done}");
+    let message = done
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("phasetrace: "))
+        .unwrap_or_else(|| panic!("no error line: {done}"));
+    for part in [
+        "phasetrace: sending metrics request 1 (168 points, ",
+        &format!(" bytes of protobuf) to {dead} over grpc failed: Unavailable: "),
+        "Connection refused",
+        "; sent before it: 0 metric requests (0 points), 0 trace requests (0 spans)",
+        "an OTLP/HTTP endpoint, 4318, needs --otlp-protocol http/protobuf",
+    ] {
+        assert!(message.contains(part), "{part:?} in {message}");
+    }
+    assert!(!done.stderr.contains("sent to "), "{done}");
+
+    // Something accepts connections but never answers: OTEL_EXPORTER_OTLP_TIMEOUT ends each
+    // request.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_at = format!("http://{}", silent.local_addr().expect("addr"));
+    let started = std::time::Instant::now();
+    let done = cli::phasetrace(
+        &["import", &glm, "--otlp-endpoint", &silent_at],
+        &[("OTEL_EXPORTER_OTLP_TIMEOUT", "500")],
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(1), "{done}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{done}");
+    assert!(
+        done.stderr
+            .contains("phasetrace: sending metrics request 1 (168 points, ")
+            && done
+                .stderr
+                .contains(&format!(" to {silent_at} over grpc failed: ")),
+        "{done}"
+    );
+    drop(silent);
+
+    // An unreadable CA for an https:// endpoint: said before anything is sent.
+    let done = cli::phasetrace(
+        &["import", &glm, "--otlp-endpoint", "https://127.0.0.1:4317"],
+        &[("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")],
+        Duration::from_secs(60),
+    );
+    assert_eq!(done.code, Some(1), "{done}");
+    assert!(
+        done.stderr.contains(
+            "phasetrace: cannot send to https://127.0.0.1:4317 over grpc: OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem: cannot read the CA certificate"
+        ),
+        "{done}"
+    );
+}
+
+/// Steps of route-trace lines in a big log: 64 routed layers, each line with 256 expert ids,
+/// so that a step's root span holds 64 `moe.route` events of 256 ids (about 85 kB).
+const BIG_STEPS: u64 = 100;
+const BIG_LAYERS: u32 = 64;
+const BIG_IDS: u32 = 256;
+/// The 4 MiB message limit of OTLP/gRPC receivers by default (rotel's too).
+const GRPC_LIMIT: usize = 4 << 20;
+
+/// Writes the big log (about 6.4 MB) to `path`.
+fn big_log(path: &std::path::Path) {
+    let ids: Vec<String> = (0..BIG_IDS).map(|i| i.to_string()).collect();
+    let ids = ids.join(",");
+    let mut out = String::new();
+    for step in 0..BIG_STEPS {
+        for layer in 0..BIG_LAYERS {
+            let us = 2_000 * step + 10 * u64::from(layer);
+            out += &format!(
+                "2026-09-30T12:00:{:02}.{:06}Z  WARN p: GLMTRACE step={step} site=mlp L={layer} moe=1 bar_us=2.5 ids={ids}\n",
+                us / 1_000_000,
+                us % 1_000_000
+            );
+        }
+    }
+    std::fs::write(path, out).expect("big log");
+}
+
+/// Lines of `output` that start with one of `prefixes`.
+fn lines_starting(output: &str, prefixes: &[&str]) -> usize {
+    output
+        .lines()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .count()
+}
+
+#[test]
+fn a_big_import_goes_in_several_messages_under_the_grpc_limit_and_all_arrives() {
+    support::require_tools!(Rotel);
+    let rotel = Rotel::start_with_args(&["--otlp-grpc-max-recv-msg-size-mib", "4"]);
+    let dir = TempDir::new("phasetrace-big-import");
+    let log = dir.path().join("big.log");
+    big_log(&log);
+    let log = log.display().to_string();
+
+    // The premise: cut by count only (5000 spans), a trace request would be over the limit.
+    let file = phasetrace::import::import_path(log.as_ref(), Default::default()).expect("import");
+    let mut by_count = Vec::new();
+    phasetrace::import::otlp::trace_requests(
+        std::slice::from_ref(&file),
+        &phasetrace::import::otlp::OtlpOptions {
+            max_request_bytes: usize::MAX,
+            ..Default::default()
+        },
+        |_, info| {
+            by_count.push(info.bytes);
+            Ok(())
+        },
+    )
+    .expect("requests");
+    assert!(
+        by_count.iter().any(|&b| b > GRPC_LIMIT),
+        "the log is big enough: {by_count:?}"
+    );
+
+    let spans = (BIG_STEPS * (1 + u64::from(BIG_LAYERS))) as usize;
+    let last = T0 + 2_000_000 * (BIG_STEPS - 1) + 10_000 * u64::from(BIG_LAYERS - 1);
+    let mut reports = Vec::new();
+    for (protocol, endpoint) in [
+        ("grpc", rotel.grpc_endpoint()),
+        ("http/protobuf", rotel.http_endpoint()),
+    ] {
+        rotel.clear_output();
+        let done = cli::phasetrace(
+            &[
+                "import",
+                &log,
+                "--otlp-protocol",
+                protocol,
+                "--otlp-endpoint",
+                &endpoint,
+            ],
+            &[],
+            Duration::from_secs(120),
+        );
+        assert_eq!(done.code, Some(0), "{done}");
+        let (metric_requests, points, trace_requests, sent_spans, largest) =
+            sent_counts(&done.stderr);
+        assert_eq!(sent_spans, spans, "{done}");
+        assert!(trace_requests >= 3, "several trace messages: {done}");
+        assert!(metric_requests >= 2, "{done}");
+        assert!(largest < GRPC_LIMIT, "{done}");
+        reports.push((metric_requests, points, trace_requests, sent_spans, largest));
+
+        // Everything arrives: count what rotel printed, then read it.
+        let arrived = support::poll(Duration::from_secs(60), || {
+            let output = rotel.output();
+            let got = (
+                lines_starting(&output, &["Span #"]),
+                lines_starting(&output, &["NumberDataPoints #", "HistogramDataPoints #"]),
+            );
+            (got == (spans, points)).then_some(got)
+        });
+        assert_eq!(
+            arrived,
+            Some((spans, points)),
+            "{protocol}: every span and point arrives"
+        );
+        let out = rotel.parsed();
+        let roots = out.spans_named("decode.step");
+        assert_eq!(roots.len(), BIG_STEPS as usize);
+        for root in &roots {
+            assert_eq!(root.events.len(), BIG_LAYERS as usize, "{}", root.span_id);
+            assert!(
+                root.events.iter().all(|e| e.name == "moe.route"
+                    && e.attributes
+                        .get("moe.expert_ids")
+                        .is_some_and(|ids| ids.contains(&format!("{}", BIG_IDS - 1)))),
+                "{:?}",
+                root.events.first()
+            );
+        }
+        // The last layer's counters at its last line: every step counted.
+        let calls = out
+            .metrics_named(metric::SECTION_LAYER_CALLS)
+            .into_iter()
+            .flat_map(|m| m.points.iter())
+            .filter(|p| p.matches(&[("layer", &(BIG_LAYERS - 1).to_string())]))
+            .filter_map(|p| Some((p.time_unix_nanos?, p.value?)))
+            .max_by_key(|(t, _)| *t);
+        assert_eq!(calls, Some((last, BIG_STEPS as f64)), "{protocol}");
+    }
+    assert_eq!(
+        reports[0], reports[1],
+        "the same requests over gRPC and HTTP"
+    );
+}
+
+#[test]
+fn a_request_over_the_collectors_limit_fails_saying_what_was_sent_before_it() {
+    support::require_tools!(Rotel);
+    let rotel = Rotel::start_with_args(&["--otlp-grpc-max-recv-msg-size-mib", "2"]);
+    let dir = TempDir::new("phasetrace-big-import-limit");
+    let log = dir.path().join("big.log");
+    big_log(&log);
+    let log = log.display().to_string();
+    let file = phasetrace::import::import_path(log.as_ref(), Default::default()).expect("import");
+    let metrics = phasetrace::import::otlp::metrics_requests(
+        std::slice::from_ref(&file),
+        &Default::default(),
+        |_, info| {
+            assert!(info.bytes < 2 << 20, "metric requests fit: {info:?}");
+            Ok(())
+        },
+    )
+    .expect("metrics");
+
+    let done = cli::phasetrace(
+        &["import", &log, "--otlp-endpoint", &rotel.grpc_endpoint()],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_eq!(done.code, Some(1), "{done}");
+    for part in [
+        "phasetrace: sending traces request 1 (".to_owned(),
+        format!(
+            " to {} over grpc failed: OutOfRange: ",
+            rotel.grpc_endpoint()
+        ),
+        format!(
+            "; sent before it: {} metric requests ({} points), 0 trace requests (0 spans)",
+            metrics.requests, metrics.items
+        ),
+    ] {
+        assert!(done.stderr.contains(&part), "{part:?} in {done}");
+    }
+    // What was sent before arrived.
+    let arrived = support::poll(Duration::from_secs(60), || {
+        let n = lines_starting(
+            &rotel.output(),
+            &["NumberDataPoints #", "HistogramDataPoints #"],
+        );
+        (n == metrics.items).then_some(n)
+    });
+    assert_eq!(arrived, Some(metrics.items), "the points sent arrived");
 }
 
 #[test]

@@ -314,6 +314,8 @@ fn imported_otlp_has_the_names_units_kinds_and_series_of_a_live_export() {
             &rank,
             "--group",
             GROUP,
+            "--otlp-protocol",
+            "http/protobuf",
             "--otlp-endpoint",
             &rotel.http_endpoint(),
         ],
