@@ -5,6 +5,7 @@
 //! worker: spans built for a kept step ──offer──> pending (keyed by span id)
 //! span exporter: batch exported ok ──settle──> visible (series, bucket) ; failed: forgotten
 //! /metrics encoder ──series_of(metric, attributes)──> one exemplar per bucket, OpenMetrics text
+//! OTLP metrics exporter ──series_of──> every bucket's exemplar on the data point (proto_metrics)
 //! ```
 //!
 //! An exemplar becomes visible only once the span it names has been exported: a dashboard
@@ -208,13 +209,17 @@ impl ExemplarStore {
     }
 
     /// [`ExemplarStore::series`] for attributes as the SDK reports a data point's.
-    pub(crate) fn series_of(&self, metric: &str, attrs: &[KeyValue]) -> Buckets {
+    pub(crate) fn series_of<'a>(
+        &self,
+        metric: &str,
+        attrs: impl IntoIterator<Item = &'a KeyValue>,
+    ) -> Buckets {
         if !EXEMPLAR_METRICS.contains(&metric) {
             return [None; BUCKETS];
         }
         let key = series_key(
             attrs
-                .iter()
+                .into_iter()
                 .map(|kv| (kv.key.as_str(), kv.value.to_string())),
         );
         let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());

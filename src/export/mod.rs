@@ -2,11 +2,13 @@
 //! `tracing` layer that shares the tracer provider.
 //!
 //! ```text
-//! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics
-//!                               │        ^ (both on, same aggregation: scrapes collect here too)
+//! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
+//!                               │        ^          proto_metrics + exemplars over transport
+//!                               │        (both on, same aggregation: scrapes collect here too)
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
 //!                                                   TLS, basic auth, classic | OpenMetrics, gzip)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
+//!                                       (delivered spans settle ExemplarStore entries)
 //! ```
 
 mod console;
@@ -15,8 +17,10 @@ pub(crate) mod exemplars;
 pub(crate) mod otlp;
 mod probe;
 pub(crate) mod prometheus;
+mod proto_metrics;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
+pub(crate) mod transport;
 
 #[cfg(test)]
 pub(crate) use self::counted::Counted;
@@ -40,9 +44,51 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
-pub(crate) type OtlpMetricReader = opentelemetry_sdk::metrics::PeriodicReader<
-    counted::CountedMetrics<opentelemetry_otlp::MetricExporter>,
->;
+pub(crate) type OtlpMetricReader =
+    opentelemetry_sdk::metrics::PeriodicReader<counted::CountedMetrics<MetricsExporter>>;
+
+/// The OTLP metrics exporter: the SDK's when traces are off, phasetrace's own (the same
+/// requests plus the exemplars of delivered traces) when they are on.
+#[derive(Debug)]
+pub(crate) enum MetricsExporter {
+    /// opentelemetry-otlp's exporter.
+    Sdk(opentelemetry_otlp::MetricExporter),
+    /// opentelemetry-proto requests with exemplars, over [`transport`].
+    WithExemplars(proto_metrics::ProtoMetricExporter),
+}
+
+impl opentelemetry_sdk::metrics::exporter::PushMetricExporter for MetricsExporter {
+    async fn export(
+        &self,
+        metrics: &opentelemetry_sdk::metrics::data::ResourceMetrics,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            MetricsExporter::Sdk(e) => e.export(metrics).await,
+            MetricsExporter::WithExemplars(e) => e.export(metrics).await,
+        }
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            MetricsExporter::Sdk(e) => e.force_flush(),
+            MetricsExporter::WithExemplars(e) => e.force_flush(),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            MetricsExporter::Sdk(e) => e.shutdown_with_timeout(timeout),
+            MetricsExporter::WithExemplars(e) => e.shutdown_with_timeout(timeout),
+        }
+    }
+
+    fn temporality(&self) -> opentelemetry_sdk::metrics::Temporality {
+        match self {
+            MetricsExporter::Sdk(e) => e.temporality(),
+            MetricsExporter::WithExemplars(e) => e.temporality(),
+        }
+    }
+}
 
 /// Spans the batch processor queues (its `max_queue_size`).
 const SPAN_QUEUE: usize = 16_384;
@@ -113,8 +159,8 @@ pub(crate) struct Exporters {
     pub(crate) tracer_provider: Option<SdkTracerProvider>,
     /// What the span exporter delivered and lost.
     pub(crate) span_counts: std::sync::Arc<SpanCounts>,
-    /// Exemplars of traced steps for the Prometheus endpoint: present when both spans and the
-    /// endpoint are on.
+    /// Exemplars of traced steps for the Prometheus endpoint and OTLP metrics: present when
+    /// spans and either of them are on.
     pub(crate) exemplars: Option<std::sync::Arc<ExemplarStore>>,
     pub(crate) prometheus: Option<PrometheusServer>,
     /// `phasetrace.prometheus.web_config.reloads` and `phasetrace.metric.exports`, one each per
@@ -232,18 +278,24 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
     };
 
     let traced = (cfg.traces_otlp && otlp.is_some()) || cfg.traces_console;
-    // Exemplars need both a trace to link to and an endpoint to show them on.
-    let exemplars =
-        (traced && cfg.prometheus.is_some()).then(|| std::sync::Arc::new(ExemplarStore::default()));
+    let metrics_otlp = cfg.metrics_otlp && otlp.is_some();
+    // Exemplars need both a trace to link to and a sink to show them on: the Prometheus
+    // endpoint (OpenMetrics) or OTLP metrics.
+    let exemplars = (traced && (cfg.prometheus.is_some() || metrics_otlp))
+        .then(|| std::sync::Arc::new(ExemplarStore::default()));
     let mut otlp_reader = None;
     let mut export_counts = None;
     if let (true, Some(o)) = (cfg.metrics_otlp, otlp) {
         let counts = std::sync::Arc::new(counted::ExportCounts::default());
-        let exporter = counted::CountedMetrics::new(
-            otlp::metric_exporter(o, runtime.as_ref())?,
-            counts.clone(),
-            o.endpoint.clone(),
-        );
+        // Traces off: the SDK's exporter, unchanged.
+        let inner =
+            match &exemplars {
+                Some(store) => MetricsExporter::WithExemplars(
+                    proto_metrics::ProtoMetricExporter::new(o, runtime.as_ref(), store.clone())?,
+                ),
+                None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime.as_ref())?),
+            };
+        let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
         export_counts = Some(counts);
         otlp_reader = Some(
             opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)

@@ -144,7 +144,7 @@ pub(super) fn span_exporter(
             let mut b = SpanExporter::builder()
                 .with_http()
                 .with_http_client(http_client("traces", o)?)
-                .with_endpoint(format!("{}/v1/traces", o.endpoint))
+                .with_endpoint(format!("{}{}", o.endpoint, super::transport::TRACES_PATH))
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>());
@@ -181,7 +181,7 @@ pub(super) fn metric_exporter(
             let mut b = MetricExporter::builder()
                 .with_http()
                 .with_http_client(http_client("metrics", o)?)
-                .with_endpoint(format!("{}/v1/metrics", o.endpoint))
+                .with_endpoint(format!("{}{}", o.endpoint, super::transport::METRICS_PATH))
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>())

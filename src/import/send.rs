@@ -17,7 +17,6 @@
 //! varies (rotel's JSON decoding drops histograms, for one).
 
 use std::fmt;
-use std::io::Write as _;
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
@@ -28,6 +27,9 @@ use prost::Message as _;
 use super::otlp::{self, OtlpOptions, OtlpStats, RequestInfo};
 use super::{ImportError, ImportedFile};
 use crate::config::{OtlpConfig, Protocol};
+use crate::export::transport::{
+    self, Rejected, metrics_rejected, post, request, status_text, traces_rejected,
+};
 
 /// What a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +60,8 @@ impl Signal {
     /// The OTLP/HTTP path.
     fn http_path(self) -> &'static str {
         match self {
-            Signal::Metrics => "/v1/metrics",
-            Signal::Traces => "/v1/traces",
+            Signal::Metrics => transport::METRICS_PATH,
+            Signal::Traces => transport::TRACES_PATH,
         }
     }
 }
@@ -116,51 +118,6 @@ pub struct SendError {
     pub detail: String,
     /// What was sent before it.
     pub sent: SendStats,
-}
-
-/// A partial success: how many items the collector rejected, and why.
-type Rejected = (u64, String);
-
-fn rejected_of(count: i64, message: &str) -> Option<Rejected> {
-    (count > 0 || !message.is_empty()).then(|| (count.max(0) as u64, message.to_owned()))
-}
-
-fn metrics_rejected(resp: &ExportMetricsServiceResponse) -> Option<Rejected> {
-    let p = resp.partial_success.as_ref()?;
-    rejected_of(p.rejected_data_points, &p.error_message)
-}
-
-fn traces_rejected(resp: &ExportTraceServiceResponse) -> Option<Rejected> {
-    let p = resp.partial_success.as_ref()?;
-    rejected_of(p.rejected_spans, &p.error_message)
-}
-
-/// Appends the text of `source` and of its sources to `out`, each unless `out` says it already.
-fn with_sources(mut out: String, mut source: Option<&dyn std::error::Error>) -> String {
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out += ": ";
-            out += &text;
-        }
-        source = s.source();
-    }
-    out
-}
-
-/// The error text of `e` and its sources.
-fn chain(e: &dyn std::error::Error) -> String {
-    with_sources(e.to_string(), e.source())
-}
-
-/// A gRPC status as `Code: message: sources`.
-fn status_text(status: &tonic::Status) -> String {
-    let mut out = format!("{:?}", status.code());
-    if !status.message().is_empty() {
-        out += ": ";
-        out += status.message();
-    }
-    with_sources(out, std::error::Error::source(status))
 }
 
 /// Sends requests one at a time and keeps the tally the errors report.
@@ -268,27 +225,13 @@ fn send_grpc(
     let metadata = crate::export::otlp::metadata(otlp).map_err(|e| client_err(otlp, e))?;
     let channel = {
         let _guard = rt.enter();
-        let mut endpoint = tonic::transport::Endpoint::from_shared(otlp.endpoint.clone())
-            .map_err(|e| client_err(otlp, chain(&e)))?
-            .timeout(otlp.timeout)
-            .connect_timeout(otlp.timeout);
-        if let Some(tls) = crate::export::otlp::tls(otlp).map_err(|e| client_err(otlp, e))? {
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| client_err(otlp, chain(&e)))?;
-        }
-        endpoint.connect_lazy()
+        transport::channel(otlp).map_err(|e| client_err(otlp, e))?
     };
     let mut metrics = MetricsServiceClient::new(channel.clone());
     let mut traces = TraceServiceClient::new(channel);
     if otlp.gzip {
         metrics = metrics.send_compressed(CompressionEncoding::Gzip);
         traces = traces.send_compressed(CompressionEncoding::Gzip);
-    }
-    fn request<M>(message: M, metadata: &tonic::metadata::MetadataMap) -> tonic::Request<M> {
-        let mut r = tonic::Request::new(message);
-        *r.metadata_mut() = metadata.clone();
-        r
     }
     let target = otlp.endpoint.as_str();
     otlp::metrics_requests(files, options, |message, info| {
@@ -306,45 +249,6 @@ fn send_grpc(
         sender.record(Signal::Traces, target, info, outcome)
     })?;
     Ok(())
-}
-
-/// POSTs one protobuf body; `Ok` holds the response body.
-fn post(
-    client: &reqwest::blocking::Client,
-    otlp: &OtlpConfig,
-    url: &str,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    let mut req = client
-        .post(url)
-        .header("content-type", "application/x-protobuf");
-    let body = if otlp.gzip {
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        gz.write_all(&body)
-            .and_then(|()| gz.finish())
-            .map_err(|e| format!("gzip: {e}"))?
-    } else {
-        body
-    };
-    if otlp.gzip {
-        req = req.header("content-encoding", "gzip");
-    }
-    for (k, v) in &otlp.headers {
-        req = req.header(k.as_str(), v.as_str());
-    }
-    // reqwest's error text names the URL, never header values.
-    let resp = req.body(body).send().map_err(|e| chain(&e))?;
-    let status = resp.status();
-    let bytes = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
-    if status.is_success() {
-        Ok(bytes)
-    } else {
-        let text = String::from_utf8_lossy(&bytes);
-        Err(format!(
-            "answered {status}: {}",
-            text.chars().take(200).collect::<String>()
-        ))
-    }
 }
 
 fn send_http(

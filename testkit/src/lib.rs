@@ -17,8 +17,8 @@ pub mod rotel;
 pub mod tools;
 
 pub use otlp_debug::{
-    MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedLink, ReceivedMetric, ReceivedSpan,
-    parse_output,
+    MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedExemplar, ReceivedLink, ReceivedMetric,
+    ReceivedSpan, parse_output,
 };
 pub use process::{
     CapturedChild, StaticHttpServer, TempDir, free_port, http_get, http_request, poll,

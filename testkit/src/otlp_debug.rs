@@ -69,6 +69,12 @@
 //! Buckets #0, Count: 1
 //! Buckets #1, Count: 1
 //! Buckets #2, Count: 0
+//! Exemplars:
+//! Exemplar #0
+//!      -> Trace ID: 37576b3ed8d308eaef6165994d81bf84
+//!      -> Span ID: 047e72aa017bb566
+//!      -> Timestamp: 1796126757785420228
+//!      -> Value: 0.030106276
 //! Metric #1
 //! Descriptor:
 //!      -> Name: cnt
@@ -225,6 +231,19 @@ pub struct Point {
     pub bucket_counts: Vec<u64>,
     pub explicit_bounds: Vec<f64>,
     pub exp_bucket_ranges: Vec<(f64, f64)>,
+    /// The point's exemplars, in the order they arrived.
+    pub exemplars: Vec<ReceivedExemplar>,
+}
+
+/// An exemplar of a data point: the span a measurement came from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReceivedExemplar {
+    /// 32 hex digits.
+    pub trace_id: String,
+    /// 16 hex digits.
+    pub span_id: String,
+    pub time_unix_nanos: u64,
+    pub value: f64,
 }
 
 impl Point {
@@ -307,6 +326,8 @@ enum Section {
     LinkAttributes,
     Descriptor,
     PointAttributes,
+    /// `Exemplar #N` of the current point.
+    Exemplar,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,6 +525,13 @@ impl Parser {
             self.point = Some(Point::default());
         } else if line == "Data point attributes:" {
             self.section = Section::PointAttributes;
+        } else if line == "Exemplars:" {
+            self.section = Section::None;
+        } else if numbered(line, "Exemplar") {
+            self.section = Section::Exemplar;
+            if let Some(point) = self.point.as_mut() {
+                point.exemplars.push(ReceivedExemplar::default());
+            }
         } else if self.target == Target::Metrics {
             self.point_field(line);
         } else {
@@ -607,6 +635,18 @@ impl Parser {
                     "DataType" => metric.kind = MetricKind::from_data_type(value),
                     "IsMonotonic" => metric.monotonic = Some(value == "true"),
                     "AggregationTemporality" => metric.temporality = value.to_string(),
+                    _ => {}
+                }
+            }
+            Section::Exemplar => {
+                let Some(e) = self.point.as_mut().and_then(|p| p.exemplars.last_mut()) else {
+                    return;
+                };
+                match key {
+                    "Trace ID" => e.trace_id = value.to_string(),
+                    "Span ID" => e.span_id = value.to_string(),
+                    "Timestamp" => e.time_unix_nanos = parse_u64(value),
+                    "Value" => e.value = parse_f64(value).unwrap_or(f64::NAN),
                     _ => {}
                 }
             }

@@ -22,6 +22,7 @@ mod legacy_alias_honors_both_names_and_the_phasetrace_name_wins;
 mod levels_change_at_run_time;
 mod nothing_is_lost_when_healthy_and_drops_add_up_under_overload;
 mod otlp_and_prometheus_read_one_aggregation;
+mod otlp_metrics_carry_exemplars_of_delivered_spans;
 mod otlp_over_tls_needs_the_right_ca;
 mod prometheus_harness_scrapes_a_target;
 mod prometheus_quantiles_agree_with_what_was_recorded;

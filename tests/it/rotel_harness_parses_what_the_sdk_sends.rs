@@ -504,3 +504,61 @@ fn parses_a_recorded_sample() {
     );
     assert!(parsed.latest_point("ud", &[("k", "x")]).is_none());
 }
+
+/// What rotel printed for a histogram point with one exemplar (phasetrace's OTLP exporter).
+const RECORDED_EXEMPLAR: &str = "\
+ResourceMetrics #0
+Resource attributes:
+     -> service.name: Str(phasetrace)
+ScopeMetrics #0
+InstrumentationScope phasetrace
+Metric #0
+Descriptor:
+     -> Name: phasetrace.step.duration
+     -> Unit: s
+     -> DataType: Histogram
+     -> AggregationTemporality: AGGREGATION_TEMPORALITY_CUMULATIVE
+HistogramDataPoints #0
+Data point attributes:
+     -> rank: Int(3)
+Count: 11
+Sum: 0.0301
+Buckets #0, Count: 10
+Buckets #1, Count: 1
+Exemplars:
+Exemplar #0
+     -> Trace ID: 37576b3ed8d308eaef6165994d81bf84
+     -> Span ID: 047e72aa017bb566
+     -> Timestamp: 1796126757785420228
+     -> Value: 0.030106276
+Exemplar #1
+     -> Trace ID: 0000000000000000000000000000abcd
+     -> Span ID: 00000000000000ef
+     -> Timestamp: 1796126757785420229
+     -> Value: 0.0000011120000000000001
+HistogramDataPoints #1
+Data point attributes:
+     -> rank: Int(4)
+Count: 1
+";
+
+#[test]
+fn parses_exemplars_of_a_point() {
+    let parsed = parse_output(RECORDED_EXEMPLAR);
+    let m = parsed.last_metric("phasetrace.step.duration").unwrap();
+    assert_eq!(m.points.len(), 2);
+    let e = &m.points[0].exemplars;
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert_eq!(e[0].trace_id, "37576b3ed8d308eaef6165994d81bf84");
+    assert_eq!(e[0].span_id, "047e72aa017bb566");
+    assert_eq!(e[0].time_unix_nanos, 1796126757785420228);
+    assert_eq!(e[0].value, 0.030106276);
+    assert_eq!(e[1].span_id, "00000000000000ef");
+    assert!((e[1].value - 1.112e-6).abs() < 1e-15);
+    assert_eq!(
+        m.points[0].count,
+        Some(11),
+        "exemplar lines leave the point's fields alone"
+    );
+    assert!(m.points[1].exemplars.is_empty());
+}

@@ -56,7 +56,7 @@ const TIMEOUT: Duration = Duration::from_millis(default::PROMETHEUS_REQUEST_TIME
 /// The SDK reader behind the endpoint: a [`ManualReader`] shared with the server, which collects
 /// on each scrape.
 #[derive(Clone, Debug)]
-pub(crate) struct PrometheusReader(Arc<ManualReader>);
+pub(crate) struct PrometheusReader(pub(super) Arc<ManualReader>);
 
 impl MetricReader for PrometheusReader {
     fn register_pipeline(&self, pipeline: std::sync::Weak<Pipeline>) {

@@ -1,0 +1,136 @@
+//! The OTLP transport of requests built here (opentelemetry-proto messages), shared by the live
+//! metrics exporter with exemplars ([`super::proto_metrics`]) and `phasetrace import`: a gRPC
+//! channel for the tonic clients of opentelemetry-proto, and OTLP/HTTP protobuf POSTs, both with
+//! the live exporters' settings (endpoint, TLS and CA, headers, gzip, timeout).
+//!
+//! ```text
+//! OtlpConfig ──channel──> tonic Channel (timeout, TLS) ── MetricsServiceClient / TraceServiceClient
+//!            ──metadata─> headers as gRPC metadata
+//!            ──post─────> blocking reqwest POST {endpoint}/v1/{signal}: protobuf, gzip, headers
+//! ```
+
+use std::io::Write as _;
+
+#[cfg(feature = "import")]
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
+#[cfg(feature = "import")]
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+
+use crate::config::OtlpConfig;
+
+/// A partial success: how many items the collector rejected, and why.
+#[cfg(feature = "import")]
+pub(crate) type Rejected = (u64, String);
+
+#[cfg(feature = "import")]
+fn rejected_of(count: i64, message: &str) -> Option<Rejected> {
+    (count > 0 || !message.is_empty()).then(|| (count.max(0) as u64, message.to_owned()))
+}
+
+/// The rejected data points of a metrics response, if any.
+#[cfg(feature = "import")]
+pub(crate) fn metrics_rejected(resp: &ExportMetricsServiceResponse) -> Option<Rejected> {
+    let p = resp.partial_success.as_ref()?;
+    rejected_of(p.rejected_data_points, &p.error_message)
+}
+
+/// The rejected spans of a traces response, if any.
+#[cfg(feature = "import")]
+pub(crate) fn traces_rejected(resp: &ExportTraceServiceResponse) -> Option<Rejected> {
+    let p = resp.partial_success.as_ref()?;
+    rejected_of(p.rejected_spans, &p.error_message)
+}
+
+/// Appends the text of `source` and of its sources to `out`, each unless `out` says it already.
+fn with_sources(mut out: String, mut source: Option<&dyn std::error::Error>) -> String {
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out += ": ";
+            out += &text;
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// The error text of `e` and its sources.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    with_sources(e.to_string(), e.source())
+}
+
+/// A gRPC status as `Code: message: sources`.
+pub(crate) fn status_text(status: &tonic::Status) -> String {
+    let mut out = format!("{:?}", status.code());
+    if !status.message().is_empty() {
+        out += ": ";
+        out += status.message();
+    }
+    with_sources(out, std::error::Error::source(status))
+}
+
+/// A lazily connecting gRPC channel to the endpoint of `otlp`, with its timeout (per request and
+/// for connecting) and TLS; call it inside the Tokio runtime that is to drive the channel. `Err`
+/// says why.
+pub(crate) fn channel(otlp: &OtlpConfig) -> Result<tonic::transport::Channel, String> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(otlp.endpoint.clone())
+        .map_err(|e| chain(&e))?
+        .timeout(otlp.timeout)
+        .connect_timeout(otlp.timeout);
+    if let Some(tls) = super::otlp::tls(otlp).map_err(|e| e.to_string())? {
+        endpoint = endpoint.tls_config(tls).map_err(|e| chain(&e))?;
+    }
+    Ok(endpoint.connect_lazy())
+}
+
+/// `message` as a gRPC request carrying `metadata`.
+pub(crate) fn request<M>(message: M, metadata: &tonic::metadata::MetadataMap) -> tonic::Request<M> {
+    let mut r = tonic::Request::new(message);
+    *r.metadata_mut() = metadata.clone();
+    r
+}
+
+/// POSTs one protobuf body to `url` with the headers of `otlp`, gzip-compressed if it says so;
+/// `Ok` holds the response body, `Err` the status or transport error (never a header value).
+pub(crate) fn post(
+    client: &reqwest::blocking::Client,
+    otlp: &OtlpConfig,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, String> {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/x-protobuf");
+    let body = if otlp.gzip {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(&body)
+            .and_then(|()| gz.finish())
+            .map_err(|e| format!("gzip: {e}"))?
+    } else {
+        body
+    };
+    if otlp.gzip {
+        req = req.header("content-encoding", "gzip");
+    }
+    for (k, v) in &otlp.headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    // reqwest's error text names the URL, never header values.
+    let resp = req.body(body).send().map_err(|e| chain(&e))?;
+    let status = resp.status();
+    let bytes = resp.bytes().map(|b| b.to_vec()).unwrap_or_default();
+    if status.is_success() {
+        Ok(bytes)
+    } else {
+        let text = String::from_utf8_lossy(&bytes);
+        Err(format!(
+            "answered {status}: {}",
+            text.chars().take(200).collect::<String>()
+        ))
+    }
+}
+
+/// The OTLP/HTTP path of metrics, under the endpoint.
+pub(crate) const METRICS_PATH: &str = "/v1/metrics";
+/// The OTLP/HTTP path of traces, under the endpoint.
+pub(crate) const TRACES_PATH: &str = "/v1/traces";
