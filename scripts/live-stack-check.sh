@@ -11,8 +11,9 @@
 #              exports, every one failing);
 #   balanced8  8 ranks.
 # Checks: every expression parses and returns data (the web-config and metrics-export series
-# too: --expect-data); PhasetraceRankStraggler fires for group=straggler rank=1 (within 5
-# minutes); it stays quiet for both balanced groups; PhasetraceMetricsExportFailing fires for
+# too: --expect-data; the open-step series, which every live rank has); PhasetraceRankStraggler
+# fires for group=straggler rank=1 (within 5 minutes); it stays quiet for both balanced groups
+# and no PhasetraceStepHung is raised; PhasetraceMetricsExportFailing fires for
 # balanced4; breaking its web configuration file fires PhasetraceWebConfigReloadFailed (and
 # the engine's stderr says why), and fixing it clears the alert.
 # The demos shorten nothing but their own knobs (sections 20x longer, sleeping instead of
@@ -105,6 +106,12 @@ wrong = [a["labels"] for a in alerts if a["labels"]["alertname"] == "PhasetraceR
 if wrong:
     sys.exit(f"FAILED: straggler alerts for the wrong group or rank: {wrong}")
 print("ok: the only straggler alert is rank 1 of group straggler")
+# Every rank of these demos steps on: no step stays open, so no hung-step alert, not even pending
+# (phasetrace_step_open_duration_seconds itself is among the series check 1 found).
+hung = [a["labels"] for a in alerts if a["labels"]["alertname"] == "PhasetraceStepHung"]
+if hung:
+    sys.exit(f"FAILED: hung-step alerts for demos that step on: {hung}")
+print("ok: no PhasetraceStepHung for demos that step on")
 PY
 echo "live check 4/5: PhasetraceMetricsExportFailing fires for balanced4 (every OTLP export fails)" >&2
 python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceMetricsExportFailing \

@@ -271,6 +271,19 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   cp otel-config/rules/*.yml "$M/r5/"
   mutate otel-config/rules/phasetrace-thresholds.yml "$M/r5/phasetrace-thresholds.yml" 's/vector(1)$/vector(0.5)/'
   expect_failure "promtool test rules: metrics-export failure threshold lowered to 0.5 (a flapping exporter alerts)" check_rule_tests "$M/r5/phasetrace-alerts.test.yml"
+  # The hung-step alert: its threshold at 0 (every busy rank alerts), no `for:` (a 55 s step
+  # that finishes alerts), and the straggler hold-back shortened below its 2-minute windows (a
+  # group that recovers from a hang raises a straggler alert for the rank that hung).
+  mkdir -p "$M/r6" "$M/r7" "$M/r8"
+  cp otel-config/rules/*.yml "$M/r6/"
+  mutate otel-config/rules/phasetrace-thresholds.yml "$M/r6/phasetrace-thresholds.yml" 's/vector(30)$/vector(0)/'
+  expect_failure "promtool test rules: hung-step threshold lowered to 0 (busy ranks alert)" check_rule_tests "$M/r6/phasetrace-alerts.test.yml"
+  cp otel-config/rules/*.yml "$M/r7/"
+  mutate otel-config/rules/phasetrace-alerts.yml "$M/r7/phasetrace-alerts.yml" '/alert: PhasetraceStepHung/,/for:/s/for: 30s$/for: 0s/'
+  expect_failure "promtool test rules: hung-step alert without its 30 s for (a long step that finishes alerts)" check_rule_tests "$M/r7/phasetrace-alerts.test.yml"
+  cp otel-config/rules/*.yml "$M/r8/"
+  mutate otel-config/rules/phasetrace-alerts.yml "$M/r8/phasetrace-alerts.yml" 's/max_over_time(phasetrace:step_open_seconds:max\[2m\])/max_over_time(phasetrace:step_open_seconds:max[15s])/'
+  expect_failure "promtool test rules: straggler alerts no longer held back after a hang" check_rule_tests "$M/r8/phasetrace-alerts.test.yml"
   # Prometheus config: a rule file that does not resolve.
   mkdir -p "$M/c1/rules"
   cp otel-config/rules/*.yml "$M/c1/rules/"

@@ -29,6 +29,13 @@ pub mod metric {
     pub const STEP_COLLECTIVE_WAIT: &str = "phasetrace.step.collective_wait";
     /// Counter of decode steps, attribute `rank`.
     pub const STEPS: &str = "phasetrace.steps";
+    /// Gauge of how long the rank's current decode step has been open, in seconds, attributes
+    /// `rank`, `group` (`phasetrace_step_open_duration_seconds`); 0 while no step is open, so an
+    /// idle engine reads 0 and a hung one (every rank blocked inside a collective) grows. The
+    /// longest over the rank's recorders; with a deferred clock (CUDA events) whose stream has
+    /// not reached the oldest mark, counted from when the worker first found it pending. Read
+    /// at collection: a series per rank with a live recorder, gone with its last recorder.
+    pub const STEP_OPEN_DURATION: &str = "phasetrace.step.open_duration";
     /// Histogram of the time a rank waited at a collective's rendezvous probe (its arrival skew),
     /// attributes `site`, `rank`.
     pub const COLLECTIVE_WAIT: &str = "phasetrace.collective.wait";

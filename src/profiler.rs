@@ -8,7 +8,9 @@ use crate::config::{
 use crate::export::{ExportError, Exporters};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
-use crate::worker::{Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals};
+use crate::worker::{
+    Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
+};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
@@ -464,10 +466,11 @@ impl Start {
             e => e,
         })?;
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
+        let open = OpenSteps::new(layers.group().clone());
         let inst = exporters
             .meter_providers
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), &layers, self.k_max))
+            .map(|p| Instruments::new(&p.meter("phasetrace"), &layers, &open, self.k_max))
             .collect();
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
@@ -483,6 +486,7 @@ impl Start {
             shared.clone(),
             inst,
             layers,
+            open,
             tracer,
             cfg.summary_every,
             cfg.spec_summary_every,

@@ -93,6 +93,18 @@ pub(crate) struct DemoArgs {
     /// How much slower the --slow-steps steps are.
     #[arg(long, default_value_t = 10.0)]
     slow_factor: f64,
+    /// A rank that hangs: in its step --hang-after-steps (counted from 0) it blocks forever
+    /// inside its first layer's attention mixer, before that layer's all-reduce, as a rank
+    /// stuck in a kernel does; every other rank then blocks at that all-reduce (with --rank
+    /// processes, until --rendezvous-timeout). With a simulated stream (--gpu-sim) the kernel
+    /// never finishes instead: the rank's host blocks at its next synchronize, and with
+    /// PHASETRACE_TIMING=events the stream never reaches the marks after it. Ctrl-C (SIGINT) or
+    /// SIGTERM still ends the demo: ranks still blocked 5 s later are left behind.
+    #[arg(long)]
+    hang_rank: Option<u32>,
+    /// The steps --hang-rank completes before it hangs in the next one.
+    #[arg(long, default_value_t = 10, requires = "hang_rank")]
+    hang_after_steps: u64,
     /// Scales every section time (0.5 = twice as fast a model).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -217,6 +229,8 @@ struct Work {
     spin: Duration,
     /// With `--gpu-sim`: kernels are enqueued on this rank's simulated stream instead of slept.
     stream: Option<SimStream>,
+    /// This rank hangs in the step being run (`--hang-rank`), at its first [`Work::hang_here`].
+    hang: bool,
 }
 
 impl Work {
@@ -241,6 +255,22 @@ impl Work {
             scale,
             spin,
             stream,
+            hang: false,
+        }
+    }
+
+    /// Where `--hang-rank` hangs, inside a section: once armed for the step, blocks forever
+    /// (a host-slept kernel), or enqueues a kernel that never finishes on the rank's stream, so
+    /// that the host blocks at its next synchronize and the stream never reaches what follows.
+    fn hang_here(&mut self) {
+        if !std::mem::take(&mut self.hang) {
+            return;
+        }
+        match &self.stream {
+            Some(s) => s.enqueue(FOREVER),
+            None => loop {
+                std::thread::sleep(FOREVER);
+            },
         }
     }
 
@@ -275,6 +305,14 @@ impl Work {
         }
     }
 }
+
+/// How long a hung kernel runs: longer than any demo (finite, so that device times stay
+/// ordinary numbers).
+const FOREVER: Duration = Duration::from_secs(10 * 365 * 86_400);
+
+/// How long the demo waits for its ranks to reach a step boundary after Ctrl-C or SIGTERM
+/// before it exits without the ones still blocked (a hung rank, or the ranks waiting for it).
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Sleeps long waits, spins the last stretch (`spin`): host sleeps overshoot by tens of µs.
 fn spin_sleep(d: Duration, spin: Duration) {
@@ -322,6 +360,8 @@ struct Plan {
     straggler_period: Option<f64>,
     straggler_factor: f64,
     slow_steps: Option<(u64, f64)>,
+    /// `--hang-rank` and the steps it completes before hanging.
+    hang: Option<(u32, u64)>,
     spec: Option<u32>,
     acceptance: f64,
     ranks: u32,
@@ -424,6 +464,9 @@ fn layer_forward(
         ] {
             let _s = rec.section(s, layer, Site::ATTN);
             work.run(b, f);
+            if s == Section::DSA_ATTEND {
+                work.hang_here();
+            }
         }
     } else {
         let _v = round.map(|r| rec.verify_part(r, VerifyPart::Kda));
@@ -440,6 +483,7 @@ fn layer_forward(
         {
             let _s = rec.section(Section::KDA_BACK, layer, Site::ATTN);
             work.run("kda_back", f);
+            work.hang_here();
         }
     }
     all_reduce(rec, work, group, layer, Site::ATTN)?;
@@ -539,7 +583,7 @@ fn accepted(rng: &mut SmallRng, k: u32, p: f64) -> u32 {
 }
 
 fn rank_loop(
-    rec: Recorder,
+    rec: &Recorder,
     mut work: Work,
     plan: Arc<Plan>,
     group: Arc<Group>,
@@ -559,6 +603,7 @@ fn rank_loop(
             break;
         }
         let f = plan.factor(rank, group.started.elapsed(), step);
+        work.hang = plan.hang == Some((rank, step));
         step += 1;
         let tokens = if let Some(k) = plan.spec {
             let round = rec.round(k);
@@ -569,7 +614,7 @@ fn rank_loop(
                 let _step = rec.step();
                 for layer in 0..plan.layers {
                     layer_forward(
-                        &rec,
+                        rec,
                         &mut work,
                         &plan,
                         &group,
@@ -594,7 +639,7 @@ fn rank_loop(
         } else {
             let _step = rec.step();
             for layer in 0..plan.layers {
-                layer_forward(&rec, &mut work, &plan, &group, layer, f, None)?;
+                layer_forward(rec, &mut work, &plan, &group, layer, f, None)?;
             }
             work.synchronize(); // the sampled token is read back
             1
@@ -631,6 +676,14 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     {
         return Err(Failure::config(format!(
             "--straggler-rank {r}: expected a rank below --ranks {}",
+            a.ranks
+        )));
+    }
+    if let Some(r) = a.hang_rank
+        && r >= a.ranks
+    {
+        return Err(Failure::config(format!(
+            "--hang-rank {r}: expected a rank below --ranks {}",
             a.ranks
         )));
     }
@@ -738,6 +791,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         straggler_period: a.straggler_period,
         straggler_factor: a.straggler_factor,
         slow_steps: a.slow_steps.map(|n| (n, a.slow_factor)),
+        hang: a.hang_rank.map(|r| (r, a.hang_after_steps)),
         spec: a.spec,
         acceptance: a.acceptance,
         ranks: a.ranks,
@@ -792,17 +846,35 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             stream,
         );
         let (plan, group) = (plan.clone(), group.clone());
+        // The recorder comes back with the result: an idle engine keeps its recorders (and
+        // their series, `phasetrace.step.open_duration` at 0) while it lingers.
         handles.push(
             std::thread::Builder::new()
                 .name(format!("rank-{rank}"))
-                .spawn(move || rank_loop(rec, work, plan, group))
+                .spawn(move || {
+                    let r = rank_loop(&rec, work, plan, group);
+                    (rec, r)
+                })
                 .map_err(Failure::runtime)?,
+        );
+    }
+    if let Some((r, n)) = plan.hang
+        && local.contains(&r)
+    {
+        eprintln!(
+            "phasetrace: rank {r} will hang in its step {n} (--hang-rank), inside layer 0's attention mixer"
         );
     }
 
     let tty = std::io::stderr().is_terminal();
+    let mut stop_seen: Option<Instant> = None;
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(250));
+        if stop_requested.load(Ordering::Relaxed)
+            && stop_seen.get_or_insert_with(Instant::now).elapsed() >= STOP_GRACE
+        {
+            break;
+        }
         if tty {
             let steps = group.steps_done.load(Ordering::Relaxed);
             let tokens = group.tokens_done.load(Ordering::Relaxed);
@@ -817,10 +889,19 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         }
     }
     let mut failure = None;
+    let mut recorders = Vec::new();
+    let mut blocked = Vec::new();
     for (h, rank) in handles.into_iter().zip(&local) {
+        if !h.is_finished() {
+            // Stopped while it is blocked inside a step: left behind (its thread ends with
+            // the process).
+            blocked.push(rank.to_string());
+            continue;
+        }
         match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+            Ok((rec, Ok(()))) => recorders.push(rec),
+            Ok((rec, Err(e))) => {
+                recorders.push(rec);
                 let f = Failure::runtime(format!("rank {rank} of {}: {e}", a.ranks));
                 // Said at once: with --linger the endpoint stays up a while before the exit.
                 eprintln!("phasetrace: {}", f.message);
@@ -833,6 +914,25 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     }
     if tty {
         eprintln!();
+    }
+    if !blocked.is_empty() {
+        let f = Failure::runtime(format!(
+            "{} {} of {} still blocked inside a step {}s after the stop request ({}); exiting without {}",
+            if blocked.len() == 1 { "rank" } else { "ranks" },
+            blocked.join(", "),
+            a.ranks,
+            STOP_GRACE.as_secs(),
+            match plan.hang {
+                Some((r, _)) => format!("--hang-rank {r}"),
+                None => "a hung rank or collective".to_owned(),
+            },
+            if blocked.len() == 1 { "it" } else { "them" },
+        ));
+        eprintln!("phasetrace: {}", f.message);
+        // A hang asked for with --hang-rank is the demo doing as told.
+        if plan.hang.is_none() {
+            failure.get_or_insert(f);
+        }
     }
     let wall = group.started.elapsed().as_secs_f64();
     let steps = group.steps_done.load(Ordering::Relaxed);
@@ -876,6 +976,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    drop(recorders);
     profiler.shutdown();
     failure.map_or(Ok(()), Err)
 }

@@ -256,6 +256,51 @@ def silent_annotations(rank, group, job, instance, host):
     }
 
 
+def open_series(job, group, rank, instance, values):
+    """phasetrace_step_open_duration_seconds of one rank: `values` in promtool notation, or a
+    list of numbers (one a sample)."""
+    if not isinstance(values, str):
+        values = " ".join(fmt(v) for v in values)
+    return series("phasetrace_step_open_duration_seconds", values, job=job, group=group, rank=str(rank), instance=instance)
+
+
+def hung_from(start, offset=0.0, busy=0.02):
+    """The open-step gauge of a rank busy stepping (a step in flight at each scrape reads a few
+    ms), whose step at sample `start` never ends: from then on it grows by the sample interval.
+    `offset` seconds later (a deferred clock: counted from the first drain that found the
+    stream stuck) it reads `offset` less."""
+    return [busy if i < start else STEP_S * (i - start) - offset for i in range(N + 1)]
+
+
+def hung_annotations(rank, group, job, instance, host, open_for, hung, seen, silent=()):
+    where = f"instance {instance}" + (f", host {host}" if host else "")
+    desc = (
+        f"Rank {rank} of group {group} in {job} ({where}) has had a decode step open for {open_for} "
+        f"without finishing it (threshold 30s). Hung in group {group}: {len(hung)} of the {seen} ranks "
+        f"seen in the last 10 minutes (rank {', '.join(str(r) for r in hung)})."
+    )
+    for r, inst in silent:
+        desc += f" Rank {r} ({inst}) is silent: it died or stopped exporting, and the others most likely wait for it."
+    desc += (
+        " All ranks of a group hung together points at a collective: an all-reduce (NCCL) that never "
+        "completes, or a peer that hung or died mid-collective, which every other rank then waits for "
+        "at its next collective. A stack dump of each rank (py-spy dump, cuda-gdb) shows which one is "
+        "elsewhere. Straggler alerts for the group are held back while this lasts and for 2 minutes after."
+    )
+    return {
+        "summary": f"Rank {rank} of group {group} is hung inside a decode step",
+        "description": desc,
+        "dashboard": DASH,
+    }
+
+
+def hung_alert(job, group, rank, instance, host, open_for, hung, seen, silent=()):
+    return (
+        {"severity": "critical", "job": job, "group": group, "rank": str(rank)},
+        hung_annotations(rank, group, job, instance, host, open_for, hung, seen, silent),
+    )
+
+
 def main() -> int:
     tests = []
     job = "engine"
@@ -468,6 +513,132 @@ def main() -> int:
         [('{instance="10.0.8.1:9464"}', 1), ('{instance="10.0.8.2:9464"}', 0), ('{instance="10.0.8.3:9464"}', 0.5), ('{instance="10.0.8.4:9464"}', 1)],
     )
     tests.append(test("steadily failing OTLP metrics exports fire, a healthy or flapping exporter does not, recovery clears", inputs, alerts, exprs))
+
+    # 9. A whole group hung in a collective: at 5m (sample 20) every rank of tp0 enters a step
+    #    that never ends (an all-reduce that never completes); the processes stay up and keep
+    #    exporting, their steps stop. PhasetraceStepHung fires for every rank 75 s later (open
+    #    45 s at the first evaluation over the 30 s threshold, then `for: 30s`), names the group's
+    #    hung ranks and each rank's host; no rank is silent and none straggles. tp1 beside it,
+    #    healthy, stays quiet.
+    inputs = ""
+    for r in range(4):
+        inst = f"10.0.9.{r + 1}:9464"
+        inputs += rank_series(job, "tp0", r, inst, 0.2, stop_after=20)
+        inputs += open_series(job, "tp0", r, inst, hung_from(20))
+        inputs += target_info(job, inst, f"node-{r}")
+        inst1 = f"10.0.10.{r + 1}:9464"
+        inputs += rank_series(job, "tp1", r, inst1, 0.2)
+        inputs += open_series(job, "tp1", r, inst1, "0.02x60")
+    every = [0, 1, 2, 3]
+    alerts = (
+        alert("PhasetraceStepHung", "5m45s")
+        + alert("PhasetraceStepHung", "6m")
+        + alert("PhasetraceStepHung", "6m15s", [hung_alert(job, "tp0", r, f"10.0.9.{r + 1}:9464", f"node-{r}", "1m 15s", every, 4) for r in every])
+        + alert("PhasetraceStepHung", "14m", [hung_alert(job, "tp0", r, f"10.0.9.{r + 1}:9464", f"node-{r}", "9m 0s", every, 4) for r in every])
+        + alert("PhasetraceRankSilent", "8m")
+        + alert("PhasetraceRankSilent", "14m")
+        + alert("PhasetraceRankStraggler", "8m")
+    )
+    tests.append(test("a group hung as a whole fires PhasetraceStepHung for every rank within 75 s; no rank is silent, a healthy group stays quiet", inputs, alerts))
+
+    # 10. One rank hung in a kernel (rank 2, an event clock: its stream never reaches the marks
+    #     after the kernel, counted from the worker's first drain that found them pending, 10 s
+    #     into the step), the others blocked at the next collective inside the same step: every
+    #     rank fires, at the same evaluation.
+    inputs = ""
+    for r in range(4):
+        inst = f"10.0.11.{r + 1}:9464"
+        inputs += rank_series(job, "tp0", r, inst, 0.2, stop_after=20)
+        inputs += open_series(job, "tp0", r, inst, hung_from(20, offset=10.0) if r == 2 else hung_from(20))
+    alerts = (
+        alert("PhasetraceStepHung", "6m")
+        + alert("PhasetraceStepHung", "6m15s", [
+            hung_alert(job, "tp0", r, f"10.0.11.{r + 1}:9464", None, "1m 5s" if r == 2 else "1m 15s", every, 4)
+            for r in every
+        ])
+        + alert("PhasetraceRankSilent", "8m")
+    )
+    tests.append(test("one rank hung in a kernel and the others blocked at the collective: every rank fires", inputs, alerts))
+
+    # 11. A peer that died mid-collective: rank 3 is killed at 5m (its series go stale), the
+    #     others block in the collective it never reaches. PhasetraceStepHung fires for the
+    #     three, naming rank 3 as silent; PhasetraceRankSilent fires for rank 3.
+    inputs = ""
+    for r in range(4):
+        inst = f"10.0.12.{r + 1}:9464"
+        if r == 3:
+            inputs += rank_series(job, "tp0", r, inst, 0.2, stop_after=20, stale=True)
+            inputs += open_series(job, "tp0", r, inst, "0.02x20 " + " ".join(["stale"] * (N - 20)))
+        else:
+            inputs += rank_series(job, "tp0", r, inst, 0.2, stop_after=20)
+            inputs += open_series(job, "tp0", r, inst, hung_from(20))
+    alive = [0, 1, 2]
+    alerts = (
+        alert("PhasetraceStepHung", "6m15s", [
+            hung_alert(job, "tp0", r, f"10.0.12.{r + 1}:9464", None, "1m 15s", alive, 4, [(3, "10.0.12.4:9464")])
+            for r in alive
+        ])
+        + alert("PhasetraceRankSilent", "6m15s", [({"severity": "critical", "job": job, "group": "tp0", "rank": "3", "instance": "10.0.12.4:9464"}, silent_annotations(3, "tp0", job, "10.0.12.4:9464", None))])
+        + alert("PhasetraceRankStraggler", "8m")
+    )
+    tests.append(test("a peer that died mid-collective: the others are hung, it is silent", inputs, alerts))
+
+    # 12. Idle, and long steps that finish. An idle server: its steps stop at 5m with no step
+    #     open (0). Steps of 25 s (never 30 s open) and of 55 s (over 30 s for two evaluations
+    #     in a row, 15 s, less than the `for`): no alert.
+    inputs = ""
+    for r in range(2):
+        inputs += rank_series(job, "idle", r, f"10.0.13.{r + 1}:9464", 0.2, stop_after=20)
+        inputs += open_series(job, "idle", r, f"10.0.13.{r + 1}:9464", "0.02x19 0x40")
+        for name, length in (("long25", 25), ("long55", 55)):
+            inst = f"10.0.{14 if length == 25 else 15}.{r + 1}:9464"
+            inputs += rank_series(job, name, r, inst, 0.2, steps_per_s=1.0 / length)
+            inputs += open_series(job, name, r, inst, [(STEP_S * i) % length for i in range(N + 1)])
+    alerts = "".join(alert("PhasetraceStepHung", t) for t in ("2m", "5m", "7m", "10m", "15m"))
+    alerts += alert("PhasetraceRankSilent", "10m")
+    exprs = expr_test(
+        'count by (group) (phasetrace:step_open_seconds:max > on () group_left () phasetrace:step_hung_seconds:threshold)',
+        "11m45s", [('{group="long55"}', 2)],
+    )
+    tests.append(test("an idle server and long steps that finish raise no hung-step alert", inputs, alerts, exprs))
+
+    # 13. A group that recovers from a 3-minute hang: rank 1 hangs at 5m, the others block;
+    #     at 8m it goes on, and that step ends on every rank holding the whole hang, as the
+    #     others' wait (180 s) and not as rank 1's. The 2-minute windows then make rank 1 look
+    #     like a straggler costing 75% of the group's time until about 9m45s; the straggler
+    #     alert is held back (the group was hung in the last 2 minutes). The hung alert clears
+    #     with the recovery.
+    inputs = ""
+    hang, back, length = 20, 32, 180.0
+    for r in range(4):
+        inst = f"10.0.16.{r + 1}:9464"
+        dur, wait, steps, gauge = [], [], [], []
+        for i in range(N + 1):
+            run = min(i, hang) + max(0, i - back)  # samples of normal stepping so far
+            jumped = i >= back
+            dur.append(STEP_S * run + (length if jumped else 0))
+            wait.append(0.2 * STEP_S * run + (length if jumped and r != 1 else 0))
+            steps.append(50 * STEP_S * run + (1 if jumped else 0))
+            gauge.append(STEP_S * (i - hang) if hang <= i < back else 0.02)
+        kv = dict(job=job, group="rec", rank=str(r), instance=inst)
+        inputs += series("phasetrace_step_duration_seconds_sum", " ".join(fmt(v) for v in dur), **kv)
+        inputs += series("phasetrace_step_collective_wait_seconds_sum", " ".join(fmt(v) for v in wait), **kv)
+        inputs += series("phasetrace_steps_total", " ".join(fmt(v) for v in steps), **kv)
+        inputs += open_series(job, "rec", r, inst, gauge)
+    alerts = (
+        alert("PhasetraceStepHung", "7m", [hung_alert(job, "rec", r, f"10.0.16.{r + 1}:9464", None, "2m 0s", every, 4) for r in every])
+        + alert("PhasetraceStepHung", "8m")
+        + alert("PhasetraceStepHung", "12m")
+        + alert("PhasetraceRankStraggler", "8m15s")
+        + alert("PhasetraceRankStraggler", "9m15s")
+        + alert("PhasetraceRankStraggler", "12m")
+        + alert("PhasetraceRankSilent", "7m")
+    )
+    exprs = expr_test(
+        'count(phasetrace:rank_time_lost:ratio2m{group="rec"} > on () group_left () phasetrace:straggler_time_lost_ratio:threshold)',
+        "9m15s", [("{}", 1)],
+    )
+    tests.append(test("a group that recovers from a hang raises no straggler alert for the rank that hung", inputs, alerts, exprs))
 
     rest = OTHER_ALERTS
 

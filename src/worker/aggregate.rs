@@ -8,10 +8,11 @@
 
 use super::attrs::rank_attr;
 use super::layers::LayerTotals;
+use super::open::OpenSteps;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::{Layer, Phase, Section, VerifyPart};
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter};
+use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;
 
 /// The contract's instruments, created once.
@@ -32,6 +33,8 @@ pub(crate) struct Instruments {
     /// The per-layer observable counters: registered callbacks, kept with the instruments.
     _layer_counters: [ObservableCounter<f64>; 2],
     _layer_calls: [ObservableCounter<u64>; 2],
+    /// `phasetrace.step.open_duration`, read from the lanes' open steps at each collection.
+    _open_duration: ObservableGauge<f64>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
     /// Every measurement, for unit tests of the pipeline.
@@ -61,8 +64,13 @@ impl Instruments {
     fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
 
     /// The instruments of one meter provider; the per-layer counters read `layers`, which the
-    /// worker sums once for all providers.
-    pub(crate) fn new(meter: &Meter, layers: &Arc<LayerTotals>, k_max: u32) -> Instruments {
+    /// worker sums once for all providers, and the open-duration gauge reads `open`.
+    pub(crate) fn new(
+        meter: &Meter,
+        layers: &Arc<LayerTotals>,
+        open: &Arc<OpenSteps>,
+        k_max: u32,
+    ) -> Instruments {
         let dur = |name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -128,6 +136,18 @@ impl Instruments {
                 true,
             ),
         ];
+        let open_duration = {
+            let open = open.clone();
+            meter
+                .f64_observable_gauge(metric::STEP_OPEN_DURATION)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(
+                    "How long the rank's current decode step has been open (0: no step open); \
+                     a step that began and never ends is a hang",
+                )
+                .with_callback(move |o| open.each(|kv, secs| o.observe(secs, kv)))
+                .build()
+        };
         let dropped = meter
             .u64_counter(metric::RECORDS_DROPPED)
             .with_unit(metric::UNIT_RECORDS)
@@ -143,6 +163,7 @@ impl Instruments {
         Instruments {
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
+            _open_duration: open_duration,
             section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
             step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
             steps: meter

@@ -6,6 +6,8 @@
 //!                     │                                             │   histograms, counters)
 //!                     │                                             └─> LayerTotals (per-layer
 //!                     │                                                 cells, no locks)
+//!                     ├──> at the end of each drain: OpenSteps (when the open step began, or
+//!                     │    since when the oldest mark is pending: one cell a lane, no locks)
 //!                     ├──> at a step's end: Tail (sampled one in N? slower than the
 //!                     │    threshold, within the rank's budget?) ──> spans ──> exemplars
 //!                     └──> Tally ──> console summary
@@ -17,6 +19,7 @@
 pub(crate) mod aggregate;
 mod attrs;
 pub(crate) mod layers;
+pub(crate) mod open;
 mod pair;
 mod replay;
 pub(crate) mod series;
@@ -54,6 +57,8 @@ pub(crate) struct Pipeline {
     inst: Vec<Instruments>,
     /// The per-layer totals every provider's instruments read.
     layers: Arc<layers::LayerTotals>,
+    /// Each lane's open step, which every provider's open-duration gauge reads.
+    open: Arc<open::OpenSteps>,
     tracer: Option<SdkTracer>,
     tally: Tally,
     spec: SpecTally,
@@ -82,6 +87,7 @@ impl Pipeline {
         shared: Arc<Shared>,
         inst: Vec<Instruments>,
         layers: Arc<layers::LayerTotals>,
+        open: Arc<open::OpenSteps>,
         tracer: Option<SdkTracer>,
         summary_every: u64,
         spec_summary_every: u64,
@@ -110,6 +116,7 @@ impl Pipeline {
             awaiting_replay: false,
             group: layers.group().clone(),
             layers,
+            open,
             tail,
             exemplars,
         }
@@ -122,7 +129,8 @@ impl Pipeline {
             let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
             for l in lanes.iter() {
                 if !self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l)) {
-                    self.lanes.push(LaneState::new(l.clone(), &self.layers));
+                    self.lanes
+                        .push(LaneState::new(l.clone(), &self.layers, &self.open));
                 }
             }
         }

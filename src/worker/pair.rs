@@ -4,6 +4,7 @@
 use super::aggregate::{Instruments, Tally};
 use super::attrs::{section_attrs, step_attrs, wait_attrs};
 use super::layers::LayerTotals;
+use super::open::{OpenSlot, OpenSteps};
 use super::series::LaneSeries;
 use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait, Why};
 use super::tail::{Kind, Tail, Verdict};
@@ -242,6 +243,11 @@ pub(crate) struct LaneState {
     host: bool,
     /// The attribute sets of the lane's series, built once.
     series: LaneSeries,
+    /// Since when the oldest mark has been pending (a deferred clock that has not reached it),
+    /// by [`crate::timing::now_ns`] at the first drain that found it pending.
+    pending_since: Option<u64>,
+    /// The lane's open step as `phasetrace.step.open_duration` reads it.
+    open: OpenSlot,
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -272,10 +278,16 @@ impl ParentWords {
 }
 
 impl LaneState {
-    pub(crate) fn new(lane: Arc<Lane>, totals: &Arc<LayerTotals>) -> LaneState {
+    pub(crate) fn new(
+        lane: Arc<Lane>,
+        totals: &Arc<LayerTotals>,
+        open: &Arc<OpenSteps>,
+    ) -> LaneState {
         let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
             series: LaneSeries::new(lane.rank, totals.clone()),
+            pending_since: None,
+            open: open.slot(lane.rank),
             host,
             lane,
             backlog: VecDeque::new(),
@@ -319,8 +331,18 @@ impl LaneState {
         self.awaiting_replay
     }
 
-    /// Drains the lane and processes marks in order until one is not resolvable yet.
+    /// Drains the lane and processes marks in order until one is not resolvable yet, then
+    /// publishes since when the lane's step has been open (or its oldest mark pending).
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+        self.drain_marks(s);
+        let step = self.step.as_ref().map(|st| st.start);
+        self.open.set(match (step, self.pending_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        });
+    }
+
+    fn drain_marks(&mut self, s: &mut Sinks<'_>) {
         self.awaiting_replay = false;
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
@@ -347,14 +369,21 @@ impl LaneState {
                 match self.lane.clock.resolve(token) {
                     Resolved::At(ns) => {
                         self.lane.clock.release(token);
+                        self.pending_since = None;
                         ns
                     }
                     Resolved::Pending => {
                         self.awaiting_replay = m.kind() == MarkKind::ReplayEnd;
+                        // Counted from the first drain that found this mark pending: a stream
+                        // stuck that long is the hang, whether or not its step had begun.
+                        if self.pending_since.is_none() {
+                            self.pending_since = Some(crate::timing::now_ns());
+                        }
                         return;
                     }
                     Resolved::Failed => {
                         self.lane.clock.release(token);
+                        self.pending_since = None;
                         self.backlog.pop_front();
                         s.stats.marks += 1;
                         s.drop(DropReason::Clock, 1);

@@ -166,7 +166,8 @@ mod tests {
     /// One provider's instruments over `t`.
     fn inst(t: &Arc<LayerTotals>) -> Vec<Instruments> {
         let p = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
-        vec![Instruments::new(&p.meter("test"), t, 8)]
+        let open = crate::worker::open::OpenSteps::new(t.group().clone());
+        vec![Instruments::new(&p.meter("test"), t, &open, 8)]
     }
 
     type Attrs = Vec<(String, String)>;

@@ -3,6 +3,7 @@
 use super::Pipeline;
 use super::aggregate::Instruments;
 use super::layers::LayerTotals;
+use super::open::OpenSteps;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
@@ -66,11 +67,13 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
     });
     let provider = SdkMeterProvider::builder().build();
     let layers = LayerTotals::new("tp0", true);
-    let inst = Instruments::new(&provider.meter("test"), &layers, 8);
+    let open = OpenSteps::new(layers.group().clone());
+    let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
     let p = Pipeline::new(
         shared.clone(),
         vec![inst],
         layers,
+        open,
         None,
         0,
         0,
@@ -476,11 +479,13 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     });
     let provider = SdkMeterProvider::builder().build();
     let layers = LayerTotals::new("tp0", false);
-    let inst = Instruments::new(&provider.meter("test"), &layers, 8);
+    let open = OpenSteps::new(layers.group().clone());
+    let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
     let mut p = Pipeline::new(
         shared.clone(),
         vec![inst],
         layers,
+        open,
         None,
         0,
         0,
@@ -650,11 +655,13 @@ fn traced(
         .build();
     let meter = SdkMeterProvider::builder().build();
     let layers = LayerTotals::new("tp0", true);
-    let inst = Instruments::new(&meter.meter("test"), &layers, 8);
+    let open = OpenSteps::new(layers.group().clone());
+    let inst = Instruments::new(&meter.meter("test"), &layers, &open, 8);
     let p = Pipeline::new(
         shared.clone(),
         vec![inst],
         layers,
+        open,
         Some(provider.tracer("test")),
         0,
         0,
@@ -1081,4 +1088,128 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
     };
     assert_eq!(of("kda"), vec![30.0; ROUNDS], "each round's own kda part");
     assert_eq!(of("rest"), vec![20.0; ROUNDS]);
+}
+
+/// (rank, microseconds) of every `phasetrace.step.open_duration` series read at `now` (ns);
+/// each carries the group.
+fn open_at(p: &Pipeline, now: u64) -> Vec<(String, f64)> {
+    let mut v = Vec::new();
+    p.open.each_at(now, |kv, secs| {
+        let a: Vec<(String, String)> = kv
+            .iter()
+            .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+            .collect();
+        assert_eq!(attr(&a, "group"), Some("tp0"), "{a:?}");
+        assert_eq!(a.len(), 2, "rank and group only: {a:?}");
+        v.push((attr(&a, "rank").unwrap().to_owned(), (secs * 1e6).round()));
+    });
+    v
+}
+
+fn ranks(v: &[(&str, f64)]) -> Vec<(String, f64)> {
+    v.iter().map(|(r, us)| ((*r).to_owned(), *us)).collect()
+}
+
+#[test]
+fn the_open_step_grows_until_it_ends_per_rank_and_reads_zero_when_idle() {
+    // Rank 3's step begins at 1000 us and ends at 9000 us; a second recorder of rank 3 opens
+    // one step [2000, 2500]; rank 5 (a rank thread of the same process) never steps.
+    let clock = Script::new(&[1000 * US, 2000 * US, 2500 * US, 9000 * US]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    let twin = rec(&shared);
+    let other = Recorder::new(shared.clone(), RecorderOptions::new().rank(5));
+    p.pass();
+    // Idle: a series per rank, at 0.
+    assert_eq!(open_at(&p, 500 * US), ranks(&[("3", 0.0), ("5", 0.0)]));
+    let step = r.step();
+    p.pass();
+    assert_eq!(open_at(&p, 4000 * US), ranks(&[("3", 3000.0), ("5", 0.0)]));
+    // Read at collection: it grows between drains.
+    assert_eq!(open_at(&p, 6000 * US), ranks(&[("3", 5000.0), ("5", 0.0)]));
+    {
+        let _s = twin.step();
+        p.pass();
+        // Lanes of one rank: the longest.
+        assert_eq!(open_at(&p, 6000 * US), ranks(&[("3", 5000.0), ("5", 0.0)]));
+    }
+    p.pass();
+    assert_eq!(open_at(&p, 6000 * US), ranks(&[("3", 5000.0), ("5", 0.0)]));
+    drop(step);
+    p.pass();
+    assert_eq!(open_at(&p, 60_000 * US), ranks(&[("3", 0.0), ("5", 0.0)]));
+    // A rank whose recorder is gone disappears; one of its recorders left keeps it.
+    drop(other);
+    drop(twin);
+    p.pass();
+    assert_eq!(open_at(&p, 60_000 * US), ranks(&[("3", 0.0)]));
+    drop(r);
+    p.pass();
+    assert_eq!(open_at(&p, 60_000 * US), ranks(&[]));
+    assert_eq!(p.stats().steps, 2);
+}
+
+#[test]
+fn a_stream_that_never_reaches_its_marks_counts_from_the_first_drain_that_found_one_pending() {
+    use crate::timing::now_ns;
+    use crate::timing::sim::{SimEventClock, SimStream};
+    use std::time::Duration;
+    let stream = SimStream::new();
+    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    const S10: u64 = 10_000_000_000;
+    // A healthy step: its marks resolve, it ends, the rank reads 0.
+    {
+        let _s = r.step();
+        stream.enqueue(Duration::from_micros(50));
+    }
+    stream.synchronize();
+    p.pass();
+    assert_eq!(open_at(&p, now_ns() + S10), ranks(&[("3", 0.0)]));
+
+    // The stream hangs before the next step's begin (a kernel that never finishes): the begin
+    // never resolves, so the worker sees no open step; it counts from its first drain that
+    // found the mark pending, and later drains do not restart the count.
+    stream.enqueue(Duration::from_millis(300));
+    let step = r.step();
+    let before = now_ns();
+    p.pass();
+    let after = now_ns();
+    assert_eq!(p.stats().steps, 1);
+    let within = |v: &[(String, f64)], lo: u64, hi: u64| {
+        assert_eq!(v.len(), 1, "{v:?}");
+        let us = v[0].1;
+        assert!(
+            us >= (lo / 1000) as f64 && us <= (hi / 1000) as f64 + 1.0,
+            "{us} us outside [{lo}, {hi}] ns"
+        );
+    };
+    within(&open_at(&p, after + S10), S10, S10 + (after - before));
+    std::thread::sleep(Duration::from_millis(20));
+    p.pass();
+    within(&open_at(&p, after + S10), S10, S10 + (after - before));
+    // The stream gets there: the step began at the end of the stuck kernel, and once its end
+    // resolves too the rank reads 0 again.
+    drop(step);
+    stream.synchronize();
+    p.pass();
+    assert_eq!(p.stats().steps, 2);
+    assert_eq!(open_at(&p, now_ns() + S10), ranks(&[("3", 0.0)]));
+
+    // A step that began (its begin resolved), then the stream hangs inside it: counted from
+    // the step's begin, not from when the worker found the later marks pending.
+    let t0 = now_ns();
+    let step = r.step();
+    let t1 = now_ns();
+    stream.enqueue(Duration::from_secs(3600));
+    let _s = r.section(Section::MOE_EXPERTS, 0u32, Site::MLP);
+    std::thread::sleep(Duration::from_millis(30));
+    p.pass();
+    within(&open_at(&p, t1 + S10), S10, S10 + (t1 - t0));
+    std::thread::sleep(Duration::from_millis(20));
+    p.pass();
+    within(&open_at(&p, t1 + S10), S10, S10 + (t1 - t0));
+    drop(_s);
+    drop(step);
 }

@@ -69,6 +69,8 @@ fn bad_flags_are_usage_errors() {
         // Only this rank of the group runs here: it needs the address to meet the others at.
         (&["demo", "--rank", "1"], "--rendezvous"),
         (&["demo", "--rendezvous", "127.0.0.1:29500"], "--rank"),
+        // The steps before a hang mean nothing without the rank that hangs.
+        (&["demo", "--hang-after-steps", "5"], "--hang-rank"),
         (
             &["demo", "--group", "a/b"],
             "expected a group name of letters, digits",
@@ -269,6 +271,10 @@ fn other_bad_demo_numbers_are_configuration_errors() {
         (
             &["--straggler-rank", "1"],
             "--straggler-rank 1: expected a rank below --ranks 1",
+        ),
+        (
+            &["--hang-rank", "1"],
+            "--hang-rank 1: expected a rank below --ranks 1",
         ),
         (
             &["--duration", "0"],

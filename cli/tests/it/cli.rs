@@ -130,6 +130,15 @@ pub fn interrupt(pid: u32) {
     assert!(status.success(), "kill -INT {pid} failed: {status}");
 }
 
+/// Sends SIGTERM to a child this test started (as a service manager stopping it).
+pub fn terminate(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("running kill -TERM");
+    assert!(status.success(), "kill -TERM {pid} failed: {status}");
+}
+
 /// A `phasetrace demo` running in the background, its stdout and stderr collected line by line.
 pub struct Demo {
     child: Option<Child>,
@@ -287,6 +296,12 @@ impl Demo {
         self.child
             .as_mut()
             .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Asks the demo to stop with SIGTERM and waits for it to exit.
+    pub fn terminate_and_wait(&mut self, timeout: Duration) -> ExitStatus {
+        terminate(self.pid());
+        self.wait(timeout)
     }
 
     /// Asks the demo to stop (SIGINT, as Ctrl-C) and waits for it to exit.

@@ -6,6 +6,7 @@ use phasetrace_testkit as support;
 
 mod a_96_layer_model_stays_within_the_series_budget;
 mod a_changed_web_config_is_reread_and_a_broken_one_is_reported_once;
+mod a_hung_group_fires_the_hung_step_alert_for_every_rank;
 mod a_periodic_straggler_slows_by_the_given_factor;
 mod a_straggler_makes_the_other_ranks_wait;
 mod bad_flags_and_env_values_exit_nonzero_naming_the_variable;

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const RULES: [&str; 3] = [
+pub(crate) const RULES: [&str; 3] = [
     "phasetrace-thresholds.yml",
     "phasetrace-recording.yml",
     "phasetrace-alerts.yml",
@@ -39,7 +39,7 @@ const POLL: Duration = Duration::from_secs(2);
 const DEMO_SECONDS: &str = "900";
 
 /// A Prometheus scraping `targets` as one job every `scrape`, evaluating the rules every second.
-fn prometheus(job: &str, targets: &[String], scrape: &str) -> Prometheus {
+pub(crate) fn prometheus(job: &str, targets: &[String], scrape: &str) -> Prometheus {
     let mut b = Prometheus::builder()
         .scrape_interval(scrape)
         .evaluation_interval("1s");
@@ -53,21 +53,21 @@ fn prometheus(job: &str, targets: &[String], scrape: &str) -> Prometheus {
 }
 
 #[derive(Debug, Clone)]
-struct Alert {
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-    state: String,
-    value: f64,
+pub(crate) struct Alert {
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) state: String,
+    pub(crate) value: f64,
 }
 
 impl Alert {
-    fn label(&self, k: &str) -> &str {
+    pub(crate) fn label(&self, k: &str) -> &str {
         self.labels.get(k).map_or("", String::as_str)
     }
 }
 
 /// Every pending or firing alert called `name`.
-fn alerts(prom: &Prometheus, name: &str) -> Vec<Alert> {
+pub(crate) fn alerts(prom: &Prometheus, name: &str) -> Vec<Alert> {
     let json = match prom.get_json("/api/v1/alerts") {
         Ok(j) => j,
         Err(e) => panic!("listing alerts: {e}"),
