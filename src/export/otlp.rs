@@ -1,6 +1,7 @@
 //! OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest).
 
 use super::ExportError;
+use super::transport::{root_store, tls};
 use crate::config::{OtlpConfig, Protocol};
 use opentelemetry_otlp::{
     Compression, MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
@@ -42,59 +43,6 @@ fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> Expor
         endpoint: o.endpoint.clone(),
         detail: e.to_string(),
     }
-}
-
-/// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`):
-/// the system's roots plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.
-pub(crate) fn tls(
-    o: &OtlpConfig,
-) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {
-    if !o.endpoint.starts_with("https://") {
-        return Ok(None);
-    }
-    let mut cfg = tonic::transport::ClientTlsConfig::new().with_native_roots();
-    if let Some(path) = &o.certificate {
-        root_store(o)?;
-        let pem = std::fs::read(path).map_err(|source| ExportError::Certificate {
-            path: path.display().to_string(),
-            source,
-        })?;
-        cfg = cfg.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-    }
-    Ok(Some(cfg))
-}
-
-/// The system's roots plus the custom CA, if any.
-pub(crate) fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, ExportError> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    // Unreadable system certificates are skipped: a custom CA may be all that is needed.
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    if let Some(path) = &o.certificate {
-        let read_err = |detail: String| ExportError::Certificate {
-            path: path.display().to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, detail),
-        };
-        let pem = std::fs::read(path).map_err(|source| ExportError::Certificate {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let mut n = 0;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| read_err(format!("not a PEM certificate: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| read_err(format!("not a usable CA certificate: {e}")))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(read_err("no PEM certificate in the file".into()));
-        }
-    }
-    Ok(roots)
 }
 
 /// A blocking HTTP client; for `https://`, rustls (ring) trusting [`root_store`].

@@ -74,7 +74,7 @@ fn tls(
     addr: SocketAddr,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
     let (host, _) = host_port(&o.endpoint).unwrap_or_default();
-    let roots = super::otlp::root_store(o).map_err(|e| e.to_string())?;
+    let roots = super::transport::root_store(o).map_err(|e| e.to_string())?;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
