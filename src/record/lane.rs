@@ -8,7 +8,7 @@ use super::ring::Ring;
 use crate::names::DropReason;
 use crate::timing::Clock;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 
 pub(crate) struct Lane {
     pub(crate) id: u16,
@@ -20,6 +20,9 @@ pub(crate) struct Lane {
     dropped: [AtomicU64; DropReason::COUNT],
     /// The recorder is gone: drain what is left, then forget the lane.
     pub(crate) closed: AtomicBool,
+    /// The latest step whose end mark was lost: (losses so far) << 32 | step index; 0: none.
+    /// Written only on that failure path, read by the worker once per drain.
+    step_end_lost: AtomicU64,
 }
 
 impl Lane {
@@ -31,7 +34,24 @@ impl Lane {
             queue: Ring::new(capacity),
             dropped: std::array::from_fn(|_| AtomicU64::new(0)),
             closed: AtomicBool::new(false),
+            step_end_lost: AtomicU64::new(0),
         }
+    }
+
+    /// The end mark of step `index` was lost (a full queue; counted there).
+    pub(crate) fn step_end_lost(&self, index: u32) {
+        // 1 to u32::MAX, so that the value is never 0 ("none").
+        let losses = (self.step_end_lost.load(Relaxed) >> 32) % u64::from(u32::MAX) + 1;
+        // Release: the worker that sees this sees the step's begin mark in the queue too.
+        self.step_end_lost
+            .store((losses << 32) | u64::from(index), Ordering::Release);
+    }
+
+    /// The latest lost step end: (a value that changes with each loss, step index); `None`
+    /// when no step end was ever lost.
+    pub(crate) fn last_lost_step_end(&self) -> Option<(u64, u32)> {
+        let v = self.step_end_lost.load(Ordering::Acquire);
+        (v != 0).then_some((v, v as u32))
     }
 
     /// Stores a mark; a full queue drops and counts it. Never blocks.

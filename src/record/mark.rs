@@ -77,6 +77,7 @@ const ACCEPTED_UNKNOWN: u32 = u32::MAX;
 ///
 /// | kind | `wide` | `id` | `aux` | `token` |
 /// | --- | --- | --- | --- | --- |
+/// | `StepBegin` | step index (low 32 bits) | | | time |
 /// | `SectionBegin` | layer | section | site | time |
 /// | `SectionEnd` | | section | | time |
 /// | `Wait` | layer | | site | wait ns |
@@ -125,10 +126,16 @@ impl Mark {
         if host { FLAG_HOST } else { 0 }
     }
 
-    /// A step begins; `sampled` when it gets spans.
+    /// Step `index` (the recorder's count, low 32 bits) begins; `sampled` when it gets spans.
     #[inline]
-    pub(crate) const fn step_begin(sampled: bool) -> Mark {
-        Mark::new(MarkKind::StepBegin, 0, 0, 0, Mark::sampled_flag(sampled))
+    pub(crate) const fn step_begin(sampled: bool, index: u32) -> Mark {
+        Mark::new(
+            MarkKind::StepBegin,
+            index,
+            0,
+            0,
+            Mark::sampled_flag(sampled),
+        )
     }
 
     /// The current step ends.
@@ -370,6 +377,12 @@ impl Mark {
         self.wide
     }
 
+    /// The recorder's index of a `StepBegin` (low 32 bits).
+    #[inline]
+    pub(crate) const fn step_index(&self) -> u32 {
+        self.wide
+    }
+
     /// The lane's round sequence number of a `RoundBegin`.
     #[inline]
     pub(crate) const fn round_seq(&self) -> u32 {
@@ -455,7 +468,12 @@ mod tests {
         assert!(!m.with_sampled(false).is_sampled());
         let m = Mark::replay_end(7, 0x0001_0004);
         assert_eq!((m.graph(), m.replay_seq()), (7, 0x0001_0004));
-        assert!(Mark::step_begin(false).with_sampled(true).is_sampled());
+        let m = Mark::step_begin(false, 0x8000_0001).with_sampled(true);
+        assert!(m.is_sampled());
+        assert_eq!(
+            (m.kind(), m.step_index()),
+            (MarkKind::StepBegin, 0x8000_0001)
+        );
 
         let m = Mark::wait(Site::MLP, Layer(4), 1_500);
         assert_eq!(

@@ -217,7 +217,10 @@ impl Recorder {
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
         if self.level() == Level::Off {
-            return StepGuard { rec: None };
+            return StepGuard {
+                rec: None,
+                index: 0,
+            };
         }
         let n = self.steps.get();
         self.steps.set(n.wrapping_add(1));
@@ -226,9 +229,10 @@ impl Recorder {
         if sampled {
             self.push_parent();
         }
-        let ok = self.push_timed(Mark::step_begin(sampled));
+        let ok = self.push_timed(Mark::step_begin(sampled, n as u32));
         StepGuard {
             rec: ok.then_some(self),
+            index: n as u32,
         }
     }
 
@@ -423,6 +427,8 @@ impl Recorder {
 #[derive(Debug)]
 pub struct StepGuard<'a> {
     rec: Option<&'a Recorder>,
+    /// The recorder's step index (low 32 bits), named when the end is lost.
+    index: u32,
 }
 
 impl StepGuard<'_> {
@@ -433,8 +439,12 @@ impl StepGuard<'_> {
 impl Drop for StepGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Some(rec) = self.rec {
-            rec.push_timed(Mark::step_end());
+        if let Some(rec) = self.rec
+            && !rec.push_timed(Mark::step_end())
+        {
+            // The end is lost (counted): say which step, so that the worker does not hold the
+            // step open (and `phasetrace.step.open_duration` growing) until the next one.
+            rec.lane.step_end_lost(self.index);
         }
     }
 }

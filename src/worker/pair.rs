@@ -48,6 +48,9 @@ struct OpenStep {
     sampled: bool,
     /// Whether the lane's `trace` holds this step (sampled, or tail sampling is on).
     collect: bool,
+    /// The recorder's index of a step recorded live (`None`: replayed from a graph, whose
+    /// captured index repeats).
+    index: Option<u32>,
 }
 
 /// A round as the worker keys it: its [`RoundRef`] and, for a round captured inside a CUDA
@@ -246,6 +249,8 @@ pub(crate) struct LaneState {
     /// Since when the oldest mark has been pending (a deferred clock that has not reached it),
     /// by [`crate::timing::now_ns`] at the first drain that found it pending.
     pending_since: Option<u64>,
+    /// The lost step end already acted on ([`Lane::last_lost_step_end`]).
+    lost_end_seen: u64,
     /// The lane's open step as `phasetrace.step.open_duration` reads it.
     open: OpenSlot,
 }
@@ -287,6 +292,7 @@ impl LaneState {
         LaneState {
             series: LaneSeries::new(lane.rank, totals.clone()),
             pending_since: None,
+            lost_end_seen: 0,
             open: open.slot(lane.rank),
             host,
             lane,
@@ -335,11 +341,42 @@ impl LaneState {
     /// publishes since when the lane's step has been open (or its oldest mark pending).
     pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
         self.drain_marks(s);
+        self.close_step_whose_end_was_lost(s);
         let step = self.step.as_ref().map(|st| st.start);
         self.open.set(match (step, self.pending_since) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         });
+    }
+
+    /// A step whose end mark the recorder lost (a full queue: counted there) would stay open
+    /// until the rank's next step, and read as a hang (`phasetrace.step.open_duration`) if the
+    /// rank then idles: it is closed without a duration. Its sections left open are stale
+    /// (counted as unbalanced). Checked after each drain; a loss is acted on once, when its
+    /// step is the open one, or forgotten once a later step has begun.
+    fn close_step_whose_end_was_lost(&mut self, s: &mut Sinks<'_>) {
+        let Some((v, index)) = self.lane.last_lost_step_end() else {
+            return;
+        };
+        if v == self.lost_end_seen {
+            return;
+        }
+        let Some(open) = self.step.as_ref().and_then(|st| st.index) else {
+            // No live step open: the lost step's begin is still queued; look again next time.
+            return;
+        };
+        if open == index {
+            if let Some(step) = self.step.take()
+                && self.stack.len() > step.depth
+            {
+                Self::unbalanced(s, (self.stack.len() - step.depth) as u64);
+                self.stack.truncate(step.depth);
+            }
+            self.lost_end_seen = v;
+        } else if (open.wrapping_sub(index) as i32) > 0 {
+            // A later step began: the lost one was closed as unbalanced then.
+            self.lost_end_seen = v;
+        }
     }
 
     fn drain_marks(&mut self, s: &mut Sinks<'_>) {
@@ -387,6 +424,10 @@ impl LaneState {
                         self.backlog.pop_front();
                         s.stats.marks += 1;
                         s.drop(DropReason::Clock, 1);
+                        if m.kind() == MarkKind::StepEnd {
+                            // The step ended, at an unknown time: not left open (a false hang).
+                            self.step = None;
+                        }
                         continue;
                     }
                 }
@@ -521,6 +562,7 @@ impl LaneState {
                     depth: self.stack.len(),
                     sampled,
                     collect: sampled || (s.tracer.is_some() && s.tail.is_on()),
+                    index: (self.in_replay == 0).then(|| m.step_index()),
                 });
             }
             MarkKind::StepEnd => {

@@ -1213,3 +1213,82 @@ fn a_stream_that_never_reaches_its_marks_counts_from_the_first_drain_that_found_
     drop(_s);
     drop(step);
 }
+
+#[test]
+fn a_step_whose_end_was_lost_to_a_full_queue_is_not_left_open() {
+    // The queue holds 1024 marks; a step of 600 sections fills it, so the step's end is lost
+    // (counted under queue_full). The step must not stay open, or an idle rank would read as
+    // hung. The next step is measured as usual.
+    const SECTIONS: u64 = 600;
+    let times: Vec<u64> = (0..2 * SECTIONS + 10).map(|i| (i + 1) * US).collect();
+    let clock = Script::new(&times);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        for i in 0..SECTIONS {
+            let _s = r.section(Section::NORM, (i % 8) as u32, Site::NONE);
+        }
+    }
+    p.pass();
+    assert!(
+        p.stats().dropped[DropReason::QueueFull] > 0,
+        "{:?}",
+        p.stats()
+    );
+    assert_eq!(p.stats().steps, 0, "the step's end never arrived");
+    assert_eq!(
+        open_at(&p, 1_000_000 * US),
+        ranks(&[("3", 0.0)]),
+        "a step whose end was lost is not held open"
+    );
+    {
+        let _step = r.step();
+        let _s = r.section(Section::NORM, 0u32, Site::NONE);
+    }
+    p.pass();
+    assert_eq!(p.stats().steps, 1, "{:?}", p.stats());
+}
+
+/// A scripted clock that cannot resolve the token `fail` (a failed event query).
+struct FailOne {
+    script: Arc<Script>,
+    fail: u64,
+}
+
+impl Clock for FailOne {
+    fn mark(&self) -> Option<Token> {
+        self.script.mark()
+    }
+    fn resolve(&self, t: Token) -> Resolved {
+        if t.0 == self.fail {
+            Resolved::Failed
+        } else {
+            self.script.resolve(t)
+        }
+    }
+    fn is_deferred(&self) -> bool {
+        true
+    }
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Events
+    }
+}
+
+#[test]
+fn a_step_whose_end_the_clock_could_not_time_is_not_left_open() {
+    // The step's end is marked at 777 us, a token the clock fails to resolve.
+    let clock = Arc::new(FailOne {
+        script: Script::new(&[100 * US, 200 * US, 300 * US, 777 * US]),
+        fail: 777 * US,
+    });
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _s = r.section(Section::NORM, 0u32, Site::NONE);
+    }
+    p.pass();
+    assert_eq!(p.stats().dropped[DropReason::Clock], 1);
+    assert_eq!(open_at(&p, 1_000_000 * US), ranks(&[("3", 0.0)]));
+}
