@@ -496,12 +496,8 @@ pub fn trace_requests(
     options: &OtlpOptions,
     mut sink: impl FnMut(ExportTraceServiceRequest, RequestInfo) -> Result<(), ImportError>,
 ) -> Result<OtlpStats, ImportError> {
-    let set = series::build(
-        files,
-        options.sample_interval_ns,
-        options.rank,
-        &options.group,
-    );
+    // The spans need the runs' resources, not the series.
+    let (resources, _) = series::resources(files);
     let mut stats = OtlpStats::default();
     let mut spans: Vec<SpanOut<'_>> = Vec::new();
     for file in files {
@@ -536,8 +532,7 @@ pub fn trace_requests(
         }
         for group in probes.chunk_by(|a, b| a.run == b.run && a.step == b.step) {
             let (run, step) = (group[0].run, group[0].step);
-            let Some(res) = set
-                .resources
+            let Some(res) = resources
                 .iter()
                 .position(|r| r.source_file == file.source_file && r.run == run)
             else {
@@ -603,7 +598,7 @@ pub fn trace_requests(
     for out in &spans {
         let span = span_of(out, options.rank, &options.group);
         let item = in_field(span.encoded_len());
-        let resource = &set.resources[out.resource];
+        let resource = &resources[out.resource];
         let cost = |new_resource: bool| {
             if new_resource {
                 item + resource_spans(resource).encoded_len() + 3 * WRAP

@@ -133,6 +133,75 @@ impl Builder {
 /// Builds the cumulative series of `files`. `sample_interval_ns` (at least 1) bounds how close
 /// two points of one series may be; `rank` and `group` label every series, as the live exporter
 /// does.
+/// The runs of `files` as resources, in input order, each spanning its records' times, and how
+/// many records had no time. All that the spans need of the logs' runs; [`build`] starts here.
+pub(crate) fn resources(files: &[ImportedFile]) -> (Vec<Resource>, u64) {
+    let mut runs = Runs::default();
+    for (file_idx, file) in files.iter().enumerate() {
+        for record in &file.records {
+            runs.place(file_idx, file, record);
+        }
+    }
+    (runs.resources, runs.untimed)
+}
+
+/// Resources by (file, run), as records are placed in them.
+#[derive(Default)]
+struct Runs {
+    resources: Vec<Resource>,
+    index: HashMap<(usize, u32), usize>,
+    untimed: u64,
+}
+
+impl Runs {
+    /// The resource of `record` and its time, widening the resource to cover the record;
+    /// `None` (counted) for a record without a time.
+    fn place(
+        &mut self,
+        file_idx: usize,
+        file: &ImportedFile,
+        record: &ImportRecord,
+    ) -> Option<(usize, u64)> {
+        let Some(at) = record.at() else {
+            self.untimed += 1;
+            return None;
+        };
+        let run = record.run();
+        let next = self.resources.len();
+        let res = *self.index.entry((file_idx, run)).or_insert(next);
+        if res == next {
+            self.resources.push(Resource {
+                source_file: file.source_file.clone(),
+                run,
+                start_ns: u64::MAX,
+                end_ns: 0,
+            });
+        }
+        let covered = match record {
+            ImportRecord::DecodeSteps {
+                decode_ns,
+                steps,
+                steps_in_interval,
+                ..
+            } => {
+                // Only a run's first table covers the time since the process started.
+                if steps == steps_in_interval {
+                    *decode_ns
+                } else {
+                    0
+                }
+            }
+            ImportRecord::RouteTrace { bar_ns, .. } => *bar_ns,
+            ImportRecord::SpecBurst { phases, .. } => phases.total_ns(),
+            ImportRecord::SectionInterval { .. } | ImportRecord::VerifySplit { .. } => 0,
+        };
+        let r = &mut self.resources[res];
+        r.start_ns = r.start_ns.min(at.saturating_sub(covered));
+        r.end_ns = r.end_ns.max(at);
+        Some((res, at))
+    }
+}
+
 pub(crate) fn build(
     files: &[ImportedFile],
     sample_interval_ns: u64,
@@ -148,48 +217,16 @@ pub(crate) fn build(
         index: HashMap::new(),
         set: SeriesSet::default(),
     };
-    let mut resource_of: HashMap<(usize, u32), usize> = HashMap::new();
+    let mut runs = Runs::default();
     for (file_idx, file) in files.iter().enumerate() {
         for record in &file.records {
-            let Some(at) = record.at() else {
-                b.set.untimed_records += 1;
-                continue;
-            };
-            let run = record.run();
-            let next = b.set.resources.len();
-            let res = *resource_of.entry((file_idx, run)).or_insert(next);
-            if res == next {
-                b.set.resources.push(Resource {
-                    source_file: file.source_file.clone(),
-                    run,
-                    start_ns: u64::MAX,
-                    end_ns: 0,
-                });
+            if let Some((res, at)) = runs.place(file_idx, file, record) {
+                add_record(&mut b, res, record, at);
             }
-            let covered = match record {
-                ImportRecord::DecodeSteps {
-                    decode_ns,
-                    steps,
-                    steps_in_interval,
-                    ..
-                } => {
-                    // Only a run's first table covers the time since the process started.
-                    if steps == steps_in_interval {
-                        *decode_ns
-                    } else {
-                        0
-                    }
-                }
-                ImportRecord::RouteTrace { bar_ns, .. } => *bar_ns,
-                ImportRecord::SpecBurst { phases, .. } => phases.total_ns(),
-                ImportRecord::SectionInterval { .. } | ImportRecord::VerifySplit { .. } => 0,
-            };
-            let r = &mut b.set.resources[res];
-            r.start_ns = r.start_ns.min(at.saturating_sub(covered));
-            r.end_ns = r.end_ns.max(at);
-            add_record(&mut b, res, record, at);
         }
     }
+    b.set.resources = runs.resources;
+    b.set.untimed_records = runs.untimed;
     // A series of event lines holds its total to the run's end (see the module docs).
     for series in &mut b.set.series {
         let end = b.set.resources[series.resource].end_ns;

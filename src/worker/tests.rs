@@ -65,23 +65,48 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
+    let p = untraced(&shared, true);
+    (shared, p)
+}
+
+/// The pipeline of `shared` with one meter provider's instruments (read by [`values`]), and a
+/// tracer, its span counts, tail rule and exemplar store when given.
+fn pipeline(
+    shared: &Arc<Shared>,
+    layer_attr: bool,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    counts: Arc<crate::export::SpanCounts>,
+    tail: super::tail::Tail,
+    store: Option<Arc<crate::export::ExemplarStore>>,
+) -> Pipeline {
     let provider = SdkMeterProvider::builder().build();
-    let layers = LayerTotals::new("tp0", true);
+    let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
     let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
-    let p = Pipeline::new(
+    Pipeline::new(
         shared.clone(),
         vec![inst],
         layers,
         open,
+        tracer,
+        0,
+        0,
+        counts,
+        tail,
+        store,
+    )
+}
+
+/// [`pipeline`] without spans.
+fn untraced(shared: &Arc<Shared>, layer_attr: bool) -> Pipeline {
+    pipeline(
+        shared,
+        layer_attr,
         None,
-        0,
-        0,
         Default::default(),
         super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
         None,
-    );
-    (shared, p)
+    )
 }
 
 fn rec(shared: &Arc<Shared>) -> Recorder {
@@ -477,22 +502,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         graphs: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
-    let provider = SdkMeterProvider::builder().build();
-    let layers = LayerTotals::new("tp0", false);
-    let open = OpenSteps::new(layers.group().clone());
-    let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
-    let mut p = Pipeline::new(
-        shared.clone(),
-        vec![inst],
-        layers,
-        open,
-        None,
-        0,
-        0,
-        Default::default(),
-        super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
-        None,
-    );
+    let mut p = untraced(&shared, false);
     let r = rec(&shared);
     {
         let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
@@ -653,18 +663,10 @@ fn traced(
             Some(store.clone()),
         ))
         .build();
-    let meter = SdkMeterProvider::builder().build();
-    let layers = LayerTotals::new("tp0", true);
-    let open = OpenSteps::new(layers.group().clone());
-    let inst = Instruments::new(&meter.meter("test"), &layers, &open, 8);
-    let p = Pipeline::new(
-        shared.clone(),
-        vec![inst],
-        layers,
-        open,
+    let p = pipeline(
+        &shared,
+        true,
         Some(provider.tracer("test")),
-        0,
-        0,
         counts,
         super::tail::Tail::new(rule, budget),
         Some(store.clone()),
