@@ -8,18 +8,18 @@
 //! `phasetrace_prometheus_web_config_last_reload_successful` reads 0; fixed, `result="ok"` and
 //! the gauge back at 1.
 
-use crate::prometheus_scrapes_over_tls_with_basic_auth::{base64, certificates, job};
+use crate::prometheus_scrapes_over_tls_with_basic_auth::{
+    TlsAnswer, certificates, job, tls_request,
+};
 use crate::support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use phasetrace::{Level, Profiler, Section, Site};
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use support::{Prometheus, TempDir};
 
 const OLD: &str = "old password";
@@ -50,64 +50,9 @@ fn copy(from: &Path, to: &Path) {
     replace(to, &std::fs::read(from).expect("read"));
 }
 
-/// What one scrape got: the status, the body and the certificate the server presented.
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    body: String,
-    server_cert: Vec<u8>,
-}
-
-/// `GET /metrics` over a new TLS connection that trusts `ca` only, with the client certificate
-/// of `client` (a folder of [`certificates`]) and basic auth `prometheus:password`.
-fn scrape(addr: SocketAddr, ca: &Path, client: &Path, password: &str) -> Result<Answer, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let certs = CertificateDer::pem_file_iter(client.join("client.pem"))
-        .unwrap()
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_file(client.join("client.key")).unwrap();
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_client_auth_cert(certs, key)
-    .unwrap();
-    let conn = rustls::ClientConnection::new(
-        Arc::new(cfg),
-        ServerName::try_from("localhost".to_owned()).unwrap(),
-    )
-    .map_err(|e| e.to_string())?;
-    let tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut s = rustls::StreamOwned::new(conn, tcp);
-    let auth = base64(&format!("prometheus:{password}"));
-    s.write_all(
-        format!(
-            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-    let server_cert = s
-        .conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.to_vec())
-        .unwrap_or_default();
-    let (status, body) = support::process::parse_http_response(&raw)?;
-    Ok(Answer {
-        status,
-        body,
-        server_cert,
-    })
+/// `GET /metrics` trusting `ca` only, with `client`'s certificate and `prometheus:password`.
+fn scrape(addr: SocketAddr, ca: &Path, client: &Path, password: &str) -> Result<TlsAnswer, String> {
+    tls_request(addr, ca, Some(client), Some(("prometheus", password)))
 }
 
 /// The DER of the first certificate in `pem`.

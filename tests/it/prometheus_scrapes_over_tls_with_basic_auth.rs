@@ -61,16 +61,25 @@ fn web_config(dir: &Path) -> PathBuf {
     path
 }
 
-/// A GET over TLS trusting `dir/ca.pem`, with the client certificate when `client_cert`, and
-/// `user:password` basic auth when given: the status, or why it failed.
-fn tls_get(
+/// What a `GET /metrics` over TLS answered: status, body and the server's certificate (DER).
+#[derive(Debug)]
+pub(crate) struct TlsAnswer {
+    pub(crate) status: u16,
+    pub(crate) body: String,
+    pub(crate) server_cert: Vec<u8>,
+}
+
+/// `GET /metrics` over a new TLS connection trusting `ca` only, with the client certificate of
+/// `client` (a folder of [`certificates`]) when given, and `user:password` basic auth when
+/// given: the answer, or why it failed.
+pub(crate) fn tls_request(
     addr: SocketAddr,
-    dir: &Path,
-    client_cert: bool,
+    ca: &Path,
+    client: Option<&Path>,
     auth: Option<(&str, &str)>,
-) -> Result<u16, String> {
+) -> Result<TlsAnswer, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
     let b = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -79,7 +88,7 @@ fn tls_get(
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_root_certificates(roots);
-    let cfg = if client_cert {
+    let cfg = if let Some(dir) = client {
         let certs = CertificateDer::pem_file_iter(dir.join("client.pem"))
             .unwrap()
             .collect::<Result<Vec<_>, _>>()
@@ -107,11 +116,29 @@ fn tls_get(
     .map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-    let head = String::from_utf8_lossy(&raw);
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no HTTP answer: {head:?}"))
+    let server_cert = s
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    let (status, body) = support::process::parse_http_response(&raw)?;
+    Ok(TlsAnswer {
+        status,
+        body,
+        server_cert,
+    })
+}
+
+/// [`tls_request`] trusting `dir/ca.pem`, with `dir`'s client certificate when `client_cert`:
+/// the status.
+fn tls_get(
+    addr: SocketAddr,
+    dir: &Path,
+    client_cert: bool,
+    auth: Option<(&str, &str)>,
+) -> Result<u16, String> {
+    tls_request(addr, &dir.join("ca.pem"), client_cert.then_some(dir), auth).map(|a| a.status)
 }
 
 pub(crate) fn base64(s: &str) -> String {
