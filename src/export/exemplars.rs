@@ -199,13 +199,10 @@ impl ExemplarStore {
     /// The exemplars of one series, one slot per bucket (`le` order, `+Inf` last); `attrs` in
     /// any order, values as the encoder prints them (`rank="0"`: `("rank", "0")`).
     pub(crate) fn series(&self, metric: &str, attrs: &[(&str, &str)]) -> Buckets {
-        let key = series_key(attrs.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        i.visible
-            .get(metric)
-            .and_then(|m| m.get(&key))
-            .copied()
-            .unwrap_or([None; BUCKETS])
+        self.lookup(
+            metric,
+            &series_key(attrs.iter().map(|(k, v)| (*k, (*v).to_owned()))),
+        )
     }
 
     /// [`ExemplarStore::series`] for attributes as the SDK reports a data point's.
@@ -222,10 +219,15 @@ impl ExemplarStore {
                 .into_iter()
                 .map(|kv| (kv.key.as_str(), kv.value.to_string())),
         );
+        self.lookup(metric, &key)
+    }
+
+    /// The visible exemplars of the series `key` of `metric`, one slot per bucket.
+    fn lookup(&self, metric: &str, key: &SeriesKey) -> Buckets {
         let i = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         i.visible
             .get(metric)
-            .and_then(|m| m.get(&key))
+            .and_then(|m| m.get(key))
             .copied()
             .unwrap_or([None; BUCKETS])
     }
