@@ -160,15 +160,8 @@ impl LiveWebConfig {
 
 #[cfg(test)]
 mod tests {
+    use super::super::watched::tests::tmp;
     use super::*;
-
-    fn tmp(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("phasetrace-reload-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
 
     fn users(hash: &str) -> String {
         format!("basic_auth_users:\n  alice: '{hash}'\n")

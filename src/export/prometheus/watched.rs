@@ -124,12 +124,12 @@ impl Files {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn tmp(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("phasetrace-watched-{tag}-{}", std::process::id()));
+    /// A fresh temporary folder for one test (`tag` names it).
+    pub(in crate::export::prometheus) fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("phasetrace-prom-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
