@@ -20,9 +20,14 @@ source "$ROOT/.tools/env"
 printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\n' \
     "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
 
-section "cargo test --workspace --all-features --locked $*"
+# Every feature but `record-off`, which compiles recording out (checked on its own below).
+FEATURES="phasetrace/cuda,phasetrace/import,phasetrace-cli/cuda"
+section "cargo test --workspace --features $FEATURES --locked $*"
 # The tools were just installed: a test that cannot find one fails rather than skips.
-PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --all-features --locked "$@"
+PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --features "$FEATURES" --locked "$@"
+
+section "feature builds: each exporter alone, none, and recording compiled out (scripts/check-features.sh)"
+"$ROOT/scripts/check-features.sh"
 
 if [ -f "$ROOT/scripts/validate-stack.sh" ]; then
     section "validating the stack (scripts/validate-stack.sh)"

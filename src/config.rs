@@ -404,7 +404,8 @@ impl Listen {
     pub const EXPECTED: &'static str =
         "a listen address host:port (127.0.0.1:9464), host:port+rank (one port per rank), or off";
 
-    /// The built-in default, `127.0.0.1:9464`, used when nothing is pushed over OTLP.
+    /// The built-in default, `127.0.0.1:9464` (plus `LOCAL_RANK` when a launcher sets it), used
+    /// when metrics are pushed nowhere else.
     pub const fn builtin() -> Listen {
         Listen::At(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9464))
     }
@@ -458,7 +459,9 @@ impl From<SocketAddr> for Listen {
 /// The OTLP exporter's settings.
 #[derive(Clone, PartialEq, Eq)]
 pub struct OtlpConfig {
-    /// Base endpoint, `http://host:port` or `https://host:port`.
+    /// The endpoint: for the general connection ([`Config::otlp`]) the base URL
+    /// (`http(s)://host:port`); for a signal ([`Config::traces_otlp`], [`Config::metrics_otlp`])
+    /// the URL its exporter sends to (for http/protobuf with the signal's path, `/v1/traces`).
     pub endpoint: String,
     /// Transport.
     pub protocol: Protocol,
@@ -485,6 +488,61 @@ impl fmt::Debug for OtlpConfig {
             .field("certificate", &self.certificate)
             .field("histogram", &self.histogram)
             .finish()
+    }
+}
+
+/// The per-signal OTLP settings as given (`OTEL_EXPORTER_OTLP_TRACES_*` or `..._METRICS_*`);
+/// `None`: unset, the general setting applies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SignalGiven {
+    pub(crate) endpoint: Option<String>,
+    pub(crate) protocol: Option<Protocol>,
+    pub(crate) headers: Option<Vec<(String, String)>>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) compression: Option<Compression>,
+    pub(crate) certificate: Option<PathBuf>,
+}
+
+/// One OTLP signal: its name, OTLP/HTTP path, per-signal settings and exporter variable.
+struct Signal {
+    name: &'static str,
+    path: &'static str,
+    endpoint: &'static settings::Setting<Option<String>>,
+    protocol: &'static settings::Setting<Option<Protocol>>,
+    headers: &'static settings::Setting<Option<Vec<(String, String)>>>,
+    timeout: &'static settings::Setting<Option<Duration>>,
+    compression: &'static settings::Setting<Option<Compression>>,
+    certificate: &'static settings::Setting<Option<PathBuf>>,
+}
+
+const TRACES: Signal = Signal {
+    name: "traces",
+    path: "/v1/traces",
+    endpoint: &settings::TRACES_ENDPOINT,
+    protocol: &settings::TRACES_PROTOCOL,
+    headers: &settings::TRACES_HEADERS,
+    timeout: &settings::TRACES_TIMEOUT,
+    compression: &settings::TRACES_COMPRESSION,
+    certificate: &settings::TRACES_CERTIFICATE,
+};
+
+const METRICS: Signal = Signal {
+    name: "metrics",
+    path: "/v1/metrics",
+    endpoint: &settings::METRICS_ENDPOINT,
+    protocol: &settings::METRICS_PROTOCOL,
+    headers: &settings::METRICS_HEADERS,
+    timeout: &settings::METRICS_TIMEOUT,
+    compression: &settings::METRICS_COMPRESSION,
+    certificate: &settings::METRICS_CERTIFICATE,
+};
+
+/// The OTLP/gRPC and OTLP/HTTP transports this build has (the `otlp-grpc` and `otlp-http`
+/// features): a protocol that is not compiled in is refused by name.
+pub(crate) fn protocol_compiled(p: Protocol) -> bool {
+    match p {
+        Protocol::Grpc => cfg!(feature = "otlp-grpc"),
+        Protocol::HttpProtobuf => cfg!(feature = "otlp-http"),
     }
 }
 
@@ -596,14 +654,19 @@ pub struct Config {
     pub service_name: String,
     /// Extra resource attributes.
     pub resource_attributes: Vec<(String, String)>,
-    /// OTLP export, when an endpoint is configured and an exporter selects it.
+    /// The general OTLP connection (`OTEL_EXPORTER_OTLP_*`), when its endpoint is set: what
+    /// `phasetrace import` sends with, and what each signal inherits.
     pub otlp: Option<OtlpConfig>,
-    /// Whether spans go to OTLP.
-    pub traces_otlp: bool,
+    /// Where spans go over OTLP (the per-signal settings over the general ones; for
+    /// http/protobuf the endpoint is the whole URL), when OTLP is selected for spans.
+    pub traces_otlp: Option<OtlpConfig>,
     /// Whether spans are printed to stderr (`OTEL_TRACES_EXPORTER=console`).
     pub traces_console: bool,
-    /// Whether metrics go to OTLP.
-    pub metrics_otlp: bool,
+    /// Where metrics go over OTLP, as [`Config::traces_otlp`], when OTLP is selected for them.
+    pub metrics_otlp: Option<OtlpConfig>,
+    /// The per-signal settings as given (`None`: inherited), for `phasetrace check`.
+    pub(crate) given_traces: SignalGiven,
+    pub(crate) given_metrics: SignalGiven,
     /// Metric export interval (OTLP push).
     pub metric_export_interval: Duration,
     /// How long shutdown may take.
@@ -784,6 +847,39 @@ impl Sources<'_> {
     fn value<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<T, ConfigError> {
         Ok(self.get(s)?.unwrap_or_else(|| s.default_value()))
     }
+
+    /// The per-signal OTLP settings of `sig` as given (unset: `None`).
+    fn signal_given(&mut self, sig: &Signal) -> Result<SignalGiven, ConfigError> {
+        Ok(SignalGiven {
+            endpoint: self.value(sig.endpoint)?,
+            protocol: self.value(sig.protocol)?,
+            headers: self.value(sig.headers)?,
+            timeout: self.value(sig.timeout)?,
+            compression: self.value(sig.compression)?,
+            certificate: self.value(sig.certificate)?,
+        })
+    }
+
+    /// The built-in Prometheus address: `127.0.0.1:9464`, the port offset by `LOCAL_RANK` when
+    /// a launcher set it, so that the ranks of one host each get their own without
+    /// configuration.
+    fn builtin_listen(&self) -> Result<Listen, ConfigError> {
+        let expected = "a whole number from 0 to 56071 (the launcher's rank on this host)";
+        let Some(text) = self.text(env::LOCAL_RANK, expected)? else {
+            return Ok(Listen::builtin());
+        };
+        let mut a = match Listen::builtin() {
+            Listen::At(a) => a,
+            other => return Ok(other),
+        };
+        let port = text
+            .parse::<u16>()
+            .ok()
+            .and_then(|n| a.port().checked_add(n))
+            .ok_or_else(|| invalid(env::LOCAL_RANK, &text, expected))?;
+        a.set_port(port);
+        Ok(Listen::At(a))
+    }
 }
 
 /// Parses `host:port` into one socket address (the first it resolves to).
@@ -893,56 +989,114 @@ impl ConfigBuilder {
         let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
+        let given_traces = src.signal_given(&TRACES)?;
+        let given_metrics = src.signal_given(&METRICS)?;
+        let general = endpoint.clone().map(|endpoint| OtlpConfig {
+            protocol,
+            endpoint,
+            headers: headers.clone(),
+            timeout,
+            gzip: compression == Compression::Gzip,
+            certificate: certificate.clone(),
+            histogram,
+        });
+        // A signal's own variable wins over the general one (the OTel SDK environment spec);
+        // the general endpoint gets the signal's path over HTTP, a signal's own is used as is.
+        let for_signal = |sig: &Signal, given: &SignalGiven| -> Option<OtlpConfig> {
+            let protocol = given.protocol.unwrap_or(protocol);
+            let endpoint = match (&given.endpoint, &endpoint) {
+                (Some(e), _) => e.clone(),
+                (None, Some(e)) if protocol == Protocol::HttpProtobuf => format!("{e}{}", sig.path),
+                (None, Some(e)) => e.clone(),
+                (None, None) => return None,
+            };
+            Some(OtlpConfig {
+                endpoint,
+                protocol,
+                headers: given.headers.clone().unwrap_or_else(|| headers.clone()),
+                timeout: given.timeout.unwrap_or(timeout),
+                gzip: given.compression.unwrap_or(compression) == Compression::Gzip,
+                certificate: given.certificate.clone().or_else(|| certificate.clone()),
+                histogram,
+            })
+        };
+        let traces_endpoint = for_signal(&TRACES, &given_traces);
+        let metrics_endpoint = for_signal(&METRICS, &given_metrics);
+
         let metrics_explicit = metrics_exporters.is_some();
         let metrics = metrics_exporters.unwrap_or(MetricsExporters {
-            otlp: endpoint.is_some(),
+            otlp: metrics_endpoint.is_some(),
             ..MetricsExporters::default()
         });
-        let traces_otlp = match traces_exporter {
+        let traces_on = match traces_exporter {
             Some(t) => t == TracesExporter::Otlp,
-            None => endpoint.is_some(),
+            None => traces_endpoint.is_some(),
         };
-        if (traces_otlp || metrics.otlp) && endpoint.is_none() {
-            return Err(ConfigError::Conflict(format!(
-                "OTLP export is selected ({}/{}) but {} is not set: set it, or select another exporter",
-                env::OTEL_TRACES_EXPORTER,
-                env::OTEL_METRICS_EXPORTER,
-                env::OTEL_EXPORTER_OTLP_ENDPOINT
-            )));
+        for (on, sig, e, var) in [
+            (traces_on, &TRACES, &traces_endpoint, env::OTEL_TRACES_EXPORTER),
+            (metrics.otlp, &METRICS, &metrics_endpoint, env::OTEL_METRICS_EXPORTER),
+        ] {
+            if on && e.is_none() {
+                return Err(ConfigError::Conflict(format!(
+                    "OTLP export of {} is selected ({var}) but neither {} nor {} is set: set one, \
+                     or select another exporter",
+                    sig.name,
+                    sig.endpoint.var,
+                    env::OTEL_EXPORTER_OTLP_ENDPOINT
+                )));
+            }
+        }
+        let traces_otlp = traces_endpoint.filter(|_| traces_on);
+        let metrics_otlp = metrics_endpoint.filter(|_| metrics.otlp);
+        for (sig, given, o) in [
+            (&TRACES, &given_traces, &traces_otlp),
+            (&METRICS, &given_metrics, &metrics_otlp),
+        ] {
+            let Some(o) = o else { continue };
+            let (protocol_var, endpoint_var, certificate_var) = (
+                if given.protocol.is_some() { sig.protocol.var } else { env::OTEL_EXPORTER_OTLP_PROTOCOL },
+                if given.endpoint.is_some() { sig.endpoint.var } else { env::OTEL_EXPORTER_OTLP_ENDPOINT },
+                if given.certificate.is_some() { sig.certificate.var } else { env::OTEL_EXPORTER_OTLP_CERTIFICATE },
+            );
+            if !protocol_compiled(o.protocol) {
+                let feature = match o.protocol {
+                    Protocol::Grpc => "otlp-grpc",
+                    Protocol::HttpProtobuf => "otlp-http",
+                };
+                return Err(ConfigError::Conflict(format!(
+                    "{protocol_var}={}: this build of phasetrace has no OTLP {} exporter for {} \
+                     (its cargo feature `{feature}` is off): enable the feature, or choose \
+                     another protocol",
+                    o.protocol, o.protocol, sig.name
+                )));
+            }
+            if o.certificate.is_some() && !o.endpoint.starts_with("https://") {
+                return Err(ConfigError::Conflict(format!(
+                    "{certificate_var} is set but {endpoint_var}={} is not an https:// endpoint",
+                    o.endpoint
+                )));
+            }
         }
 
-        // The embedded Prometheus endpoint is the default when nothing is pushed anywhere.
-        let listen = prometheus.unwrap_or_else(|| {
-            if metrics.prometheus || (!metrics_explicit && endpoint.is_none()) {
-                s::PROMETHEUS.default_value()
-            } else {
-                Listen::Off
+        // The embedded Prometheus endpoint is the default when metrics are pushed nowhere.
+        let listen = match prometheus {
+            Some(l) if l != Listen::Off && !cfg!(feature = "prometheus") => {
+                return Err(ConfigError::Conflict(format!(
+                    "{}={l}: this build of phasetrace has no Prometheus endpoint (its cargo \
+                     feature `prometheus` is off): enable the feature, or set it to off",
+                    env::PROMETHEUS
+                )));
             }
-        });
+            Some(l) => l,
+            None if !cfg!(feature = "prometheus") => Listen::Off,
+            None if metrics.prometheus || (!metrics_explicit && metrics_otlp.is_none()) => {
+                src.builtin_listen()?
+            }
+            None => Listen::Off,
+        };
         let prometheus = listen
             .for_rank(rank)
             .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
-
-        let otlp = endpoint.map(|endpoint| OtlpConfig {
-            protocol,
-            endpoint,
-            headers,
-            timeout,
-            gzip: compression == Compression::Gzip,
-            certificate,
-            histogram,
-        });
-        if let Some(o) = &otlp
-            && o.certificate.is_some()
-            && !o.endpoint.starts_with("https://")
-        {
-            return Err(ConfigError::Conflict(format!(
-                "{} is set but {}={} is not an https:// endpoint",
-                env::OTEL_EXPORTER_OTLP_CERTIFICATE,
-                env::OTEL_EXPORTER_OTLP_ENDPOINT,
-                o.endpoint
-            )));
-        }
 
         Ok(Config {
             level,
@@ -967,8 +1121,10 @@ impl ConfigBuilder {
             resource_attributes,
             traces_otlp,
             traces_console: traces_exporter == Some(TracesExporter::Console),
-            metrics_otlp: metrics.otlp,
-            otlp,
+            metrics_otlp,
+            otlp: general,
+            given_traces,
+            given_metrics,
             metric_export_interval,
             shutdown_timeout: self.shutdown_timeout.unwrap_or(Duration::from_millis(
                 crate::names::default::SHUTDOWN_TIMEOUT_MS,
@@ -1073,7 +1229,7 @@ mod tests {
         assert!(o.gzip);
         assert_eq!(o.histogram, HistogramAggregation::Exponential);
         assert_eq!(c.metric_export_interval, Duration::from_millis(500));
-        assert!(c.traces_otlp && c.metrics_otlp);
+        assert!(c.traces_otlp.is_some() && c.metrics_otlp.is_some());
         assert_eq!(c.origins.get("PHASETRACE_LEVEL"), Some(&Origin::Env));
         assert!(!format!("{c:?}").contains("s3cr"), "headers leak in Debug");
     }
@@ -1309,7 +1465,7 @@ mod tests {
     fn an_otlp_endpoint_turns_the_embedded_prometheus_default_off() {
         let c = env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")]).unwrap();
         assert!(c.prometheus.is_none());
-        assert!(c.traces_otlp && c.metrics_otlp);
+        assert!(c.traces_otlp.is_some() && c.metrics_otlp.is_some());
         assert_eq!(c.otlp.unwrap().protocol, Protocol::Grpc);
         let off = env(&[("PHASETRACE_PROMETHEUS", "off")]).unwrap();
         assert!(off.prometheus.is_none());
@@ -1433,6 +1589,8 @@ mod tests {
                 s.check("\u{1}bogus value\u{1}").is_err()
                     || s.var() == env::OTEL_SERVICE_NAME
                     || s.var() == env::OTEL_EXPORTER_OTLP_CERTIFICATE
+                    || s.var() == env::OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE
+                    || s.var() == env::OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE
                     || s.var() == env::PROMETHEUS_WEB_CONFIG,
                 "{}",
                 s.var()

@@ -51,7 +51,10 @@ pub use config::{
     Config, ConfigError, HostSourceChoice, Level, Origin, Protocol, SpecLevel, Timing,
     TraceSlowerThan,
 };
-pub use export::{ExportError, WebConfigError};
+pub use export::ExportError;
+#[cfg(feature = "prometheus")]
+pub use export::WebConfigError;
+pub use export::view;
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{

@@ -5,6 +5,10 @@
 //! the Prometheus spelling is the OTel name with dots turned into underscores, the unit appended
 //! (`_seconds`) and `_total` on counters.
 
+/// The instrumentation scope of every instrument and span phasetrace creates (with the crate's
+/// version), on its own providers and on the engine's alike.
+pub const SCOPE: &str = "phasetrace";
+
 /// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
 /// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
@@ -346,6 +350,37 @@ pub mod env {
     /// `explicit_bucket_histogram` or `base2_exponential_bucket_histogram`.
     pub const OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: &str =
         "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
+    /// The traces endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/traces`); unset:
+    /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/traces` over HTTP).
+    pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+    /// The metrics endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/metrics`); unset:
+    /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/metrics` over HTTP).
+    pub const OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
+    /// The traces transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
+    pub const OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+    /// The metrics transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
+    pub const OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
+    /// The traces request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
+    pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+    /// The metrics request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
+    pub const OTEL_EXPORTER_OTLP_METRICS_HEADERS: &str = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
+    /// The traces export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
+    pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+    /// The metrics export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
+    pub const OTEL_EXPORTER_OTLP_METRICS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
+    /// The traces compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
+    pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
+    /// The metrics compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
+    pub const OTEL_EXPORTER_OTLP_METRICS_COMPRESSION: &str =
+        "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
+    /// The traces endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
+    pub const OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
+    /// The metrics endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
+    pub const OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE: &str =
+        "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE";
+    /// The launcher's rank of this process on its host (torchrun and most launchers set it):
+    /// the built-in Prometheus port is 9464 plus it.
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
     /// Metric export interval in milliseconds.
     pub const OTEL_METRIC_EXPORT_INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
     /// `otlp`, `console` or `none`.

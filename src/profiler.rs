@@ -5,14 +5,12 @@ use crate::config::{
     Compression, Config, ConfigBuilder, ConfigError, Level, Listen, Origin, Protocol, SpecLevel,
     Timing,
 };
-use crate::export::{ExportError, Exporters};
+use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, HostClock};
 use crate::worker::{
     Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
 };
-use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry::trace::TracerProvider as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +48,7 @@ pub struct ProfilerBuilder {
     drain_interval: Option<Duration>,
     spec_k_max: Option<u32>,
     use_env: Option<bool>,
+    given: Given,
 }
 
 impl std::fmt::Debug for ProfilerBuilder {
@@ -57,11 +56,56 @@ impl std::fmt::Debug for ProfilerBuilder {
         f.debug_struct("ProfilerBuilder")
             .field("cfg", &self.cfg)
             .field("clock", &self.clock.as_ref().map(|c| c.timing()))
+            .field("given", &self.given)
             .finish()
     }
 }
 
 impl ProfilerBuilder {
+    /// Records metrics into the engine's own meter provider (an `SdkMeterProvider` clone, or any
+    /// [`opentelemetry::metrics::MeterProvider`]) instead of a pipeline of phasetrace's:
+    /// phasetrace then builds no metrics exporter, resource, reader or runtime of its own, and
+    /// serves no Prometheus endpoint unless one is asked for (`PHASETRACE_PROMETHEUS` or
+    /// `OTEL_METRICS_EXPORTER=prometheus`, served from a reader of its own). Its instruments
+    /// are created under the instrumentation scope `phasetrace` with the crate's version.
+    /// [`Profiler::shutdown`] never flushes or shuts the provider down: it stays the engine's.
+    ///
+    /// Register [`crate::view`] on the provider's builder: without it the per-layer counters
+    /// keep the SDK's 2,000 series per instrument, and `build()` says so once on stderr.
+    pub fn with_meter_provider<P>(mut self, provider: P) -> Self
+    where
+        P: opentelemetry::metrics::MeterProvider + Send + Sync + 'static,
+    {
+        self.given.meter = Some(Arc::new(provider));
+        self
+    }
+
+    /// Builds step and round spans on the engine's own tracer provider (an
+    /// `SdkTracerProvider` clone, or any [`opentelemetry::trace::TracerProvider`]) instead of a
+    /// pipeline of phasetrace's: no span exporter, processor or resource of phasetrace's. The
+    /// spans carry the instrumentation scope `phasetrace`; with the `tracing` feature a sampled
+    /// step is a child of the engine's current `tracing` span, read through the engine's own
+    /// `tracing-opentelemetry` layer. Spans on the engine's provider are the engine's to queue
+    /// and count: `Stats::spans_exported` stays 0, and no exemplars link to them.
+    /// [`Profiler::shutdown`] never flushes or shuts the provider down.
+    pub fn with_tracer_provider<P, T, S>(mut self, provider: P) -> Self
+    where
+        S: opentelemetry::trace::Span + Send + Sync + 'static,
+        T: opentelemetry::trace::Tracer<Span = S> + Send + Sync + 'static,
+        P: opentelemetry::trace::TracerProvider<Tracer = T> + Send + Sync + 'static,
+    {
+        self.given.tracer = Some(Arc::new(provider));
+        self
+    }
+
+    /// Records into `opentelemetry::global`'s meter and tracer providers, as they are when
+    /// `build()` runs (the engine sets them first): [`Self::with_meter_provider`] and
+    /// [`Self::with_tracer_provider`] with the globals.
+    pub fn with_global_providers(mut self) -> Self {
+        self.given.meter = Some(opentelemetry::global::meter_provider());
+        self.with_tracer_provider(opentelemetry::global::tracer_provider())
+    }
+
     /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
     pub fn with_level(mut self, level: Level) -> Self {
         self.cfg.set(&settings::LEVEL, level);
@@ -362,16 +406,28 @@ impl ProfilerBuilder {
     }
 
     /// Resolves the configuration, starts the exporters and the worker.
+    ///
+    /// Safe to call from async code (inside a Tokio runtime of either flavour): the exporters
+    /// are set up on a thread of their own, and the caller only waits for it.
     pub fn build(self) -> Result<Profiler, Error> {
-        let cfg = self.config()?;
+        let mut cfg = self.config()?;
         for w in &cfg.alias_warnings {
             eprintln!("{w}");
+        }
+        // The engine's meter provider carries the metrics: the built-in Prometheus endpoint is
+        // served only when asked for.
+        if self.given.meter.is_some()
+            && cfg.origin(crate::names::env::PROMETHEUS) == Origin::Default
+            && cfg.origin(crate::names::env::OTEL_METRICS_EXPORTER) == Origin::Default
+        {
+            cfg.prometheus = None;
         }
         if !cfg.sdk_disabled {
             crate::timing::choose_host_source(cfg.host_clock)?;
         }
         // Checked now even when the profiler starts off: a bad file is never found only later,
         // when an operator turns profiling on.
+        #[cfg(feature = "prometheus")]
         if let (Some(_), Some(path)) = (cfg.prometheus, &cfg.prometheus_web_config) {
             crate::export::web_config::load(path).map_err(ExportError::from)?;
         }
@@ -419,7 +475,6 @@ impl ProfilerBuilder {
             clock,
             lanes: Mutex::new(Vec::new()),
             next_lane: AtomicU16::new(1),
-            tracing_parent: AtomicBool::new(false),
             spec_off_hint: AtomicBool::new(
                 !cfg.sdk_disabled && cfg.origin(crate::names::env::SPEC_LEVEL) == Origin::Default,
             ),
@@ -427,6 +482,8 @@ impl ProfilerBuilder {
         let start = Start {
             k_max: self.spec_k_max.unwrap_or(16),
             drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
+            given: self.given,
+            views_warned: Arc::new(AtomicBool::new(false)),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -449,39 +506,45 @@ impl ProfilerBuilder {
 }
 
 /// What starting the worker and exporters needs beyond the configuration.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Start {
     k_max: u32,
     drain_interval: Duration,
+    given: Given,
+    /// The missing-view line was said (once per profiler, across restarts).
+    views_warned: Arc<AtomicBool>,
 }
 
 impl Start {
-    fn run(self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
-        let exporters = crate::export::build(cfg).map_err(|e| match e {
-            ExportError::PrometheusBind { addr, source }
-                if cfg.origin(crate::names::env::PROMETHEUS) == Origin::Default =>
-            {
-                ExportError::PrometheusDefaultBind { addr, source }
-            }
-            e => e,
-        })?;
+    fn run(&self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
+        let given = &self.given;
+        let mut exporters = off_runtime(|| crate::export::build(cfg, given))??;
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
         let open = OpenSteps::new(layers.group().clone());
-        let inst = exporters
-            .meter_providers
+        let views_before = crate::export::views::layer_views_applied();
+        let inst: Vec<Instruments> = exporters
+            .meters
             .iter()
-            .map(|p| Instruments::new(&p.meter("phasetrace"), &layers, &open, self.k_max))
+            .map(|m| Instruments::new(m, &layers, &open, self.k_max))
             .collect();
+        if given.meter.is_some()
+            && cfg.layer_attr
+            && crate::export::views::layer_views_applied() == views_before
+            && !self.views_warned.swap(true, Ordering::Relaxed)
+        {
+            eprintln!(
+                "phasetrace: the meter provider given to with_meter_provider has no \
+                 phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's 2000 \
+                 series each, and a model with more (section, layer) pairs folds the rest into \
+                 one otel.metric.overflow series; register it with \
+                 SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
+                crate::names::metric::SECTION_LAYER_TIME,
+                crate::names::metric::SECTION_LAYER_CALLS,
+            );
+        }
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
-        let tracer = traces
-            .then(|| {
-                exporters
-                    .tracer_provider
-                    .as_ref()
-                    .map(|p| p.tracer("phasetrace"))
-            })
-            .flatten();
+        let tracer = exporters.tracer.clone().filter(|_| traces);
         let pipeline = Pipeline::new(
             shared.clone(),
             inst,
@@ -494,10 +557,31 @@ impl Start {
             crate::worker::tail::Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
             exporters.exemplars.clone(),
         );
-        let worker = Worker::start(pipeline, self.drain_interval)
-            .map_err(|e| Error::Export(ExportError::Thread(e)))?;
-        Ok(Running { worker, exporters })
+        match Worker::start(pipeline, self.drain_interval) {
+            Ok(worker) => Ok(Running { worker, exporters }),
+            Err(e) => {
+                let _ = off_runtime(move || exporters.shutdown(Duration::from_millis(500)));
+                Err(Error::Export(ExportError::Thread(e)))
+            }
+        }
     }
+}
+
+/// Runs `f` on a thread of its own and waits for it: exporters are set up (and, on failure,
+/// dropped) off any async runtime the caller is in, where a blocking HTTP client or a Tokio
+/// runtime must be neither created nor dropped.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
+    std::thread::scope(|s| {
+        let handle = std::thread::Builder::new()
+            .name("phasetrace-setup".into())
+            .spawn_scoped(s, f)
+            .map_err(|e| Error::Export(ExportError::Thread(e)))?;
+        handle.join().map_err(|_| {
+            Error::Export(ExportError::Thread(std::io::Error::other(
+                "the exporter setup thread panicked",
+            )))
+        })
+    })
 }
 
 /// An engine stream whose clock the timing setting picks at `build()`.
@@ -761,16 +845,14 @@ impl Profiler {
     /// The embedded Prometheus endpoint's bound address, when it runs.
     pub fn prometheus_addr(&self) -> Option<SocketAddr> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref()
-            .and_then(|r| r.exporters.prometheus.as_ref().map(|p| p.addr()))
+        r.as_ref().and_then(|r| r.exporters.prometheus_addr())
     }
 
     /// The embedded Prometheus endpoint's URL (`https://` when its web config serves TLS), when
     /// it runs.
     pub fn prometheus_url(&self) -> Option<String> {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        r.as_ref()
-            .and_then(|r| r.exporters.prometheus.as_ref().map(|p| p.url()))
+        r.as_ref().and_then(|r| r.exporters.prometheus_url())
     }
 
     /// Processes everything recorded so far on the calling thread (resolving what the clocks can
@@ -849,30 +931,6 @@ impl Profiler {
             );
         }
     }
-
-    /// A `tracing` layer exporting through this profiler's tracer provider; once installed, a
-    /// sampled step becomes a child of the engine's current `tracing` span. `None` when no
-    /// traces exporter is configured.
-    #[cfg(feature = "tracing")]
-    pub fn tracing_layer<S>(
-        &self,
-    ) -> Option<tracing_opentelemetry::OpenTelemetryLayer<S, opentelemetry_sdk::trace::SdkTracer>>
-    where
-        S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-    {
-        let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
-        let tracer = r
-            .as_ref()?
-            .exporters
-            .tracer_provider
-            .as_ref()?
-            .tracer("phasetrace");
-        self.inner
-            .shared
-            .tracing_parent
-            .store(true, Ordering::Relaxed);
-        Some(tracing_opentelemetry::layer().with_tracer(tracer))
-    }
 }
 
 #[cfg(test)]
@@ -889,6 +947,23 @@ mod tests {
             .expect("profiler")
     }
 
+    /// With `record-off` every recording call is empty: a profiler at full level sees nothing.
+    #[cfg(feature = "record-off")]
+    #[test]
+    fn recording_compiled_out_records_nothing() {
+        let p = profiler();
+        let rec = p.recorder();
+        for layer in 0..4u32 {
+            let _step = rec.step();
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+        p.flush();
+        let s = p.stats();
+        assert_eq!((s.marks, s.steps, s.sections), (0, 0, 0), "{s:?}");
+        p.shutdown();
+    }
+
+    #[cfg_attr(feature = "record-off", ignore = "recording is compiled out")]
     #[test]
     fn stats_and_summary_keep_the_final_figures_after_shutdown() {
         let p = profiler();

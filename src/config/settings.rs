@@ -683,7 +683,14 @@ pub static OTLP_PROTOCOL: Setting<Protocol> = Setting {
     example: "http/protobuf",
     default_note: "",
     secret: false,
-    default: || Protocol::Grpc,
+    // gRPC, as before; http/protobuf in a build that has only the OTLP/HTTP exporter.
+    default: || {
+        if cfg!(feature = "otlp-grpc") || !cfg!(feature = "otlp-http") {
+            Protocol::Grpc
+        } else {
+            Protocol::HttpProtobuf
+        }
+    },
     parse: closed,
     show: shown,
     get: |c| c.otlp.as_ref().map(|o| o.protocol),
@@ -803,7 +810,7 @@ pub static TRACES_EXPORTER: Setting<TracesExporter> = Setting {
     parse: closed,
     show: shown,
     get: |c| {
-        Some(if c.traces_otlp {
+        Some(if c.traces_otlp.is_some() {
             TracesExporter::Otlp
         } else if c.traces_console {
             TracesExporter::Console
@@ -828,12 +835,110 @@ pub static METRICS_EXPORTER: Setting<MetricsExporters> = Setting {
     show: shown,
     get: |c| {
         Some(MetricsExporters {
-            otlp: c.metrics_otlp,
+            otlp: c.metrics_otlp.is_some(),
             prometheus: c.prometheus.is_some(),
             console: c.summary_every > 0,
         })
     },
 };
+
+/// A per-signal OTLP setting (`OTEL_EXPORTER_OTLP_{TRACES,METRICS}_*`): the general setting's
+/// parser, printer and accepted values; unset (`None`) it inherits the general one.
+macro_rules! per_signal {
+    ($(#[$m:meta])* $name:ident: $t:ty = $base:ident, $var:expr, $signal:literal, $field:ident.$part:ident, $doc:literal, $example:literal) => {
+        $(#[$m])*
+        pub static $name: Setting<Option<$t>> = Setting {
+            var: $var,
+            fallbacks: &[],
+            flag: None,
+            doc: concat!($doc, " of ", $signal, " (unset: the general setting's)"),
+            expected: per_signal!(@expected $base),
+            example: $example,
+            default_note: "",
+            secret: per_signal!(@secret $base),
+            default: || None,
+            parse: per_signal!(@parse $base),
+            show: per_signal!(@show $base),
+            get: |c| Some(c.$field.$part.clone()),
+        };
+    };
+    (@expected OTLP_ENDPOINT) => { "an http:// or https:// URL with a host and an optional port (and a path)" };
+    (@expected OTLP_PROTOCOL) => { Protocol::EXPECTED };
+    (@expected OTLP_HEADERS) => { KV };
+    (@expected OTLP_TIMEOUT) => { "a whole number of milliseconds, at least 1" };
+    (@expected OTLP_COMPRESSION) => { super::Compression::EXPECTED };
+    (@expected OTLP_CERTIFICATE) => { "a path" };
+    (@secret OTLP_HEADERS) => { true };
+    // The endpoint and the CA are optional already: unset is their `None`.
+    (@parse OTLP_ENDPOINT) => { |s| (OTLP_ENDPOINT.parse)(s) };
+    (@parse OTLP_CERTIFICATE) => { |s| (OTLP_CERTIFICATE.parse)(s) };
+    (@parse $b:ident) => { |s| ($b.parse)(s).map(Some) };
+    (@show OTLP_ENDPOINT) => { |v| (OTLP_ENDPOINT.show)(v) };
+    (@show OTLP_CERTIFICATE) => { |v| (OTLP_CERTIFICATE.show)(v) };
+    (@show $b:ident) => { |v| v.as_ref().and_then(|v| ($b.show)(v)) };
+    (@secret $other:ident) => { false };
+}
+
+per_signal!(
+    /// The traces endpoint, used as is.
+    TRACES_ENDPOINT: String = OTLP_ENDPOINT, env::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "traces",
+    given_traces.endpoint, "The OTLP endpoint (for http/protobuf the whole URL)", "https://collector.example:4318/v1/traces"
+);
+per_signal!(
+    /// The metrics endpoint, used as is.
+    METRICS_ENDPOINT: String = OTLP_ENDPOINT, env::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "metrics",
+    given_metrics.endpoint, "The OTLP endpoint (for http/protobuf the whole URL)", "https://collector.example:4317"
+);
+per_signal!(
+    /// The traces transport.
+    TRACES_PROTOCOL: Protocol = OTLP_PROTOCOL, env::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, "traces",
+    given_traces.protocol, "The OTLP transport", "http/protobuf"
+);
+per_signal!(
+    /// The metrics transport.
+    METRICS_PROTOCOL: Protocol = OTLP_PROTOCOL, env::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, "metrics",
+    given_metrics.protocol, "The OTLP transport", "grpc"
+);
+per_signal!(
+    /// The traces request headers.
+    TRACES_HEADERS: Vec<(String, String)> = OTLP_HEADERS, env::OTEL_EXPORTER_OTLP_TRACES_HEADERS, "traces",
+    given_traces.headers, "OTLP request headers", "x-api-key=tr4ces"
+);
+per_signal!(
+    /// The metrics request headers.
+    METRICS_HEADERS: Vec<(String, String)> = OTLP_HEADERS, env::OTEL_EXPORTER_OTLP_METRICS_HEADERS, "metrics",
+    given_metrics.headers, "OTLP request headers", "x-api-key=m3trics"
+);
+per_signal!(
+    /// The traces export timeout.
+    TRACES_TIMEOUT: Duration = OTLP_TIMEOUT, env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT, "traces",
+    given_traces.timeout, "OTLP export timeout in milliseconds", "3000"
+);
+per_signal!(
+    /// The metrics export timeout.
+    METRICS_TIMEOUT: Duration = OTLP_TIMEOUT, env::OTEL_EXPORTER_OTLP_METRICS_TIMEOUT, "metrics",
+    given_metrics.timeout, "OTLP export timeout in milliseconds", "4000"
+);
+per_signal!(
+    /// The traces compression.
+    TRACES_COMPRESSION: super::Compression = OTLP_COMPRESSION, env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, "traces",
+    given_traces.compression, "Compression of OTLP request bodies", "none"
+);
+per_signal!(
+    /// The metrics compression.
+    METRICS_COMPRESSION: super::Compression = OTLP_COMPRESSION, env::OTEL_EXPORTER_OTLP_METRICS_COMPRESSION, "metrics",
+    given_metrics.compression, "Compression of OTLP request bodies", "gzip"
+);
+per_signal!(
+    /// The traces endpoint's CA.
+    TRACES_CERTIFICATE: PathBuf = OTLP_CERTIFICATE, env::OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE, "traces",
+    given_traces.certificate, "PEM file of a custom CA for https:// endpoints", "/etc/ssl/traces-ca.pem"
+);
+per_signal!(
+    /// The metrics endpoint's CA.
+    METRICS_CERTIFICATE: PathBuf = OTLP_CERTIFICATE, env::OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE, "metrics",
+    given_metrics.certificate, "PEM file of a custom CA for https:// endpoints", "/etc/ssl/metrics-ca.pem"
+);
 
 /// Every setting, in the order `phasetrace check` prints them.
 pub static SETTINGS: &[&dyn AnySetting] = &[
@@ -864,6 +969,18 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &OTLP_COMPRESSION,
     &OTLP_CERTIFICATE,
     &OTLP_HISTOGRAM,
+    &TRACES_ENDPOINT,
+    &TRACES_PROTOCOL,
+    &TRACES_HEADERS,
+    &TRACES_TIMEOUT,
+    &TRACES_COMPRESSION,
+    &TRACES_CERTIFICATE,
+    &METRICS_ENDPOINT,
+    &METRICS_PROTOCOL,
+    &METRICS_HEADERS,
+    &METRICS_TIMEOUT,
+    &METRICS_COMPRESSION,
+    &METRICS_CERTIFICATE,
     &METRIC_EXPORT_INTERVAL,
     &TRACES_EXPORTER,
     &METRICS_EXPORTER,

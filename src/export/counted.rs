@@ -20,10 +20,29 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Counters shared by the exporter wrapper and the worker.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SpanCounts {
     pub(crate) exported: AtomicU64,
     pub(crate) failed: AtomicU64,
+    /// Whether the spans go through phasetrace's own (counted) exporter. Spans handed to the
+    /// engine's tracer provider are the engine's to count: nothing is known of their queue.
+    pub(crate) tracked: bool,
+}
+
+impl Default for SpanCounts {
+    fn default() -> Self {
+        SpanCounts::tracked(true)
+    }
+}
+
+impl SpanCounts {
+    pub(crate) fn tracked(tracked: bool) -> Self {
+        SpanCounts {
+            exported: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            tracked,
+        }
+    }
 }
 
 /// A span exporter that counts what its inner exporter delivered and lost.
@@ -89,11 +108,13 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 
 /// OTLP metrics exports so far, by [`Outcome`], and the current run of failures.
 #[derive(Debug, Default)]
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 pub(crate) struct ExportCounts {
     counts: [AtomicU64; Outcome::ALL.len()],
     failing: AtomicU64,
 }
 
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 impl ExportCounts {
     pub(crate) fn get(&self, o: Outcome) -> u64 {
         self.counts[o as usize].load(Relaxed)
@@ -132,6 +153,7 @@ impl ExportCounts {
 
 /// A metrics exporter that counts its exports by outcome (see [`ExportCounts::record`]).
 #[derive(Debug)]
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 pub(crate) struct CountedMetrics<E> {
     inner: E,
     counts: Arc<ExportCounts>,
@@ -139,6 +161,7 @@ pub(crate) struct CountedMetrics<E> {
     endpoint: String,
 }
 
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 impl<E> CountedMetrics<E> {
     pub(crate) fn new(inner: E, counts: Arc<ExportCounts>, endpoint: String) -> Self {
         CountedMetrics {

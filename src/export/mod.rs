@@ -14,41 +14,81 @@
 mod console;
 mod counted;
 pub(crate) mod exemplars;
+#[cfg(feature = "otlp")]
 pub(crate) mod otlp;
+#[cfg(all(feature = "otlp", feature = "prometheus"))]
 mod probe;
+#[cfg(feature = "prometheus")]
 pub(crate) mod prometheus;
+#[cfg(feature = "otlp")]
 mod proto_metrics;
 #[cfg(feature = "tracing")]
 pub(crate) mod tracing_layer;
+#[cfg(feature = "otlp")]
 pub(crate) mod transport;
+pub(crate) mod views;
 
 #[cfg(test)]
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
+#[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
+#[cfg(feature = "prometheus")]
 pub(crate) use self::prometheus::{PrometheusServer, reload, web_config};
+pub use self::views::view;
 
-use crate::config::{Config, HistogramAggregation};
-use crate::names::{Outcome, default, metric, resource};
-use opentelemetry::KeyValue;
+use crate::config::Config;
+#[cfg(feature = "otlp")]
+use crate::config::HistogramAggregation;
+use crate::names::{Outcome, metric, resource};
+use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::metrics::{Meter, MeterProvider};
+use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{
-    Aggregation, Instrument, InstrumentKind, SdkMeterProvider, Stream,
-};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter,
 };
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
+/// The instrumentation scope of every instrument and span phasetrace creates: `phasetrace` with
+/// the crate's version.
+pub(crate) fn scope() -> InstrumentationScope {
+    InstrumentationScope::builder(crate::names::SCOPE)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build()
+}
+
+/// The engine's own providers, handed to the builder: phasetrace records into them and builds
+/// no pipeline of its own for their signals.
+#[derive(Clone, Default)]
+pub(crate) struct Given {
+    pub(crate) meter: Option<Arc<dyn MeterProvider + Send + Sync>>,
+    pub(crate) tracer: Option<Arc<dyn ObjectSafeTracerProvider + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Given {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Given")
+            .field("meter_provider", &self.meter.is_some())
+            .field("tracer_provider", &self.tracer.is_some())
+            .finish()
+    }
+}
+
 /// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
+#[cfg(feature = "otlp")]
+#[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
 pub(crate) type OtlpMetricReader =
     opentelemetry_sdk::metrics::PeriodicReader<counted::CountedMetrics<MetricsExporter>>;
 
 /// The OTLP metrics exporter: the SDK's when traces are off, phasetrace's own (the same
 /// requests plus the exemplars of delivered traces) when they are on.
+#[cfg(feature = "otlp")]
 #[derive(Debug)]
 pub(crate) enum MetricsExporter {
     /// opentelemetry-otlp's exporter.
@@ -57,6 +97,7 @@ pub(crate) enum MetricsExporter {
     WithExemplars(proto_metrics::ProtoMetricExporter),
 }
 
+#[cfg(feature = "otlp")]
 impl opentelemetry_sdk::metrics::exporter::PushMetricExporter for MetricsExporter {
     async fn export(
         &self,
@@ -110,20 +151,8 @@ pub enum ExportError {
         /// Why.
         source: std::io::Error,
     },
-    /// The built-in default Prometheus address (nobody set `PHASETRACE_PROMETHEUS`) could not
-    /// be bound: the error says it is the default and how to change it.
-    #[error(
-        "the built-in default Prometheus endpoint {addr} cannot listen ({source}); \
-         PHASETRACE_PROMETHEUS is not set: set it to a free host:port (or host:port+rank) or off, \
-         or call ProfilerBuilder::with_prometheus_at or without_prometheus"
-    )]
-    PrometheusDefaultBind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
     /// The Prometheus endpoint's web configuration file is unreadable or invalid.
+    #[cfg(feature = "prometheus")]
     #[error(transparent)]
     WebConfig(#[from] WebConfigError),
     /// An OTLP exporter failed to build.
@@ -151,33 +180,42 @@ pub enum ExportError {
     Thread(std::io::Error),
 }
 
-/// The providers and servers behind one profiler.
+/// The providers and servers behind one profiler: what the worker records into (meters and a
+/// tracer, the engine's or phasetrace's own) and what phasetrace owns and so shuts down.
 pub(crate) struct Exporters {
-    /// One provider per histogram flavour: OTLP may use exponential histograms while the
-    /// Prometheus endpoint keeps explicit buckets.
-    pub(crate) meter_providers: Vec<SdkMeterProvider>,
-    pub(crate) tracer_provider: Option<SdkTracerProvider>,
-    /// What the span exporter delivered and lost.
-    pub(crate) span_counts: std::sync::Arc<SpanCounts>,
+    /// The meters the worker's instruments are created on, one per provider: the engine's
+    /// (given), and phasetrace's own (OTLP and Prometheus; two when OTLP uses exponential
+    /// histograms and the Prometheus endpoint keeps explicit buckets).
+    pub(crate) meters: Vec<Meter>,
+    /// The providers phasetrace built, flushed and shut down with it.
+    own_meter_providers: Vec<SdkMeterProvider>,
+    /// The tracer of step and round spans, on the given tracer provider or phasetrace's own.
+    pub(crate) tracer: Option<Arc<BoxedTracer>>,
+    own_tracer_provider: Option<SdkTracerProvider>,
+    /// What the span exporter delivered and lost (tracked with phasetrace's own provider only).
+    pub(crate) span_counts: Arc<SpanCounts>,
     /// Exemplars of traced steps for the Prometheus endpoint and OTLP metrics: present when
-    /// spans and either of them are on.
-    pub(crate) exemplars: Option<std::sync::Arc<ExemplarStore>>,
+    /// phasetrace's own spans and either of them are on.
+    pub(crate) exemplars: Option<Arc<ExemplarStore>>,
+    #[cfg(feature = "prometheus")]
     pub(crate) prometheus: Option<PrometheusServer>,
     /// `phasetrace.prometheus.web_config.reloads` and `phasetrace.metric.exports`, one each per
-    /// meter provider (kept with them).
+    /// meter (kept with them).
     _outcome_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
-    /// `phasetrace.prometheus.web_config.last_reload_successful`, one per meter provider.
+    /// `phasetrace.prometheus.web_config.last_reload_successful`, one per meter.
     _state_gauges: Vec<opentelemetry::metrics::ObservableGauge<u64>>,
     /// Keeps the tonic channels' background tasks alive.
-    pub(crate) runtime: Option<tokio::runtime::Runtime>,
+    #[cfg(feature = "otlp")]
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for Exporters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Exporters")
-            .field("meter_providers", &self.meter_providers.len())
-            .field("traces", &self.tracer_provider.is_some())
-            .field("prometheus", &self.prometheus.as_ref().map(|p| p.addr()))
+            .field("meters", &self.meters.len())
+            .field("own_meter_providers", &self.own_meter_providers.len())
+            .field("traces", &self.tracer.is_some())
+            .field("prometheus", &self.prometheus_addr())
             .finish()
     }
 }
@@ -226,141 +264,155 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok())
 }
 
-/// The per-layer instruments, whose cardinality limit is raised to
-/// [`default::LAYER_SERIES_LIMIT`].
-const LAYER_INSTRUMENTS: [&str; 4] = [
-    metric::SECTION_LAYER_TIME,
-    metric::SECTION_LAYER_CALLS,
-    metric::COLLECTIVE_LAYER_WAIT_TIME,
-    metric::COLLECTIVE_LAYER_WAIT_CALLS,
-];
-
-/// The one view of a provider: per-layer instruments get room for their series, and with
-/// `exponential` the duration histograms become base-2 exponential histograms (OTLP only).
-fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send + Sync + 'static {
-    move |i: &Instrument| {
-        if LAYER_INSTRUMENTS.contains(&i.name()) {
-            return Stream::builder()
-                .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
-                .build()
-                .ok();
-        }
-        (exponential && i.kind() == InstrumentKind::Histogram && i.unit() == metric::UNIT_SECONDS)
-            .then(|| {
-                Stream::builder()
-                    .with_aggregation(Aggregation::Base2ExponentialHistogram {
-                        max_size: 160,
-                        max_scale: 20,
-                        record_min_max: true,
-                    })
-                    .build()
-                    .ok()
-            })
-            .flatten()
-    }
-}
-
-pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
+/// Builds what `cfg` asks for around the providers the engine gave. Run it off any async runtime
+/// of the caller's (the blocking HTTP client and the OTLP runtime must not be created or dropped
+/// on an async thread): [`crate::Profiler`] calls it on a thread of its own.
+pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportError> {
     let res = resource(cfg);
-    let otlp = cfg.otlp.as_ref();
-    let needs_runtime = otlp.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc);
-    let runtime = if needs_runtime {
-        Some(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("phasetrace-otlp")
-                .enable_all()
-                .build()
-                .map_err(ExportError::Thread)?,
-        )
-    } else {
-        None
+    // The engine's meter provider carries the metrics: no OTLP metrics pipeline of phasetrace's.
+    let metrics_otlp = given.meter.is_none() && cfg.metrics_otlp.is_some();
+    let traces_otlp = given.tracer.is_none() && cfg.traces_otlp.is_some();
+    let traces_console = given.tracer.is_none() && cfg.traces_console;
+    let own_traces = traces_otlp || traces_console;
+    #[cfg(feature = "otlp")]
+    let runtime = {
+        let grpc = |o: Option<&crate::config::OtlpConfig>, on: bool| {
+            on && o.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc)
+        };
+        if grpc(cfg.metrics_otlp.as_ref(), metrics_otlp)
+            || grpc(cfg.traces_otlp.as_ref(), traces_otlp)
+        {
+            Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("phasetrace-otlp")
+                    .enable_all()
+                    .build()
+                    .map_err(ExportError::Thread)?,
+            )
+        } else {
+            None
+        }
     };
+    // Exemplars need both a trace of phasetrace's own to link to (its exporter says which spans
+    // were delivered) and a sink of its own to show them on: the Prometheus endpoint
+    // (OpenMetrics) or OTLP metrics.
+    let exemplars = (own_traces && (cfg.prometheus.is_some() || metrics_otlp))
+        .then(|| Arc::new(ExemplarStore::default()));
 
-    let traced = (cfg.traces_otlp && otlp.is_some()) || cfg.traces_console;
-    let metrics_otlp = cfg.metrics_otlp && otlp.is_some();
-    // Exemplars need both a trace to link to and a sink to show them on: the Prometheus
-    // endpoint (OpenMetrics) or OTLP metrics.
-    let exemplars = (traced && (cfg.prometheus.is_some() || metrics_otlp))
-        .then(|| std::sync::Arc::new(ExemplarStore::default()));
-    let mut otlp_reader = None;
-    let mut export_counts = None;
-    if let (true, Some(o)) = (cfg.metrics_otlp, otlp) {
-        let counts = std::sync::Arc::new(counted::ExportCounts::default());
-        // Traces off: the SDK's exporter, unchanged.
-        let inner =
-            match &exemplars {
+    #[cfg(feature = "otlp")]
+    let (otlp_reader, export_counts, exponential) = {
+        let mut otlp_reader = None;
+        let mut export_counts = None;
+        if let (true, Some(o)) = (metrics_otlp, cfg.metrics_otlp.as_ref()) {
+            let counts = Arc::new(counted::ExportCounts::default());
+            // Traces off: the SDK's exporter, unchanged.
+            let inner = match &exemplars {
                 Some(store) => MetricsExporter::WithExemplars(
                     proto_metrics::ProtoMetricExporter::new(o, runtime.as_ref(), store.clone())?,
                 ),
                 None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime.as_ref())?),
             };
-        let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
-        export_counts = Some(counts);
-        otlp_reader = Some(
-            opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-                .with_interval(cfg.metric_export_interval)
-                .build(),
-        );
-    }
-    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
-    let exponential = otlp_reader.is_some()
-        && otlp.is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
+            let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
+            export_counts = Some(counts);
+            otlp_reader = Some(
+                opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                    .with_interval(cfg.metric_export_interval)
+                    .build(),
+            );
+        }
+        // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
+        let exponential = otlp_reader.is_some()
+            && cfg
+                .metrics_otlp
+                .as_ref()
+                .is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
+        (otlp_reader, export_counts, exponential)
+    };
+    #[cfg(not(feature = "otlp"))]
+    let (otlp_reader, export_counts, exponential): (
+        Option<SdkReaderStub>,
+        Option<Arc<counted::ExportCounts>>,
+        bool,
+    ) = (None, None, false);
 
-    let mut prometheus_reader = None;
-    let mut prometheus = None;
-    if let Some(addr) = cfg.prometheus {
-        let web = cfg
-            .prometheus_web_config
-            .as_deref()
-            .map(reload::LiveWebConfig::load)
-            .transpose()?;
-        // With the same aggregation on both sides, scrapes read the OTLP reader's (one
-        // aggregation, so the worker records each measurement once).
-        let shared = otlp_reader.clone().filter(|_| !exponential);
-        let (reader, server) = self::prometheus::start(addr, web, exemplars.clone(), shared)?;
-        prometheus_reader = reader;
-        prometheus = Some(server);
-    }
-    let mut meter_providers = Vec::new();
+    #[cfg(feature = "prometheus")]
+    let (prometheus_reader, prometheus) = match cfg.prometheus {
+        Some(addr) => {
+            let web = cfg
+                .prometheus_web_config
+                .as_deref()
+                .map(reload::LiveWebConfig::load)
+                .transpose()?;
+            // With the same aggregation on both sides, scrapes read the OTLP reader's (one
+            // aggregation, so the worker records each measurement once).
+            #[cfg(feature = "otlp")]
+            let shared = otlp_reader.clone().filter(|_| !exponential);
+            #[cfg(not(feature = "otlp"))]
+            let shared = None;
+            match self::prometheus::start(addr, web, exemplars.clone(), shared) {
+                Ok((reader, server)) => (reader, Some(server)),
+                // The built-in default address is a convenience, not a promise: taken (the
+                // engine's own exporter, another rank), it is said once and skipped.
+                Err(ExportError::PrometheusBind { addr, source }) if cfg.origin(crate::names::env::PROMETHEUS) == crate::config::Origin::Default => {
+                    eprintln!(
+                        "phasetrace: the default Prometheus endpoint {addr} cannot listen \
+                         ({source}); running without it (set {}=host:port, or off, to choose)",
+                        crate::names::env::PROMETHEUS
+                    );
+                    (None, None)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        None => (None, None),
+    };
+    #[cfg(not(feature = "prometheus"))]
+    let prometheus_reader: Option<SdkReaderStub> = None;
+
+    let mut own_meter_providers = Vec::new();
+    let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
+        let mut b = SdkMeterProvider::builder().with_resource(res.clone());
+        for r in readers {
+            b = r(b);
+        }
+        b.with_view(view(exp)).build()
+    };
     match (otlp_reader, prometheus_reader, exponential) {
         (Some(o), Some(p), true) => {
-            meter_providers.push(
-                SdkMeterProvider::builder()
-                    .with_resource(res.clone())
-                    .with_reader(o)
-                    .with_view(view(true))
-                    .build(),
-            );
-            meter_providers.push(
-                SdkMeterProvider::builder()
-                    .with_resource(res.clone())
-                    .with_reader(p)
-                    .with_view(view(false))
-                    .build(),
-            );
+            own_meter_providers.push(provider(vec![with_reader(o)], true));
+            own_meter_providers.push(provider(vec![with_reader(p)], false));
         }
+        (None, None, _) => {}
         (o, p, exp) => {
-            let mut b = SdkMeterProvider::builder().with_resource(res.clone());
+            let mut readers = Vec::new();
             if let Some(o) = o {
-                b = b.with_reader(o);
+                readers.push(with_reader(o));
             }
             if let Some(p) = p {
-                b = b.with_reader(p);
+                readers.push(with_reader(p));
             }
-            meter_providers.push(b.with_view(view(exp)).build());
+            own_meter_providers.push(provider(readers, exp));
         }
     }
+    let mut meters: Vec<Meter> = given
+        .meter
+        .iter()
+        .map(|p| p.meter_with_scope(scope()))
+        .collect();
+    meters.extend(own_meter_providers.iter().map(|p| p.meter_with_scope(scope())));
 
     // The web configuration file's reloads (and whether the last one worked) and the OTLP
-    // metrics exports, on every meter provider (OTLP and Prometheus).
+    // metrics exports, on every meter (OTLP and Prometheus, the engine's too).
     let mut outcome_counters = Vec::new();
+    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
     let mut state_gauges = Vec::new();
-    for p in &meter_providers {
+    for m in &meters {
+        #[cfg(feature = "prometheus")]
         if let Some(counts) = prometheus.as_ref().and_then(PrometheusServer::reloads) {
             let last = counts.clone();
             outcome_counters.push(outcome_counter(
-                p,
+                m,
                 metric::PROMETHEUS_WEB_CONFIG_RELOADS,
                 metric::UNIT_RELOADS,
                 "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
@@ -368,7 +420,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
                 move |r| counts.get(r),
             ));
             state_gauges.push(state_gauge(
-                p,
+                m,
                 metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
                 "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
                  0 after a change to it was refused (the configuration read before stays in force)",
@@ -378,7 +430,7 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
         if let Some(counts) = export_counts.clone() {
             outcome_counters.push(outcome_counter(
-                p,
+                m,
                 metric::METRIC_EXPORTS,
                 metric::UNIT_EXPORTS,
                 "OTLP metrics exports, by result",
@@ -388,42 +440,77 @@ pub(crate) fn build(cfg: &Config) -> Result<Exporters, ExportError> {
         }
     }
 
-    let span_counts = std::sync::Arc::new(SpanCounts::default());
-    // Every span exporter is wrapped to count what it delivered and lost.
-    let tracer_provider = match (cfg.traces_otlp, otlp, cfg.traces_console) {
-        (true, Some(o), _) => {
-            let exporter = otlp::span_exporter(o, runtime.as_ref())?;
-            Some(tracer_provider(
-                res,
-                counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
-            ))
+    let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
+    // Every span exporter of phasetrace's own is wrapped to count what it delivered and lost.
+    let own_tracer_provider = if traces_otlp {
+        #[cfg(feature = "otlp")]
+        {
+            match cfg.traces_otlp.as_ref() {
+                Some(o) => {
+                    let exporter = otlp::span_exporter(o, runtime.as_ref())?;
+                    Some(tracer_provider(
+                        res,
+                        counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
+                    ))
+                }
+                None => None,
+            }
         }
-        (_, _, true) => Some(tracer_provider(
+        #[cfg(not(feature = "otlp"))]
+        None
+    } else if traces_console {
+        Some(tracer_provider(
             res,
             counted::Counted::new(
                 console::ConsoleSpanExporter,
                 span_counts.clone(),
                 exemplars.clone(),
             ),
-        )),
-        _ => None,
+        ))
+    } else {
+        None
+    };
+    let tracer = match (&given.tracer, &own_tracer_provider) {
+        (Some(p), _) => Some(BoxedTracer::new(p.boxed_tracer(scope()))),
+        (None, Some(p)) => Some(BoxedTracer::new(Box::new(
+            opentelemetry::trace::TracerProvider::tracer_with_scope(p, scope()),
+        ))),
+        (None, None) => None,
     };
     Ok(Exporters {
-        meter_providers,
-        tracer_provider,
+        meters,
+        own_meter_providers,
+        tracer: tracer.map(Arc::new),
+        own_tracer_provider,
         span_counts,
         exemplars,
+        #[cfg(feature = "prometheus")]
         prometheus,
         _outcome_counters: outcome_counters,
         _state_gauges: state_gauges,
+        #[cfg(feature = "otlp")]
         runtime,
     })
 }
 
-/// A counter by [`Outcome`] (`result`) on `provider`, read by `get` at each collection; both
+type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
+
+/// A reader as a step of the provider's builder (readers of different types in one list).
+fn with_reader<R>(r: R) -> Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>
+where
+    R: opentelemetry_sdk::metrics::reader::MetricReader,
+{
+    Box::new(move |b| b.with_reader(r))
+}
+
+/// Stands for a reader type in builds without the exporter that has one.
+#[cfg(not(all(feature = "otlp", feature = "prometheus")))]
+type SdkReaderStub = opentelemetry_sdk::metrics::ManualReader;
+
+/// A counter by [`Outcome`] (`result`) on `meter`, read by `get` at each collection; both
 /// results from the start.
 fn outcome_counter(
-    provider: &SdkMeterProvider,
+    meter: &Meter,
     name: &'static str,
     unit: &'static str,
     description: &'static str,
@@ -431,7 +518,6 @@ fn outcome_counter(
     get: impl Fn(Outcome) -> u64 + Send + Sync + 'static,
 ) -> opentelemetry::metrics::ObservableCounter<u64> {
     use crate::names::attr;
-    use opentelemetry::metrics::MeterProvider as _;
     let series = Outcome::ALL.map(|r| {
         (
             r,
@@ -441,8 +527,7 @@ fn outcome_counter(
             ],
         )
     });
-    provider
-        .meter("phasetrace")
+    meter
         .u64_observable_counter(name)
         .with_unit(unit)
         .with_description(description)
@@ -454,19 +539,18 @@ fn outcome_counter(
         .build()
 }
 
-/// A 0/1 gauge on `provider` (1 when `get` says so), read at each collection; attribute `group`,
+/// A 0/1 gauge on `meter` (1 when `get` says so), read at each collection; attribute `group`,
 /// no unit.
+#[cfg(feature = "prometheus")]
 fn state_gauge(
-    provider: &SdkMeterProvider,
+    meter: &Meter,
     name: &'static str,
     description: &'static str,
     group: &str,
     get: impl Fn() -> bool + Send + Sync + 'static,
 ) -> opentelemetry::metrics::ObservableGauge<u64> {
-    use opentelemetry::metrics::MeterProvider as _;
     let kv = [KeyValue::new(crate::names::attr::GROUP, group.to_owned())];
-    provider
-        .meter("phasetrace")
+    meter
         .u64_observable_gauge(name)
         .with_description(description)
         .with_callback(move |o| o.observe(u64::from(get()), &kv))
@@ -491,30 +575,50 @@ fn tracer_provider<E: SpanExporter + 'static>(res: Resource, exporter: E) -> Sdk
 }
 
 impl Exporters {
-    /// Pushes everything buffered to the exporters.
+    /// The embedded Prometheus endpoint's address, when it runs.
+    pub(crate) fn prometheus_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "prometheus")]
+        return self.prometheus.as_ref().map(PrometheusServer::addr);
+        #[cfg(not(feature = "prometheus"))]
+        None
+    }
+
+    /// The embedded Prometheus endpoint's URL, when it runs.
+    pub(crate) fn prometheus_url(&self) -> Option<String> {
+        #[cfg(feature = "prometheus")]
+        return self.prometheus.as_ref().map(PrometheusServer::url);
+        #[cfg(not(feature = "prometheus"))]
+        None
+    }
+
+    /// Pushes everything buffered in phasetrace's own providers to their exporters (the
+    /// engine's providers are the engine's to flush).
     pub(crate) fn force_flush(&self) {
-        if let Some(t) = &self.tracer_provider {
+        if let Some(t) = &self.own_tracer_provider {
             let _ = t.force_flush();
         }
-        for m in &self.meter_providers {
+        for m in &self.own_meter_providers {
             let _ = m.force_flush();
         }
     }
 
-    /// Flushes and shuts every exporter down within `timeout` in all (the configured shutdown
-    /// timeout): each provider gets what its predecessors left of it.
+    /// Flushes and shuts phasetrace's own exporters down within `timeout` in all (the
+    /// configured shutdown timeout): each provider gets what its predecessors left of it. The
+    /// engine's providers are left running.
     pub(crate) fn shutdown(&mut self, timeout: Duration) {
         let deadline = std::time::Instant::now() + timeout;
         let left = || deadline.saturating_duration_since(std::time::Instant::now());
-        if let Some(t) = &self.tracer_provider {
+        if let Some(t) = &self.own_tracer_provider {
             let _ = t.shutdown_with_timeout(left());
         }
-        for m in &self.meter_providers {
+        for m in &self.own_meter_providers {
             let _ = m.shutdown_with_timeout(left());
         }
+        #[cfg(feature = "prometheus")]
         if let Some(p) = self.prometheus.take() {
             p.stop();
         }
+        #[cfg(feature = "otlp")]
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_timeout(left().min(Duration::from_millis(500)));
         }

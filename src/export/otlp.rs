@@ -1,16 +1,23 @@
 //! OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest).
 
 use super::ExportError;
-use super::transport::{root_store, tls};
+#[cfg(feature = "otlp-http")]
+use super::transport::root_store;
+#[cfg(feature = "otlp-grpc")]
+use super::transport::tls;
 use crate::config::{OtlpConfig, Protocol};
-use opentelemetry_otlp::{
-    Compression, MetricExporter, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig,
-};
+#[cfg(feature = "otlp-http")]
+use opentelemetry_otlp::WithHttpConfig;
+#[cfg(feature = "otlp-grpc")]
+use opentelemetry_otlp::WithTonicConfig;
+use opentelemetry_otlp::{Compression, MetricExporter, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::metrics::Temporality;
+#[cfg(feature = "otlp-http")]
 use std::collections::HashMap;
 
 /// `OTEL_EXPORTER_OTLP_HEADERS` as gRPC metadata; `Err` names the first header that cannot be
 /// one (never its value).
+#[cfg(feature = "otlp-grpc")]
 pub(crate) fn metadata(o: &OtlpConfig) -> Result<tonic_metadata::MetadataMap, String> {
     let mut map = tonic_metadata::MetadataMap::new();
     for (k, v) in &o.headers {
@@ -33,6 +40,7 @@ pub(crate) fn metadata(o: &OtlpConfig) -> Result<tonic_metadata::MetadataMap, St
     Ok(map)
 }
 
+#[cfg(feature = "otlp-grpc")]
 mod tonic_metadata {
     pub(super) use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 }
@@ -45,7 +53,18 @@ fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> Expor
     }
 }
 
+/// A protocol this build has no exporter for (refused earlier, by the configuration).
+#[allow(dead_code)]
+fn not_compiled(signal: &'static str, o: &OtlpConfig) -> ExportError {
+    err(
+        signal,
+        o,
+        format!("this build of phasetrace has no OTLP {} exporter", o.protocol),
+    )
+}
+
 /// A blocking HTTP client; for `https://`, rustls (ring) trusting [`root_store`].
+#[cfg(feature = "otlp-http")]
 pub(crate) fn http_client(
     signal: &'static str,
     o: &OtlpConfig,
@@ -72,7 +91,13 @@ pub(super) fn span_exporter(
     o: &OtlpConfig,
     rt: Option<&tokio::runtime::Runtime>,
 ) -> Result<SpanExporter, ExportError> {
+    let _ = &rt;
     match o.protocol {
+        #[cfg(not(feature = "otlp-grpc"))]
+        Protocol::Grpc => Err(not_compiled("traces", o)),
+        #[cfg(not(feature = "otlp-http"))]
+        Protocol::HttpProtobuf => Err(not_compiled("traces", o)),
+        #[cfg(feature = "otlp-grpc")]
         Protocol::Grpc => {
             let _guard = rt.map(|r| r.enter());
             let mut b = SpanExporter::builder()
@@ -88,11 +113,12 @@ pub(super) fn span_exporter(
             }
             b.build().map_err(|e| err("traces", o, e))
         }
+        #[cfg(feature = "otlp-http")]
         Protocol::HttpProtobuf => {
             let mut b = SpanExporter::builder()
                 .with_http()
                 .with_http_client(http_client("traces", o)?)
-                .with_endpoint(format!("{}{}", o.endpoint, super::transport::TRACES_PATH))
+                .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>());
@@ -108,7 +134,13 @@ pub(super) fn metric_exporter(
     o: &OtlpConfig,
     rt: Option<&tokio::runtime::Runtime>,
 ) -> Result<MetricExporter, ExportError> {
+    let _ = &rt;
     match o.protocol {
+        #[cfg(not(feature = "otlp-grpc"))]
+        Protocol::Grpc => Err(not_compiled("metrics", o)),
+        #[cfg(not(feature = "otlp-http"))]
+        Protocol::HttpProtobuf => Err(not_compiled("metrics", o)),
+        #[cfg(feature = "otlp-grpc")]
         Protocol::Grpc => {
             let _guard = rt.map(|r| r.enter());
             let mut b = MetricExporter::builder()
@@ -125,11 +157,12 @@ pub(super) fn metric_exporter(
             }
             b.build().map_err(|e| err("metrics", o, e))
         }
+        #[cfg(feature = "otlp-http")]
         Protocol::HttpProtobuf => {
             let mut b = MetricExporter::builder()
                 .with_http()
                 .with_http_client(http_client("metrics", o)?)
-                .with_endpoint(format!("{}{}", o.endpoint, super::transport::METRICS_PATH))
+                .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>())
@@ -142,7 +175,7 @@ pub(super) fn metric_exporter(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "otlp-grpc"))]
 mod tests {
     use super::*;
     use crate::config::HistogramAggregation;

@@ -22,24 +22,28 @@ use super::exemplars::{EXEMPLAR_METRICS, Exemplar, ExemplarStore};
 use super::transport;
 use crate::config::{OtlpConfig, Protocol};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+#[cfg(feature = "otlp-grpc")]
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use opentelemetry_proto::tonic::metrics::v1 as proto;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::Temporality;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
+#[cfg(feature = "otlp-http")]
 use prost::Message as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
 enum Transport {
+    #[cfg(feature = "otlp-grpc")]
     Grpc {
         client: MetricsServiceClient<tonic::transport::Channel>,
         metadata: Box<tonic::metadata::MetadataMap>,
         /// The OTLP runtime, which drives the channel and each export.
         runtime: tokio::runtime::Handle,
     },
+    #[cfg(feature = "otlp-http")]
     Http {
         client: reqwest::blocking::Client,
         url: String,
@@ -57,7 +61,9 @@ pub(crate) struct ProtoMetricExporter {
 impl std::fmt::Debug for ProtoMetricExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let t = match &self.transport {
+            #[cfg(feature = "otlp-grpc")]
             Transport::Grpc { .. } => "grpc",
+            #[cfg(feature = "otlp-http")]
             Transport::Http { .. } => "http/protobuf",
         };
         f.debug_struct("ProtoMetricExporter")
@@ -81,7 +87,9 @@ impl ProtoMetricExporter {
         rt: Option<&tokio::runtime::Runtime>,
         exemplars: Arc<ExemplarStore>,
     ) -> Result<Self, ExportError> {
+        let _ = &rt;
         let transport = match (o.protocol, rt) {
+            #[cfg(feature = "otlp-grpc")]
             (Protocol::Grpc, Some(rt)) => {
                 let channel = {
                     let _guard = rt.enter();
@@ -97,12 +105,21 @@ impl ProtoMetricExporter {
                     runtime: rt.handle().clone(),
                 }
             }
+            #[cfg(feature = "otlp-grpc")]
             (Protocol::Grpc, None) => return Err(err(o, "no runtime for the gRPC channel")),
+            #[cfg(feature = "otlp-http")]
             (Protocol::HttpProtobuf, _) => Transport::Http {
                 client: super::otlp::http_client("metrics", o)?,
-                url: format!("{}{}", o.endpoint, transport::METRICS_PATH),
+                url: o.endpoint.clone(),
                 otlp: o.clone(),
             },
+            #[allow(unreachable_patterns)]
+            (p, _) => {
+                return Err(err(
+                    o,
+                    format!("this build of phasetrace has no OTLP {p} exporter"),
+                ));
+            }
         };
         Ok(ProtoMetricExporter {
             transport,
@@ -192,6 +209,7 @@ impl PushMetricExporter for ProtoMetricExporter {
                 return Err(OTelSdkError::AlreadyShutdown);
             };
             match &self.transport {
+                #[cfg(feature = "otlp-grpc")]
                 Transport::Grpc {
                     client,
                     metadata,
@@ -212,6 +230,7 @@ impl PushMetricExporter for ProtoMetricExporter {
                         ))),
                     }
                 }
+                #[cfg(feature = "otlp-http")]
                 Transport::Http { client, url, otlp } => {
                     transport::post(client, otlp, url, message.encode_to_vec())
                         .map(drop)

@@ -9,11 +9,12 @@
 //!            ──post─────> blocking reqwest POST {endpoint}/v1/{signal}: protobuf, gzip, headers
 //! ```
 
+#[cfg(feature = "otlp-http")]
 use std::io::Write as _;
 
-#[cfg(feature = "import")]
+#[cfg(all(feature = "import", feature = "otlp-grpc"))]
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
-#[cfg(feature = "import")]
+#[cfg(all(feature = "import", feature = "otlp-grpc"))]
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 
 use super::ExportError;
@@ -61,6 +62,7 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// A gRPC status as `Code: message: sources`.
+#[cfg(feature = "otlp-grpc")]
 pub(crate) fn status_text(status: &tonic::Status) -> String {
     let mut out = format!("{:?}", status.code());
     if !status.message().is_empty() {
@@ -73,6 +75,7 @@ pub(crate) fn status_text(status: &tonic::Status) -> String {
 /// A lazily connecting gRPC channel to the endpoint of `otlp`, with its timeout (per request and
 /// for connecting) and TLS; call it inside the Tokio runtime that is to drive the channel. `Err`
 /// says why.
+#[cfg(feature = "otlp-grpc")]
 pub(crate) fn channel(otlp: &OtlpConfig) -> Result<tonic::transport::Channel, String> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(otlp.endpoint.clone())
         .map_err(|e| chain(&e))?
@@ -85,6 +88,7 @@ pub(crate) fn channel(otlp: &OtlpConfig) -> Result<tonic::transport::Channel, St
 }
 
 /// `message` as a gRPC request carrying `metadata`.
+#[cfg(feature = "otlp-grpc")]
 pub(crate) fn request<M>(message: M, metadata: &tonic::metadata::MetadataMap) -> tonic::Request<M> {
     let mut r = tonic::Request::new(message);
     *r.metadata_mut() = metadata.clone();
@@ -93,6 +97,7 @@ pub(crate) fn request<M>(message: M, metadata: &tonic::metadata::MetadataMap) ->
 
 /// POSTs one protobuf body to `url` with the headers of `otlp`, gzip-compressed if it says so;
 /// `Ok` holds the response body, `Err` the status or transport error (never a header value).
+#[cfg(feature = "otlp-http")]
 pub(crate) fn post(
     client: &reqwest::blocking::Client,
     otlp: &OtlpConfig,
@@ -132,12 +137,15 @@ pub(crate) fn post(
 }
 
 /// The OTLP/HTTP path of metrics, under the endpoint.
+#[cfg(feature = "import")]
 pub(crate) const METRICS_PATH: &str = "/v1/metrics";
 /// The OTLP/HTTP path of traces, under the endpoint.
+#[cfg(feature = "import")]
 pub(crate) const TRACES_PATH: &str = "/v1/traces";
 
 /// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`):
 /// the system's roots plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+#[cfg(feature = "otlp-grpc")]
 pub(crate) fn tls(
     o: &OtlpConfig,
 ) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {

@@ -33,10 +33,13 @@ pub(crate) enum MarkKind {
     /// A verify part ended (same round and part as its begin).
     PartEnd,
     /// Parent span context of the next sampled step, in three marks: trace id high, low, span id.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     ParentHi,
     /// See [`MarkKind::ParentHi`].
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     ParentLo,
     /// See [`MarkKind::ParentHi`].
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     ParentSpan,
     /// A captured CUDA graph is about to be launched; the token is the fence before the launch.
     ReplayBegin,
@@ -239,6 +242,7 @@ impl Mark {
 
     /// One word of the next sampled step's parent span context (`kind` is a `Parent*`).
     #[inline]
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     pub(crate) const fn parent(kind: MarkKind, word: u64) -> Mark {
         let mut m = Mark::new(kind, 0, 0, 0, 0);
         m.token = word;

@@ -84,8 +84,6 @@ pub(crate) struct Shared {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) lanes: Mutex<Vec<Arc<Lane>>>,
     pub(crate) next_lane: AtomicU16,
-    /// Set once a `tracing` layer is installed: sampled steps then carry the current span.
-    pub(crate) tracing_parent: AtomicBool,
     /// Read one CUDA-graph replay in N (`PHASETRACE_GRAPH_READ_EVERY`); 0 reads none.
     pub(crate) graph_read_every: u64,
     /// Captured graphs, for the worker.

@@ -160,7 +160,7 @@ impl Recorder {
 
     #[inline]
     pub(super) fn level(&self) -> Level {
-        if cfg!(feature = "record") {
+        if cfg!(not(feature = "record-off")) {
             self.shared.level.load()
         } else {
             Level::Off
@@ -169,7 +169,7 @@ impl Recorder {
 
     #[inline]
     fn spec_level(&self) -> SpecLevel {
-        if cfg!(feature = "record") {
+        if cfg!(not(feature = "record-off")) {
             self.shared.spec_level.load()
         } else {
             SpecLevel::Off
@@ -238,9 +238,6 @@ impl Recorder {
 
     #[cfg(feature = "tracing")]
     fn push_parent(&self) {
-        if !self.shared.tracing_parent.load(Relaxed) {
-            return;
-        }
         use super::mark::MarkKind;
         if let Some((trace, span)) = crate::export::tracing_layer::current_parent() {
             for (kind, token) in [

@@ -33,7 +33,7 @@ use crate::names::DropReason;
 use crate::record::Shared;
 use crate::vocab::{Phase, Section};
 use aggregate::{Instruments, SpecTally, Tally, VerifySplit};
-use opentelemetry_sdk::trace::SdkTracer;
+use opentelemetry::global::BoxedTracer;
 use pair::{EndedRound, LaneState, PartsAcc, RoundKey, Sinks, count_drop};
 use std::collections::HashMap;
 use std::io::Write;
@@ -59,7 +59,7 @@ pub(crate) struct Pipeline {
     layers: Arc<layers::LayerTotals>,
     /// Each lane's open step, which every provider's open-duration gauge reads.
     open: Arc<open::OpenSteps>,
-    tracer: Option<SdkTracer>,
+    tracer: Option<Arc<BoxedTracer>>,
     tally: Tally,
     spec: SpecTally,
     stats: Stats,
@@ -88,7 +88,7 @@ impl Pipeline {
         inst: Vec<Instruments>,
         layers: Arc<layers::LayerTotals>,
         open: Arc<open::OpenSteps>,
-        tracer: Option<SdkTracer>,
+        tracer: Option<Arc<BoxedTracer>>,
         summary_every: u64,
         spec_summary_every: u64,
         span_counts: Arc<crate::export::SpanCounts>,
@@ -136,7 +136,7 @@ impl Pipeline {
         }
         let mut sinks = Sinks {
             inst: &self.inst,
-            tracer: self.tracer.as_ref(),
+            tracer: self.tracer.as_deref(),
             tally: &mut self.tally,
             stats: &mut self.stats,
             parts: &mut self.parts,
@@ -252,7 +252,7 @@ impl Pipeline {
             );
         }
         if let (true, Some(why), Some(trace), Some(tracer)) =
-            (fits, why, r.round.trace.as_ref(), self.tracer.as_ref())
+            (fits, why, r.round.trace.as_ref(), self.tracer.as_deref())
         {
             if why == spans::Why::Tail {
                 self.stats.tail_traces += 1;

@@ -14,7 +14,7 @@ use crate::record::mark::{Mark, MarkKind};
 use crate::record::{Lane, RoundRef};
 use crate::timing::{Conversion, Resolved, Token};
 use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
-use opentelemetry_sdk::trace::SdkTracer;
+use opentelemetry::global::BoxedTracer;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -180,7 +180,7 @@ pub(crate) fn count_drop(stats: &mut Stats, inst: &[Instruments], reason: DropRe
 /// Everything a lane's marks feed.
 pub(crate) struct Sinks<'a> {
     pub(crate) inst: &'a [Instruments],
-    pub(crate) tracer: Option<&'a SdkTracer>,
+    pub(crate) tracer: Option<&'a BoxedTracer>,
     pub(crate) tally: &'a mut Tally,
     pub(crate) stats: &'a mut Stats,
     pub(crate) parts: &'a mut HashMap<RoundKey, PartsAcc>,
@@ -215,6 +215,10 @@ impl Sinks<'_> {
 /// processor's queue capacity (less one export batch in flight).
 pub(crate) fn span_budget(stats: &Stats, counts: &crate::export::SpanCounts, n: usize) -> bool {
     use std::sync::atomic::Ordering::Relaxed;
+    if !counts.tracked {
+        // The engine's provider: its processor's queue is its own to bound and count.
+        return true;
+    }
     let done = counts.exported.load(Relaxed) + counts.failed.load(Relaxed);
     let pending = stats.spans.saturating_sub(done);
     pending + n as u64 <= crate::export::SPAN_QUEUE_BUDGET as u64

@@ -16,7 +16,7 @@ use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::SdkTracer;
+use opentelemetry::global::BoxedTracer;
 
 /// One timed section of a sampled step; `end == None` while open.
 #[derive(Clone, Copy, Debug)]
@@ -127,7 +127,7 @@ fn parent_context(parent: Option<Parent>) -> Context {
 }
 
 fn child(
-    tracer: &SdkTracer,
+    tracer: &BoxedTracer,
     parent: &Context,
     name: &'static str,
     start: u64,
@@ -164,7 +164,7 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
 /// has started and before any has ended. Returns how many spans were built.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build_step(
-    tracer: &SdkTracer,
+    tracer: &BoxedTracer,
     trace: &StepTrace,
     rank: u32,
     step: u64,
@@ -317,7 +317,7 @@ pub(crate) struct RoundSpans<'a> {
 }
 
 /// Builds `spec.round -> phase -> part` spans; returns how many spans were built.
-pub(crate) fn build_round(tracer: &SdkTracer, round: &RoundSpans<'_>) -> usize {
+pub(crate) fn build_round(tracer: &BoxedTracer, round: &RoundSpans<'_>) -> usize {
     let mut attrs = vec![
         KeyValue::new(attr::RANK, i64::from(round.rank)),
         KeyValue::new(attr::K, i64::from(round.k)),

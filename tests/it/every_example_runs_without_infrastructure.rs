@@ -19,7 +19,8 @@ macro_rules! example {
 
 example!(ranks_as_threads, "../../examples/ranks_as_threads.rs");
 example!(speculative, "../../examples/speculative.rs");
-example!(tracing_parent, "../../examples/tracing_parent.rs");
+#[cfg(feature = "tracing")]
+example!(own_providers, "../../examples/own_providers.rs");
 #[cfg(feature = "cuda")]
 example!(cuda_stream, "../../examples/cuda_stream.rs");
 
@@ -85,35 +86,31 @@ fn speculative() {
     );
 }
 
+#[cfg(feature = "tracing")]
 #[test]
-fn tracing_parent() {
-    if child_runs("tracing_parent", tracing_parent::run_example) {
+fn own_providers() {
+    if child_runs("own_providers", own_providers::run_example) {
         return;
     }
-    let (ok, out, err) = in_child("tracing_parent");
+    let (ok, out, err) = in_child("own_providers");
     assert!(ok, "{out}\n{err}");
-    assert!(out.contains("2 steps, 8 spans exported"), "{out}\n{err}");
-    // Each step's parent is the request span it ran in.
-    let span_id = |line: &str, key: &str| {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(key))
-            .map(str::to_owned)
-    };
-    let requests: Vec<String> = err
+    // phasetrace's instruments on the engine's provider, under its own scope and version.
+    let scope = format!("scope phasetrace {}: ", env!("CARGO_PKG_VERSION"));
+    let line = out
         .lines()
-        .filter(|l| l.starts_with("[phasetrace-span] request "))
-        .filter_map(|l| span_id(l, "span="))
-        .collect();
-    let step_parents: Vec<String> = err
-        .lines()
-        .filter(|l| l.starts_with("[phasetrace-span] decode.step "))
-        .filter_map(|l| span_id(l, "parent="))
-        .collect();
-    assert_eq!(requests.len(), 2, "{err}");
-    assert_eq!(step_parents.len(), 2, "{err}");
-    for p in &step_parents {
-        assert!(requests.contains(p), "a step not under a request: {err}");
+        .find(|l| l.starts_with(&scope))
+        .unwrap_or_else(|| panic!("no phasetrace scope: {out}\n{err}"));
+    for name in ["phasetrace.step.duration", "phasetrace.section.duration"] {
+        assert!(line.contains(name), "{out}");
     }
+    // The engine's counter was exported after phasetrace shut down.
+    assert!(out.contains("scope engine : engine.requests"), "{out}");
+    // Two sampled steps, each under its request span, on the engine's tracer provider.
+    let steps: Vec<&str> = out.lines().filter(|l| l.contains("-> decode.step")).collect();
+    assert_eq!(steps.len(), 2, "{out}");
+    assert!(steps.iter().all(|l| l.ends_with("(scope phasetrace)")), "{out}");
+    // No view warning: the engine registered phasetrace::view().
+    assert!(!err.contains("phasetrace::view()"), "{err}");
 }
 
 #[cfg(feature = "cuda")]

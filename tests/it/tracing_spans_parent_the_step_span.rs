@@ -1,13 +1,18 @@
-//! With `Profiler::tracing_layer()` installed in a `tracing` subscriber, a sampled decode step
-//! recorded inside an engine's `tracing` span (`request`) becomes that span's child in the same
-//! trace, and both reach a real collector through the profiler's OTLP exporter. A step recorded
-//! outside any `tracing` span stays a root.
+//! With the engine's own `tracing-opentelemetry` layer installed (on the engine's tracer
+//! provider), a sampled decode step recorded inside an engine `tracing` span (`request`) becomes
+//! that span's child in the same trace, whatever tracer provider phasetrace builds its spans
+//! on: the engine's (both spans in one in-memory exporter of the engine's), or phasetrace's own
+//! OTLP pipeline (the step at a real collector, parented by the engine's span). A step recorded
+//! outside any `tracing` span stays a root. phasetrace installs no layer of its own, so a
+//! registry holds exactly one and nothing panics.
 #![cfg(feature = "tracing")]
 
 use crate::support;
 
 use std::time::Duration;
 
+use opentelemetry::trace::{SpanId, TracerProvider as _};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use phasetrace::names::{attr, span};
 use phasetrace::{Level, Profiler, Section, Site};
 use support::Rotel;
@@ -15,10 +20,106 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The engine's tracer provider, exporting into memory, and a registry with its layer.
+fn engine() -> (
+    SdkTracerProvider,
+    InMemorySpanExporter,
+    impl tracing::Subscriber + Send + Sync,
+) {
+    let spans = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("engine")));
+    (provider, spans, subscriber)
+}
+
+/// Runs one step inside a `request` span and one outside any span.
+fn record(profiler: &Profiler, subscriber: impl tracing::Subscriber + Send + Sync) {
+    let rec = profiler.recorder();
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::info_span!("request", request.id = 42_i64);
+        {
+            let _entered = request.enter();
+            let _step = rec.step();
+            let _mixer = rec.section(Section::KDA_MIXER, 0u32, Site::ATTN);
+        }
+        drop(request);
+        let _step = rec.step();
+        let _mixer = rec.section(Section::KDA_MIXER, 1u32, Site::ATTN);
+    });
+}
+
+fn step<'a>(spans: &'a [SpanData], n: &str) -> &'a SpanData {
+    spans
+        .iter()
+        .find(|s| {
+            s.name == span::STEP
+                && s.attributes
+                    .iter()
+                    .any(|kv| kv.key.as_str() == attr::STEP && kv.value.as_str() == n)
+        })
+        .unwrap_or_else(|| panic!("no step {n}: {spans:#?}"))
+}
+
 #[test]
-fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
+fn on_the_engines_tracer_provider_a_sampled_step_is_a_child_of_the_request_span() {
+    let (provider, spans, subscriber) = engine();
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_trace_every(1)
+        .without_prometheus()
+        .with_tracer_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    record(&profiler, subscriber);
+    profiler.shutdown();
+    let all = spans.get_finished_spans().expect("the engine's spans");
+    let request = all
+        .iter()
+        .find(|s| s.name == "request")
+        .unwrap_or_else(|| panic!("no request span: {all:#?}"));
+    let inside = step(&all, "0");
+    let outside = step(&all, "1");
+    assert_eq!(
+        inside.span_context.trace_id(),
+        request.span_context.trace_id()
+    );
+    assert_eq!(inside.parent_span_id, request.span_context.span_id());
+    assert_eq!(inside.instrumentation_scope.name(), "phasetrace");
+    assert_eq!(
+        inside.instrumentation_scope.version(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    // The step's own spans follow it into the request's trace.
+    let children: Vec<&SpanData> = all
+        .iter()
+        .filter(|s| s.parent_span_id == inside.span_context.span_id())
+        .collect();
+    assert_eq!(children.len(), 1, "{all:#?}");
+    assert_eq!(children[0].name, span::LAYER);
+    assert!(
+        all.iter()
+            .any(|s| s.name == "kda_mixer" && s.parent_span_id == children[0].span_context.span_id())
+    );
+    // Outside any tracing span: a root of a trace of its own.
+    assert_eq!(outside.parent_span_id, SpanId::INVALID);
+    assert_ne!(
+        outside.span_context.trace_id(),
+        request.span_context.trace_id()
+    );
+    // The engine's provider outlives the profiler.
+    provider.force_flush().expect("the engine's provider still runs");
+    provider.shutdown().expect("the engine shuts its provider down");
+}
+
+#[test]
+fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collector() {
     support::require_tools!(Rotel);
     let rotel = Rotel::start();
+    let (provider, spans, subscriber) = engine();
     let profiler = Profiler::builder()
         .without_env()
         .with_level(Level::Full)
@@ -28,40 +129,14 @@ fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .build()
         .expect("building the profiler");
-    let layer = profiler
-        .tracing_layer()
-        .expect("a traces exporter is configured, so there is a layer");
-    let subscriber = tracing_subscriber::registry().with(layer);
-    let rec = profiler.recorder();
-
-    tracing::subscriber::with_default(subscriber, || {
-        let request = tracing::info_span!("request", request.id = 42_i64);
-        {
-            let _entered = request.enter();
-            let _step = rec.step();
-            let _mixer = rec.section(Section::KDA_MIXER, 0u32, Site::ATTN);
-        }
-        drop(request);
-        // Outside any tracing span: a root step in a trace of its own.
-        let _step = rec.step();
-        let _mixer = rec.section(Section::KDA_MIXER, 1u32, Site::ATTN);
-    });
-    drop(rec);
+    record(&profiler, subscriber);
     profiler.flush();
-
-    let p = rotel.wait_for(
-        |p| p.span("request").is_some() && p.spans_named(span::STEP).len() == 2,
-        WAIT,
-    );
-    let request = p.span("request").unwrap();
-    assert!(request.is_root(), "{request:#?}");
-    assert_eq!(request.attr("request.id"), Some("42"));
-    assert_eq!(
-        request.resource.get("service.name").map(String::as_str),
-        Some("tracing-bridge"),
-        "the layer exports through the profiler's tracer provider"
-    );
-
+    let p = rotel.wait_for(|p| p.spans_named(span::STEP).len() == 2, WAIT);
+    let engine_spans = spans.get_finished_spans().expect("the engine's spans");
+    let request = engine_spans
+        .iter()
+        .find(|s| s.name == "request")
+        .expect("the request span, at the engine's exporter");
     let steps = p.spans_named(span::STEP);
     let inside = steps
         .iter()
@@ -71,50 +146,21 @@ fn a_sampled_step_is_a_child_of_the_current_tracing_span() {
         .iter()
         .find(|s| s.attr(attr::STEP) == Some("1"))
         .unwrap_or_else(|| panic!("no step 1: {steps:#?}"));
-
-    // The step inside the request is its child, in its trace; its own spans follow it there.
     assert_eq!(
-        inside.trace_id, request.trace_id,
-        "{inside:#?}\n{request:#?}"
+        inside.trace_id,
+        request.span_context.trace_id().to_string(),
+        "{inside:#?}"
     );
     assert_eq!(
         inside.parent_span_id.as_deref(),
-        Some(request.span_id.as_str()),
-        "{inside:#?}\n{request:#?}"
+        Some(request.span_context.span_id().to_string().as_str()),
+        "{inside:#?}"
     );
-    assert_eq!(p.parent_of(inside), Some(request));
-    let layer = p
-        .children_of(inside)
-        .into_iter()
-        .find(|s| s.name == span::LAYER)
-        .unwrap_or_else(|| panic!("no layer span under the step: {}", rotel.output()));
-    let mixer = p.children_of(layer);
-    assert_eq!(mixer.len(), 1);
-    assert_eq!(mixer[0].name, "kda_mixer");
-    assert_eq!(mixer[0].trace_id, request.trace_id);
-    // The request's children are exactly the step.
-    assert_eq!(p.children_of(request), vec![*inside]);
-    // The step lies within the request.
-    assert!(inside.start_unix_nanos >= request.start_unix_nanos);
-    assert!(inside.end_unix_nanos <= request.end_unix_nanos);
-
-    // The step outside any tracing span is a root of another trace.
+    assert_eq!(
+        inside.resource.get("service.name").map(String::as_str),
+        Some("tracing-bridge")
+    );
     assert!(outside.is_root(), "{outside:#?}");
-    assert_ne!(outside.trace_id, request.trace_id);
-    assert_eq!(p.spans.len(), 1 + 2 * 3, "{}", rotel.output());
-
     profiler.shutdown();
-}
-
-#[test]
-fn without_a_traces_exporter_there_is_no_layer() {
-    let profiler = Profiler::builder()
-        .without_env()
-        .with_level(Level::Full)
-        .without_prometheus()
-        .build()
-        .unwrap();
-    let layer = profiler.tracing_layer::<tracing_subscriber::Registry>();
-    assert!(layer.is_none());
-    profiler.shutdown();
+    provider.shutdown().expect("the engine shuts its provider down");
 }

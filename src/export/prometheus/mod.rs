@@ -90,6 +90,7 @@ pub(crate) enum Source {
     /// A `ManualReader` of the endpoint's own, registered with the meter provider.
     Own(PrometheusReader),
     /// The OTLP metrics reader, registered with the meter provider by the OTLP side.
+    #[cfg(feature = "otlp")]
     Otlp(super::OtlpMetricReader),
 }
 
@@ -97,6 +98,7 @@ impl Source {
     fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
         match self {
             Source::Own(r) => r.collect(rm),
+            #[cfg(feature = "otlp")]
             Source::Otlp(r) => r.collect(rm),
         }
     }
@@ -153,14 +155,23 @@ struct Endpoint {
 /// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
 /// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
 /// provider.
+/// The OTLP metrics reader that scrapes may share (none in builds without OTLP).
+#[cfg(feature = "otlp")]
+pub(super) type SharedReader = super::OtlpMetricReader;
+#[cfg(not(feature = "otlp"))]
+pub(super) type SharedReader = std::convert::Infallible;
+
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
-    otlp: Option<super::OtlpMetricReader>,
+    otlp: Option<SharedReader>,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
+        #[cfg(feature = "otlp")]
         Some(r) => (None, Source::Otlp(r)),
+        #[cfg(not(feature = "otlp"))]
+        Some(never) => match never {},
         None => {
             let r = PrometheusReader(Arc::new(ManualReader::builder().build()));
             (Some(r.clone()), Source::Own(r))

@@ -1,0 +1,74 @@
+//! What phasetrace needs from a meter provider: room for the per-layer series, and base-2
+//! exponential duration histograms where OTLP asks for them. phasetrace registers this view on
+//! the providers it builds; an engine that hands phasetrace its own provider registers it there
+//! ([`view`]), and a profiler built on a provider without it says so once at `build()`.
+
+use crate::names::{default, metric};
+use opentelemetry_sdk::metrics::{Aggregation, Instrument, InstrumentKind, Stream};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The per-layer instruments, whose cardinality limit is raised to
+/// [`default::LAYER_SERIES_LIMIT`].
+const LAYER_INSTRUMENTS: [&str; 4] = [
+    metric::SECTION_LAYER_TIME,
+    metric::SECTION_LAYER_CALLS,
+    metric::COLLECTIVE_LAYER_WAIT_TIME,
+    metric::COLLECTIVE_LAYER_WAIT_CALLS,
+];
+
+/// How many per-layer instruments a [`view`] has been asked about, process-wide: `build()`
+/// compares it before and after creating its instruments on a given provider to tell whether
+/// the view is registered there.
+static LAYER_VIEWS_APPLIED: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn layer_views_applied() -> u64 {
+    LAYER_VIEWS_APPLIED.load(Relaxed)
+}
+
+/// The view phasetrace's instruments need, for an engine that brings its own
+/// `SdkMeterProvider` (`ProfilerBuilder::with_meter_provider`): register it on the provider's
+/// builder.
+///
+/// - The per-layer counters (`phasetrace.section.layer.*`, `phasetrace.collective.layer.wait.*`:
+///   one series per bucket, layer, site, rank and group) get a cardinality limit of 8,192
+///   series each instead of the SDK's 2,000; without the view a model with more (bucket, layer)
+///   pairs than that folds the rest into one `otel.metric.overflow` series.
+/// - With `exponential`, every duration histogram (unit `s`) becomes a base-2 exponential
+///   histogram (at most 160 buckets, scale 20 down as needed); otherwise the instruments keep
+///   their explicit buckets (1 µs to 10 s). Choose `true` only for a provider whose exporter
+///   sends OTLP to a backend that takes exponential histograms.
+///
+/// Instruments of other libraries and of the engine pass through unchanged (the view returns
+/// `None` for them).
+///
+/// ```
+/// use opentelemetry_sdk::metrics::SdkMeterProvider;
+///
+/// let provider = SdkMeterProvider::builder()
+///     .with_view(phasetrace::view(false))
+///     .build();
+/// # drop(provider);
+/// ```
+pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send + Sync + 'static {
+    move |i: &Instrument| {
+        if LAYER_INSTRUMENTS.contains(&i.name()) {
+            LAYER_VIEWS_APPLIED.fetch_add(1, Relaxed);
+            return Stream::builder()
+                .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
+                .build()
+                .ok();
+        }
+        (exponential && i.kind() == InstrumentKind::Histogram && i.unit() == metric::UNIT_SECONDS)
+            .then(|| {
+                Stream::builder()
+                    .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                        max_size: 160,
+                        max_scale: 20,
+                        record_min_max: true,
+                    })
+                    .build()
+                    .ok()
+            })
+            .flatten()
+    }
+}
