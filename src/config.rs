@@ -1033,8 +1033,18 @@ impl ConfigBuilder {
             None => traces_endpoint.is_some(),
         };
         for (on, sig, e, var) in [
-            (traces_on, &TRACES, &traces_endpoint, env::OTEL_TRACES_EXPORTER),
-            (metrics.otlp, &METRICS, &metrics_endpoint, env::OTEL_METRICS_EXPORTER),
+            (
+                traces_on,
+                &TRACES,
+                &traces_endpoint,
+                env::OTEL_TRACES_EXPORTER,
+            ),
+            (
+                metrics.otlp,
+                &METRICS,
+                &metrics_endpoint,
+                env::OTEL_METRICS_EXPORTER,
+            ),
         ] {
             if on && e.is_none() {
                 return Err(ConfigError::Conflict(format!(
@@ -1054,9 +1064,21 @@ impl ConfigBuilder {
         ] {
             let Some(o) = o else { continue };
             let (protocol_var, endpoint_var, certificate_var) = (
-                if given.protocol.is_some() { sig.protocol.var } else { env::OTEL_EXPORTER_OTLP_PROTOCOL },
-                if given.endpoint.is_some() { sig.endpoint.var } else { env::OTEL_EXPORTER_OTLP_ENDPOINT },
-                if given.certificate.is_some() { sig.certificate.var } else { env::OTEL_EXPORTER_OTLP_CERTIFICATE },
+                if given.protocol.is_some() {
+                    sig.protocol.var
+                } else {
+                    env::OTEL_EXPORTER_OTLP_PROTOCOL
+                },
+                if given.endpoint.is_some() {
+                    sig.endpoint.var
+                } else {
+                    env::OTEL_EXPORTER_OTLP_ENDPOINT
+                },
+                if given.certificate.is_some() {
+                    sig.certificate.var
+                } else {
+                    env::OTEL_EXPORTER_OTLP_CERTIFICATE
+                },
             );
             if !protocol_compiled(o.protocol) {
                 let feature = match o.protocol {

@@ -354,7 +354,10 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
                 Ok((reader, server)) => (reader, Some(server)),
                 // The built-in default address is a convenience, not a promise: taken (the
                 // engine's own exporter, another rank), it is said once and skipped.
-                Err(ExportError::PrometheusBind { addr, source }) if cfg.origin(crate::names::env::PROMETHEUS) == crate::config::Origin::Default => {
+                Err(ExportError::PrometheusBind { addr, source })
+                    if cfg.origin(crate::names::env::PROMETHEUS)
+                        == crate::config::Origin::Default =>
+                {
                     eprintln!(
                         "phasetrace: the default Prometheus endpoint {addr} cannot listen \
                          ({source}); running without it (set {}=host:port, or off, to choose)",
@@ -400,7 +403,11 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         .iter()
         .map(|p| p.meter_with_scope(scope()))
         .collect();
-    meters.extend(own_meter_providers.iter().map(|p| p.meter_with_scope(scope())));
+    meters.extend(
+        own_meter_providers
+            .iter()
+            .map(|p| p.meter_with_scope(scope())),
+    );
 
     // The web configuration file's reloads (and whether the last one worked) and the OTLP
     // metrics exports, on every meter (OTLP and Prometheus, the engine's too).

@@ -59,7 +59,10 @@ fn not_compiled(signal: &'static str, o: &OtlpConfig) -> ExportError {
     err(
         signal,
         o,
-        format!("this build of phasetrace has no OTLP {} exporter", o.protocol),
+        format!(
+            "this build of phasetrace has no OTLP {} exporter",
+            o.protocol
+        ),
     )
 }
 

@@ -12,11 +12,11 @@ use crate::config::Timing;
 use crate::names::{attr, span};
 use crate::timing::to_system_time;
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry::global::BoxedTracer;
 
 /// One timed section of a sampled step; `end == None` while open.
 #[derive(Clone, Copy, Debug)]

@@ -107,9 +107,14 @@ fn methods_paths_formats_and_gzip_get_the_right_answer() {
     );
     let classic = String::from_utf8(classic).expect("utf-8");
     assert!(!classic.contains("# EOF"));
+    let scoped: Vec<&str> = classic
+        .lines()
+        .filter(|l| l.contains("otel_scope_name="))
+        .collect();
+    assert_eq!(scoped.len(), 1, "scope once only: {scoped:?}");
     assert!(
-        !classic.contains("otel_scope_name=\"phasetrace\","),
-        "scope once only"
+        scoped[0].starts_with("otel_scope_info{otel_scope_name=\"phasetrace\""),
+        "{scoped:?}"
     );
 
     let (status, head, body) = get(addr, "HEAD", "/metrics", "");

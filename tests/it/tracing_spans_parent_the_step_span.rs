@@ -101,8 +101,9 @@ fn on_the_engines_tracer_provider_a_sampled_step_is_a_child_of_the_request_span(
     assert_eq!(children.len(), 1, "{all:#?}");
     assert_eq!(children[0].name, span::LAYER);
     assert!(
-        all.iter()
-            .any(|s| s.name == "kda_mixer" && s.parent_span_id == children[0].span_context.span_id())
+        all.iter().any(
+            |s| s.name == "kda_mixer" && s.parent_span_id == children[0].span_context.span_id()
+        )
     );
     // Outside any tracing span: a root of a trace of its own.
     assert_eq!(outside.parent_span_id, SpanId::INVALID);
@@ -111,8 +112,12 @@ fn on_the_engines_tracer_provider_a_sampled_step_is_a_child_of_the_request_span(
         request.span_context.trace_id()
     );
     // The engine's provider outlives the profiler.
-    provider.force_flush().expect("the engine's provider still runs");
-    provider.shutdown().expect("the engine shuts its provider down");
+    provider
+        .force_flush()
+        .expect("the engine's provider still runs");
+    provider
+        .shutdown()
+        .expect("the engine shuts its provider down");
 }
 
 #[test]
@@ -162,5 +167,7 @@ fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collecto
     );
     assert!(outside.is_root(), "{outside:#?}");
     profiler.shutdown();
-    provider.shutdown().expect("the engine shuts its provider down");
+    provider
+        .shutdown()
+        .expect("the engine shuts its provider down");
 }
