@@ -1694,4 +1694,138 @@ mod tests {
         let mut b = ConfigBuilder::default();
         assert!(b.set_text(&settings::LEVEL, "loud").is_err());
     }
+
+    #[test]
+    fn a_signals_own_variables_win_over_the_general_ones() {
+        let c = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://general:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-key=general"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "1000"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:4318/custom/path",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=traces"),
+            ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "2500"),
+            ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "gzip"),
+        ])
+        .unwrap();
+        let t = c.traces_otlp.as_ref().expect("traces over OTLP");
+        let m = c.metrics_otlp.as_ref().expect("metrics over OTLP");
+        // A signal's own endpoint is used as is; the general one gets the signal's path.
+        assert_eq!(t.endpoint, "http://traces:4318/custom/path");
+        assert_eq!(m.endpoint, "http://general:4318/v1/metrics");
+        // Headers replace the general ones; other settings are inherited one by one.
+        assert_eq!(t.headers, vec![("x-key".into(), "traces".into())]);
+        assert_eq!(m.headers, vec![("x-key".into(), "general".into())]);
+        assert_eq!(
+            (t.timeout, m.timeout),
+            (Duration::from_millis(1000), Duration::from_millis(2500))
+        );
+        assert_eq!((t.gzip, m.gzip), (false, true));
+        // The general connection stays the base (what `import` sends with).
+        assert_eq!(c.otlp.as_ref().unwrap().endpoint, "http://general:4318");
+        // Metrics go over OTLP: no default Prometheus endpoint.
+        assert_eq!(c.prometheus, None);
+        for var in [
+            env::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+            env::OTEL_EXPORTER_OTLP_METRICS_TIMEOUT,
+        ] {
+            assert_eq!(c.origin(var), Origin::Env, "{var}");
+        }
+        assert_eq!(
+            c.origin(env::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT),
+            Origin::Default
+        );
+    }
+
+    #[test]
+    fn a_grpc_endpoint_is_used_as_given_and_one_signal_alone_can_be_sent() {
+        let c = env(&[("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:4317")]).unwrap();
+        assert_eq!(
+            c.metrics_otlp.as_ref().map(|o| o.endpoint.as_str()),
+            Some("http://m:4317")
+        );
+        assert!(c.traces_otlp.is_none(), "no endpoint for traces: none sent");
+        assert_eq!(c.prometheus, None);
+        let c = env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317")]).unwrap();
+        assert!(c.traces_otlp.is_some() && c.metrics_otlp.is_none());
+        // Metrics are pushed nowhere: the default endpoint serves them.
+        assert!(c.prometheus.is_some());
+    }
+
+    #[test]
+    fn otlp_selected_without_an_endpoint_names_both_variables() {
+        let e = env(&[("OTEL_TRACES_EXPORTER", "otlp")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), "{e}");
+        assert!(e.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{e}");
+        let e = env(&[("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "thrift")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=\"thrift\""),
+            "{e}"
+        );
+        assert!(e.contains("grpc or http/protobuf"), "{e}");
+        let e = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/ca.pem"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE is set"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_default_prometheus_port_is_offset_by_the_launchers_local_rank() {
+        let c = env(&[("LOCAL_RANK", "3")]).unwrap();
+        assert_eq!(c.prometheus, Some("127.0.0.1:9467".parse().unwrap()));
+        // An address given is kept as given.
+        let c = env(&[
+            ("LOCAL_RANK", "3"),
+            ("PHASETRACE_PROMETHEUS", "127.0.0.1:9000"),
+        ])
+        .unwrap();
+        assert_eq!(c.prometheus, Some("127.0.0.1:9000".parse().unwrap()));
+        for bad in ["-1", "x", "60000"] {
+            let e = env(&[("LOCAL_RANK", bad), ("PHASETRACE_RANK", "0")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("LOCAL_RANK=\"{bad}\"")), "{e}");
+            assert!(e.contains("0 to 56071"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_protocol_this_build_lacks_is_refused_by_its_feature() {
+        let c = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ]);
+        if cfg!(feature = "otlp-http") {
+            assert!(c.is_ok(), "{c:?}");
+        } else {
+            let e = c.unwrap_err().to_string();
+            assert!(
+                e.contains("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf"),
+                "{e}"
+            );
+            assert!(e.contains("`otlp-http`"), "{e}");
+        }
+        let c = env(&[("PHASETRACE_PROMETHEUS", "127.0.0.1:9999")]);
+        if cfg!(feature = "prometheus") {
+            assert!(c.is_ok());
+        } else {
+            let e = c.unwrap_err().to_string();
+            assert!(e.contains("`prometheus`"), "{e}");
+            // Unset, the default endpoint is simply absent from such a build.
+            assert_eq!(env(&[]).unwrap().prometheus, None);
+        }
+    }
 }

@@ -631,3 +631,60 @@ impl Exporters {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::settings;
+
+    /// A configuration with OTLP traces and metrics and the Prometheus endpoint all asked for.
+    fn everything() -> Config {
+        crate::Profiler::builder()
+            .without_env()
+            .with_otlp_endpoint(Some("http://127.0.0.1:9"))
+            .with_text(&settings::METRICS_EXPORTER, "otlp,prometheus")
+            .expect("exporters")
+            .with_prometheus_at(([127, 0, 0, 1], 0))
+            .config()
+            .expect("config")
+    }
+
+    #[test]
+    fn with_the_engines_providers_phasetrace_builds_no_pipeline_of_its_own() {
+        let meter = SdkMeterProvider::builder().build();
+        let tracer = SdkTracerProvider::builder().build();
+        let mut cfg = everything();
+        // As `build()` leaves it when a meter provider is given and Prometheus was not asked
+        // for in so many words.
+        cfg.prometheus = None;
+        let given = Given {
+            meter: Some(Arc::new(meter)),
+            tracer: Some(Arc::new(tracer)),
+        };
+        let mut e = build(&cfg, &given).expect("exporters");
+        assert_eq!(e.meters.len(), 1, "the engine's meter only");
+        assert!(e.own_meter_providers.is_empty());
+        assert!(e.own_tracer_provider.is_none());
+        assert!(e.tracer.is_some(), "spans on the engine's provider");
+        assert!(e.exemplars.is_none());
+        assert!(!e.span_counts.tracked);
+        #[cfg(feature = "otlp")]
+        assert!(e.runtime.is_none(), "no OTLP runtime thread");
+        assert_eq!(e.prometheus_addr(), None);
+        e.shutdown(Duration::from_millis(100));
+    }
+
+    #[test]
+    fn without_providers_phasetrace_builds_its_own() {
+        let mut e = build(&everything(), &Given::default()).expect("exporters");
+        assert!(!e.own_meter_providers.is_empty());
+        assert_eq!(e.meters.len(), e.own_meter_providers.len());
+        assert!(e.own_tracer_provider.is_some());
+        assert!(e.span_counts.tracked);
+        #[cfg(feature = "otlp-grpc")]
+        assert!(e.runtime.is_some());
+        #[cfg(feature = "prometheus")]
+        assert!(e.prometheus_addr().is_some());
+        e.shutdown(Duration::from_millis(500));
+    }
+}
