@@ -94,21 +94,27 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
                     );
                 }
             }
-            Err(probe) => {
-                let m = match (TcpListener::bind(addr), cfg.origin(env::PROMETHEUS)) {
-                    (Err(e), Origin::Default) => format!(
-                        "the built-in default Prometheus endpoint {addr} cannot listen there \
-                         ({e}); set {}=host:port (a free port) or off, or pass --prometheus",
+            Err(probe) => match (TcpListener::bind(addr), cfg.origin(env::PROMETHEUS)) {
+                // As the profiler does: the built-in default is skipped, never a failure.
+                (Err(e), Origin::Default) => {
+                    out += &format!(
+                        "  warn  Prometheus: the default endpoint {addr} cannot listen there \
+                         ({e}); the profiler runs without it: set {}=host:port (a free port) \
+                         or off, or pass --prometheus\n",
                         env::PROMETHEUS
-                    ),
-                    (Err(e), Origin::Code) => format!(
-                        "--prometheus {addr}: cannot listen there ({e}); pick a free port or off"
-                    ),
-                    _ => probe,
-                };
-                out += &format!("  FAIL  Prometheus: {m}\n");
-                problems.push(m);
-            }
+                    );
+                }
+                (bind, origin) => {
+                    let m = match (bind, origin) {
+                        (Err(e), Origin::Code) => format!(
+                            "--prometheus {addr}: cannot listen there ({e}); pick a free port or off"
+                        ),
+                        _ => probe,
+                    };
+                    out += &format!("  FAIL  Prometheus: {m}\n");
+                    problems.push(m);
+                }
+            },
         }
     } else {
         out += "  -     Prometheus: off\n";
