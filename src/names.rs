@@ -12,21 +12,23 @@ pub const SCOPE: &str = "phasetrace";
 /// Metric names and units. Every metric also carries [`crate::names::attr::GROUP`], the collective
 /// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
-    /// Histogram of one section's duration, attributes `bucket`, `site`, `rank`: the buckets
-    /// that quantiles need, without `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and
-    /// [`SECTION_LAYER_CALLS`], two series per (bucket, layer) instead of 25).
+    /// Histogram of one section's duration in seconds (all layers: quantiles per bucket),
+    /// attributes `bucket`, `site` (when given), `rank`: the buckets that quantiles need, without
+    /// `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`], two
+    /// series per (bucket, layer) instead of 25).
     pub const SECTION_DURATION: &str = "phasetrace.section.duration";
-    /// Counter of the time spent in one section per layer, attributes `bucket`, `layer`,
-    /// `site`, `rank` (`phasetrace_section_layer_time_seconds_total`). Off with
-    /// `PHASETRACE_LAYER_ATTR=off`.
+    /// Counter of the time spent in one section per layer, in seconds, attributes `bucket`,
+    /// `layer`, `site` (when given), `rank` (`phasetrace_section_layer_time_seconds_total`). Off
+    /// with `PHASETRACE_LAYER_ATTR=off`.
     pub const SECTION_LAYER_TIME: &str = "phasetrace.section.layer.time";
     /// Counter of the calls of one section per layer, the same attributes
-    /// (`phasetrace_section_layer_calls_total`).
+    /// (`phasetrace_section_layer_calls_total`): the mean per call is time / calls.
     pub const SECTION_LAYER_CALLS: &str = "phasetrace.section.layer.calls";
-    /// Histogram of one decode step (token), attributes `rank`, `group`.
+    /// Histogram of one decode step (token) in seconds, attributes `rank`, `group`.
     pub const STEP_DURATION: &str = "phasetrace.step.duration";
-    /// Histogram of the time one decode step spent waiting at collective rendezvous probes (the
-    /// sum over the step's probe sections and reported waits), attributes `rank`, `group`.
+    /// Histogram of the time one decode step spent waiting at collective rendezvous probes, in
+    /// seconds (the sum over the step's probe sections and reported waits; 0 for a step without
+    /// any), attributes `rank`, `group`.
     /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
     /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
     /// it costs one histogram per rank whatever the model's depth.
@@ -38,32 +40,44 @@ pub mod metric {
     /// idle engine reads 0 and a hung one (every rank blocked inside a collective) grows. The
     /// longest over the rank's recorders; with a deferred clock (CUDA events) whose stream has
     /// not reached the oldest mark, counted from when the worker first found it pending. Read
-    /// at collection: a series per rank with a live recorder, gone with its last recorder.
+    /// at each collection (scrape or export) from when the open step began, so it grows between
+    /// the worker's drains: a series per rank with a live recorder, gone with its last recorder.
+    /// Alert: `PhasetraceStepHung`.
     pub const STEP_OPEN_DURATION: &str = "phasetrace.step.open_duration";
-    /// Histogram of the time a rank waited at a collective's rendezvous probe (its arrival skew),
-    /// attributes `site`, `rank`.
+    /// Histogram of the time a rank waited at a collective's rendezvous probe, in seconds (its
+    /// arrival skew: the straggler waits about 0), attributes `site`, `rank`, `group`: where the
+    /// time goes, per collective.
     pub const COLLECTIVE_WAIT: &str = "phasetrace.collective.wait";
-    /// Counter of the time waited at a collective's rendezvous probe per layer, attributes
-    /// `site`, `layer`, `rank` (`phasetrace_collective_layer_wait_time_seconds_total`).
+    /// Counter of the time waited at a collective's rendezvous probe per layer, in seconds,
+    /// attributes `site`, `layer`, `rank`, `group`
+    /// (`phasetrace_collective_layer_wait_time_seconds_total`); kept with
+    /// `PHASETRACE_LAYER_ATTR=off` too.
     pub const COLLECTIVE_LAYER_WAIT_TIME: &str = "phasetrace.collective.layer.wait.time";
     /// Counter of the rendezvous waits per layer, the same attributes
     /// (`phasetrace_collective_layer_wait_calls_total`).
     pub const COLLECTIVE_LAYER_WAIT_CALLS: &str = "phasetrace.collective.layer.wait.calls";
-    /// Counter of tokens routed to each MoE expert, attributes `layer`, `expert` (opt-in).
+    /// Counter of tokens routed to each MoE expert, attributes `layer`, `expert` (opt-in:
+    /// `PHASETRACE_EXPERT_COUNTER=on`).
     pub const MOE_EXPERT_TOKENS: &str = "phasetrace.moe.expert.tokens";
-    /// Counter of records dropped, attribute `reason`.
+    /// Counter of records dropped, attribute `reason` ([`crate::names::DropReason`]): everything
+    /// dropped is counted, each reason a series from the start at 0; `Profiler::stats()` holds
+    /// the same counts.
     pub const RECORDS_DROPPED: &str = "phasetrace.records.dropped";
-    /// Histogram of one speculative phase per round, attributes `phase`, `rank`.
+    /// Histogram of one speculative phase per round in seconds, attributes `phase` (draft,
+    /// verify, accept, rollback, maint), `rank`.
     pub const SPEC_PHASE_DURATION: &str = "phasetrace.spec.phase.duration";
-    /// Histogram of one verify part per round (level 2), attributes `part`, `rank`.
+    /// Histogram of one verify part per round in seconds (level 2), attributes `part` (kda,
+    /// kda_scan, mla, ffn, rest), `rank`: `rest` = verify - kda - mla; `kda_scan` is inside
+    /// `kda`, `ffn` inside `rest`.
     pub const SPEC_VERIFY_PART_DURATION: &str = "phasetrace.spec.verify.part.duration";
     /// Counter of speculative rounds, attribute `rank`.
     pub const SPEC_ROUNDS: &str = "phasetrace.spec.rounds";
-    /// Counter of drafted tokens, attribute `rank`.
+    /// Counter of drafted tokens, attribute `rank`: the acceptance rate is accepted / drafted.
     pub const SPEC_DRAFT_TOKENS: &str = "phasetrace.spec.draft_tokens";
     /// Counter of accepted tokens, attribute `rank`.
     pub const SPEC_ACCEPTED_TOKENS: &str = "phasetrace.spec.accepted_tokens";
-    /// Histogram of accepted tokens per round, integer buckets `0..=k_max`, attribute `rank`.
+    /// Histogram of accepted tokens per round, integer buckets `0..=k_max` (`with_spec_k_max`,
+    /// default 16), attribute `rank`.
     pub const SPEC_ACCEPTED_LENGTH: &str = "phasetrace.spec.accepted_length";
     /// Counter of the re-reads of the Prometheus endpoint's web configuration file
     /// (`PHASETRACE_PROMETHEUS_WEB_CONFIG`) after it or a file it names changed, attribute
@@ -76,13 +90,17 @@ pub mod metric {
     /// `prometheus_config_last_reload_successful`:
     /// `phasetrace_prometheus_web_config_last_reload_successful`). Only with a web
     /// configuration file; a change is noticed at the next connection or request, so a scrape
-    /// reads the state of the file as it is then.
+    /// reads the state of the file as it is then (an engine exporting only over OTLP reports it
+    /// once something connects to its endpoint). Alert: `PhasetraceWebConfigReloadFailed`.
     pub const PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
         "phasetrace.prometheus.web_config.last_reload_successful";
     /// Counter of OTLP metrics exports, attribute `result` ([`crate::names::Outcome`]); both
     /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
     /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export
-    /// carries them), but the backend's view is stale meanwhile: this says so.
+    /// carries them), but the backend's view is stale meanwhile: this says so (and stderr, once
+    /// per outage with the first error, and again when exports work again). Seen at once on the
+    /// Prometheus endpoint when both are on, by the collector with the first export that works.
+    /// Alert: `PhasetraceMetricsExportFailing`.
     pub const METRIC_EXPORTS: &str = "phasetrace.metric.exports";
 
     /// Unit of every duration histogram.
