@@ -239,9 +239,9 @@ impl ProfilerBuilder {
     /// Times the engine's stream with the backend `PHASETRACE_TIMING` selects: `host` (the host
     /// clock), `sync` (synchronize, then read the host clock) or `events` (events resolved by
     /// the worker), asking the stream for its clock of that backend ([`EngineStream`]). A
-    /// cudarc `Arc<CudaStream>` is one (feature `cuda`: [`crate::timing::cuda::CudaSyncClock`],
-    /// [`crate::timing::cuda::CudaEventClock`]; without a CUDA driver, `build()` returns
-    /// [`Error::Timing`] for `sync` and `events`), and so is `phasetrace-sim`'s simulated stream.
+    /// cudarc `Arc<CudaStream>` is one (feature `cuda`: `timing::cuda::CudaSyncClock` and
+    /// `CudaEventClock`; without a CUDA driver, `build()` returns [`Error::Timing`] for `sync`
+    /// and `events`), and so is `phasetrace-sim`'s simulated stream.
     pub fn with_stream(mut self, stream: impl EngineStream) -> Self {
         self.stream = Some(Box::new(stream));
         self

@@ -15,7 +15,6 @@ mod console;
 mod counted;
 pub(crate) mod exemplars;
 pub(crate) mod otlp;
-mod probe;
 pub(crate) mod prometheus;
 mod proto_metrics;
 #[cfg(feature = "tracing")]
