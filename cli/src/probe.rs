@@ -12,7 +12,7 @@
 //!
 //! Only the core's public API: the settings, `Profiler`, `Config`.
 
-use phasetrace::config::{OtlpConfig, Protocol};
+use phasetrace::config::{OtlpConfig, Protocol, settings};
 use phasetrace::{Config, HostSourceChoice, Level, ProfilerBuilder, SpecLevel, Timing};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -206,38 +206,37 @@ fn probe_grpc(
     }
 }
 
-/// Probes the Prometheus endpoint of `cfg` as configured: a profiler built from `settings`
-/// (the same settings, recording off) checks the web configuration file (an error names the
-/// file and the field); when the address is free, one built with recording on serves the
-/// endpoint there for the probe, otherwise what listens there (a running engine) is probed; then
-/// a client without a certificate and without credentials must be refused where the
-/// configuration says so (TLS handshake, 401), or served. `settings` is called for each
-/// profiler. `Ok` says what answered, `Err` what failed (never a credential).
+/// Probes the Prometheus endpoint of `cfg` as configured. A profiler from `builder` (the
+/// builder of `cfg`'s settings, called once per profiler), built with recording off, checks the
+/// web configuration file (an error names the file and the field); when the address is free,
+/// one built with recording on serves the endpoint there for the probe, otherwise what listens
+/// there (a running engine) is probed; then a client without a certificate and without
+/// credentials must be refused where the configuration says so (TLS handshake, 401), or
+/// served. `Ok` says what answered, `Err` what failed (never a credential).
 pub(crate) fn prometheus(
     cfg: &Config,
-    settings: impl Fn() -> Result<ProfilerBuilder, String>,
+    builder: impl Fn() -> Result<ProfilerBuilder, String>,
     timeout: Duration,
 ) -> Result<String, String> {
     let Some(addr) = cfg.prometheus else {
         return Err("the Prometheus endpoint is off".to_owned());
     };
-    // Only the endpoint: no OTLP, no stream to time, no console output, and the host clock's
-    // own check is reported on its own line.
+    // Only the endpoint: no OTLP, no spans, no console output, no stream to time, and the host
+    // clock's own check is reported on its own line.
     let only_the_endpoint = |level: Level| {
-        settings().map(|b| {
-            b.with_level(level)
-                .with_spec_level(SpecLevel::Off)
-                .with_otlp_endpoint(None)
-                .with_timing(Timing::Host)
-                .with(
-                    &phasetrace::config::settings::HOST_CLOCK,
-                    HostSourceChoice::Auto,
-                )
-                .with_summary_every(0)
-                .with_spec_summary_every(0)
-                .with_trace_every(0)
-                .with_trace_slower_than(phasetrace::TraceSlowerThan::Off)
-        })
+        let b = builder()?
+            .with_level(level)
+            .with_spec_level(SpecLevel::Off)
+            .with_otlp_endpoint(None)
+            .with_timing(Timing::Host)
+            .with(&settings::HOST_CLOCK, HostSourceChoice::Auto)
+            .with_summary_every(0)
+            .with_spec_summary_every(0)
+            .with_trace_every(0)
+            .with_trace_slower_than(phasetrace::TraceSlowerThan::Off);
+        b.with_text(&settings::METRICS_EXPORTER, "prometheus")
+            .and_then(|b| b.with_text(&settings::TRACES_EXPORTER, "none"))
+            .map_err(|e| e.to_string())
     };
     // Built off, a profiler starts nothing, and still reads the web configuration file.
     only_the_endpoint(Level::Off)?
