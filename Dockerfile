@@ -11,6 +11,8 @@ COPY src ./src
 COPY benches ./benches
 COPY cli ./cli
 COPY testkit ./testkit
+COPY import ./import
+COPY sim ./sim
 RUN cargo build --release --locked --bin phasetrace \
     && install -m 0755 target/release/phasetrace /usr/local/bin/phasetrace
 

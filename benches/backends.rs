@@ -30,9 +30,9 @@
 //! sequential measurements on a shared machine).
 
 use criterion::{Criterion, Throughput};
-use phasetrace::timing::sim::{SimEventClock, SimStream, SimStreamOptions, TYPICAL_LAUNCH_LATENCY};
 use phasetrace::timing::{Clock, SyncClock};
 use phasetrace::{Level, Profiler, Recorder, RecorderOptions, Section, Site};
+use phasetrace_sim::{SimEventClock, SimStream, SimStreamOptions, TYPICAL_LAUNCH_LATENCY};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

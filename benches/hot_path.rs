@@ -266,7 +266,7 @@ fn worker(c: &mut Criterion) {
 /// engine's cost, is not timed).
 fn graph(c: &mut Criterion) {
     use phasetrace::Timing;
-    use phasetrace::timing::sim::{SimEventClock, SimStream};
+    use phasetrace_sim::{SimEventClock, SimStream};
     use std::sync::Arc;
     let mut g = c.benchmark_group("graph");
     g.throughput(Throughput::Elements(1));

@@ -25,7 +25,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let profiler = Profiler::builder()
         .with_level(Level::Full)
         .with_timing(Timing::Events)
-        .with_cuda_stream(stream.clone())
+        .with_stream(stream.clone())
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()?;
     let rec = profiler.recorder();

@@ -21,7 +21,7 @@ printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTO
     "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
 
 # Every feature but `record-off`, which compiles recording out (checked on its own below).
-FEATURES="phasetrace/cuda,phasetrace/import,phasetrace-cli/cuda"
+FEATURES="phasetrace/cuda,phasetrace-cli/cuda"
 section "cargo test --workspace --features $FEATURES --locked $*"
 # The tools were just installed: a test that cannot find one fails rather than skips.
 PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --features "$FEATURES" --locked "$@"

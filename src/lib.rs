@@ -38,8 +38,6 @@
 pub mod benchmarks {}
 pub mod config;
 mod export;
-#[cfg(feature = "import")]
-pub mod import;
 pub mod names;
 mod profiler;
 mod record;

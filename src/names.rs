@@ -444,3 +444,60 @@ pub mod default {
     /// at 96 layers and 20 sections a layer.
     pub const LAYER_SERIES_LIMIT: usize = 8_192;
 }
+
+/// How the Prometheus endpoint spells the names above: the rule its `/metrics` encoder applies,
+/// public so that whatever writes the same series (the importer's OpenMetrics backfill, a rule
+/// or dashboard generator) spells them the same way.
+pub mod prometheus {
+    /// The Prometheus spelling of a unit (`s` -> `seconds`), `None` for none or an annotation
+    /// (`{token}`).
+    pub fn unit_suffix(unit: &str) -> Option<&'static str> {
+        match unit {
+            "s" => Some("seconds"),
+            "ms" => Some("milliseconds"),
+            "us" => Some("microseconds"),
+            "ns" => Some("nanoseconds"),
+            "By" => Some("bytes"),
+            "1" => Some("ratio"),
+            _ => None,
+        }
+    }
+
+    /// The Prometheus base name of a metric: sanitized (colons kept), with its unit suffix
+    /// (`phasetrace.step.duration`, `s` -> `phasetrace_step_duration_seconds`). Counters add
+    /// `_total` to it.
+    pub fn metric_name(name: &str, unit: &str) -> String {
+        let mut n = sanitize(name, true);
+        if let Some(u) = unit_suffix(unit)
+            && !n.ends_with(u)
+        {
+            n.push('_');
+            n.push_str(u);
+        }
+        n
+    }
+
+    /// The Prometheus label name of an attribute key (`source.file` -> `source_file`).
+    pub fn label_name(key: &str) -> String {
+        sanitize(key, false)
+    }
+
+    /// A metric or label name with every character outside `[a-zA-Z0-9_]` (and `:` when `colons`)
+    /// turned into `_`, and `_` before a leading digit.
+    pub(crate) fn sanitize(name: &str, colons: bool) -> String {
+        let mut s: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+            s.insert(0, '_');
+        }
+        s
+    }
+}

@@ -7,7 +7,7 @@ use crate::config::{
 };
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
-use crate::timing::{Clock, HostClock};
+use crate::timing::{Clock, EngineStream, HostClock};
 use crate::worker::{
     Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
 };
@@ -44,7 +44,7 @@ pub enum Error {
 pub struct ProfilerBuilder {
     cfg: ConfigBuilder,
     clock: Option<Arc<dyn Clock>>,
-    stream: Option<Stream>,
+    stream: Option<Box<dyn EngineStream>>,
     drain_interval: Option<Duration>,
     spec_k_max: Option<u32>,
     use_env: Option<bool>,
@@ -280,21 +280,14 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Times the engine's simulated stream with the backend `PHASETRACE_TIMING` selects:
-    /// `host` (the host clock), `sync` (synchronize, then read the host clock) or `events`
-    /// (events resolved by the worker).
-    pub fn with_sim_stream(mut self, stream: crate::timing::sim::SimStream) -> Self {
-        self.stream = Some(Stream::Sim(stream));
-        self
-    }
-
-    /// Times the engine's CUDA stream with the backend `PHASETRACE_TIMING` selects: `host`,
-    /// `sync` ([`crate::timing::cuda::CudaSyncClock`]) or `events`
-    /// ([`crate::timing::cuda::CudaEventClock`]). Without a CUDA driver, `build()` returns
-    /// [`Error::Timing`] for `sync` and `events`.
-    #[cfg(feature = "cuda")]
-    pub fn with_cuda_stream(mut self, stream: Arc<crate::timing::cuda::CudaStream>) -> Self {
-        self.stream = Some(Stream::Cuda(stream));
+    /// Times the engine's stream with the backend `PHASETRACE_TIMING` selects: `host` (the host
+    /// clock), `sync` (synchronize, then read the host clock) or `events` (events resolved by
+    /// the worker), asking the stream for its clock of that backend ([`EngineStream`]). A
+    /// cudarc `Arc<CudaStream>` is one (feature `cuda`: `timing::cuda::CudaSyncClock` and
+    /// `CudaEventClock`; without a CUDA driver, `build()` returns [`Error::Timing`] for `sync`
+    /// and `events`), and so is `phasetrace-sim`'s simulated stream.
+    pub fn with_stream(mut self, stream: impl EngineStream) -> Self {
+        self.stream = Some(Box::new(stream));
         self
     }
 
@@ -433,7 +426,7 @@ impl ProfilerBuilder {
         }
         let clock: Arc<dyn Clock> = match (cfg.timing, self.clock) {
             (t, None) if self.stream.is_some() => match &self.stream {
-                Some(s) => s.clock(t)?,
+                Some(s) => stream_clock(s.as_ref(), t)?,
                 None => Arc::new(HostClock),
             },
             (_, Some(c)) if c.timing() == cfg.timing => c,
@@ -452,8 +445,7 @@ impl ProfilerBuilder {
                 return Err(Error::Timing {
                     timing: t.as_str(),
                     detail: "this backend needs the engine's stream: pass it with \
-                             ProfilerBuilder::with_cuda_stream or with_sim_stream, or a clock \
-                             with with_clock"
+                             ProfilerBuilder::with_stream, or a clock with with_clock"
                         .to_owned(),
                 });
             }
@@ -584,35 +576,23 @@ fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> Result<T, Error> {
     })
 }
 
-/// An engine stream whose clock the timing setting picks at `build()`.
-enum Stream {
-    Sim(crate::timing::sim::SimStream),
-    #[cfg(feature = "cuda")]
-    Cuda(Arc<crate::timing::cuda::CudaStream>),
-}
-
-impl Stream {
-    fn clock(&self, timing: Timing) -> Result<Arc<dyn Clock>, Error> {
-        Ok(match (self, timing) {
-            (_, Timing::Host) => Arc::new(HostClock),
-            (Stream::Sim(s), t) => crate::timing::sim::clock(s, t),
-            #[cfg(feature = "cuda")]
-            (Stream::Cuda(s), t) => {
-                let err = |e: crate::timing::cuda::TimingError| Error::Timing {
-                    timing: t.as_str(),
-                    detail: e.to_string(),
-                };
-                match t {
-                    Timing::Sync => {
-                        Arc::new(crate::timing::cuda::CudaSyncClock::new(s.clone()).map_err(err)?)
-                    }
-                    _ => {
-                        Arc::new(crate::timing::cuda::CudaEventClock::new(s.clone()).map_err(err)?)
-                    }
-                }
-            }
-        })
+/// The clock `timing` selects for the engine's stream; the host backend needs nothing of it.
+fn stream_clock(stream: &dyn EngineStream, timing: Timing) -> Result<Arc<dyn Clock>, Error> {
+    if timing == Timing::Host {
+        return Ok(Arc::new(HostClock));
     }
+    let err = |detail: String| Error::Timing {
+        timing: timing.as_str(),
+        detail,
+    };
+    let clock = stream.clock(timing).map_err(|e| err(e.to_string()))?;
+    if clock.timing() != timing {
+        return Err(err(format!(
+            "the engine's stream gave a clock of the {} backend",
+            clock.timing().as_str()
+        )));
+    }
+    Ok(clock)
 }
 
 struct Running {

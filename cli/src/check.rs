@@ -52,6 +52,12 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
         .apply(Profiler::builder())
         .map_err(Failure::config)?;
     let cfg = builder.config().map_err(Failure::config)?;
+    // The Prometheus probe builds profilers of these settings.
+    let settings = || {
+        a.flags
+            .apply(Profiler::builder())
+            .map_err(|e| e.to_string())
+    };
     for w in &cfg.alias_warnings {
         eprintln!("{w}");
     }
@@ -72,7 +78,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     let timeout = Duration::from_millis(a.timeout_ms);
     out += "\nprobes\n";
     if let Some(o) = &cfg.otlp {
-        match o.probe(timeout) {
+        match crate::probe::otlp(o, timeout) {
             Ok(m) => out += &format!("  ok    OTLP {}: {m}\n", o.protocol.as_str()),
             Err(m) => {
                 out += &format!("  FAIL  OTLP {}: {m}\n", o.protocol.as_str());
@@ -84,7 +90,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     }
     if let Some(addr) = cfg.prometheus {
         // The endpoint as configured (web config: TLS, client certificates, basic auth).
-        match cfg.probe_prometheus(timeout) {
+        match crate::probe::prometheus(&cfg, settings, timeout) {
             Ok(m) => {
                 out += &format!("  ok    Prometheus: {m}\n");
                 if !addr.ip().is_loopback() && cfg.prometheus_web_config.is_none() {

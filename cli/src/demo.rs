@@ -20,10 +20,10 @@ use crate::Failure;
 use crate::flags::ProfilerFlags;
 use crate::rendezvous::{RendezvousError, TcpRendezvous};
 use clap::Args;
-use phasetrace::timing::sim::{self, SimStream};
 use phasetrace::{
     Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
 };
+use phasetrace_sim::SimStream;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -745,7 +745,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     let streams: Vec<Option<SimStream>> =
         local.iter().map(|_| gpu_sim.then(SimStream::new)).collect();
     if let Some(Some(s)) = streams.first() {
-        builder = builder.with_sim_stream(s.clone());
+        builder = builder.with_stream(s.clone());
     }
     let profiler = a.flags.apply(builder).map_err(Failure::config)?.build()?;
     if gpu_sim {
@@ -835,7 +835,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         let stream = stream.clone();
         let mut opts = RecorderOptions::new().rank(rank);
         if let Some(s) = &stream {
-            opts = opts.clock(sim::clock(s, timing));
+            opts = opts.clock(phasetrace_sim::clock(s, timing));
         }
         let rec = profiler.recorder_with(opts);
         let work = Work::new(

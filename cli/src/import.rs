@@ -8,9 +8,9 @@ use clap::{Args, ValueEnum};
 use phasetrace::Profiler;
 use phasetrace::config::Protocol;
 use phasetrace::config::settings;
-use phasetrace::import::openmetrics::{OpenMetricsOptions, write_openmetrics};
-use phasetrace::import::otlp::{self, OtlpOptions};
-use phasetrace::import::{ImportError, ImportOptions, ImportedFile, Summary};
+use phasetrace_import::openmetrics::{OpenMetricsOptions, write_openmetrics};
+use phasetrace_import::otlp::{self, OtlpOptions};
+use phasetrace_import::{ImportError, ImportOptions, ImportedFile, Summary};
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -175,7 +175,7 @@ fn send_failure(e: ImportError) -> Failure {
 pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
     let start = match &a.start {
         None => None,
-        Some(t) => Some(phasetrace::import::parse_time(t).ok_or_else(|| {
+        Some(t) => Some(phasetrace_import::parse_time(t).ok_or_else(|| {
             Failure::config(format!(
                 "--start {t:?}: expected RFC 3339 (2026-09-30T12:00:00Z) or Unix seconds"
             ))
@@ -208,7 +208,7 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         let name = path.display().to_string();
         let file = if path.as_os_str() == "-" {
             let stdin = std::io::stdin();
-            phasetrace::import::import_reader_with_progress(
+            phasetrace_import::import_reader_with_progress(
                 stdin.lock(),
                 ImportOptions {
                     source_file: "stdin".into(),
@@ -217,7 +217,7 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
                 &mut |s| progress.tick(&name, 2, s, false),
             )
         } else {
-            phasetrace::import::import_path_with_progress(path, options, &mut |pass, s| {
+            phasetrace_import::import_path_with_progress(path, options, &mut |pass, s| {
                 progress.tick(&name, pass, s, false)
             })
         }
@@ -239,8 +239,7 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
                 group: group.clone(),
                 ..OtlpOptions::default()
             };
-            let sent =
-                phasetrace::import::send::send(&files, &otlp, &opts).map_err(send_failure)?;
+            let sent = phasetrace_import::send::send(&files, &otlp, &opts).map_err(send_failure)?;
             let st = &sent.stats;
             eprintln!(
                 "sent to {} over {}: {st}; largest request {} bytes of protobuf (at most {} each)",

@@ -4,6 +4,7 @@ mod check;
 mod demo;
 mod flags;
 mod import;
+mod probe;
 mod rendezvous;
 
 use clap::{Parser, Subcommand};

@@ -16,8 +16,6 @@ mod counted;
 pub(crate) mod exemplars;
 #[cfg(feature = "otlp")]
 pub(crate) mod otlp;
-#[cfg(all(feature = "otlp", feature = "prometheus"))]
-mod probe;
 #[cfg(feature = "prometheus")]
 pub(crate) mod prometheus;
 #[cfg(feature = "otlp")]

@@ -1,7 +1,7 @@
-//! The OTLP transport of requests built here (opentelemetry-proto messages), shared by the live
-//! metrics exporter with exemplars ([`super::proto_metrics`]) and `phasetrace import`: a gRPC
-//! channel for the tonic clients of opentelemetry-proto, and OTLP/HTTP protobuf POSTs, both with
-//! the live exporters' settings (endpoint, TLS and CA, headers, gzip, timeout).
+//! The OTLP transport of requests built here (opentelemetry-proto messages), for the live metrics
+//! exporter with exemplars ([`super::proto_metrics`]): a gRPC channel for the tonic clients of
+//! opentelemetry-proto, and OTLP/HTTP protobuf POSTs, both with the live exporters' settings
+//! (endpoint, TLS and CA, headers, gzip, timeout). The importer (`phasetrace-import`) has its own.
 //!
 //! ```text
 //! OtlpConfig ──channel──> tonic Channel (timeout, TLS) ── MetricsServiceClient / TraceServiceClient
@@ -12,36 +12,8 @@
 #[cfg(feature = "otlp-http")]
 use std::io::Write as _;
 
-#[cfg(all(feature = "import", feature = "otlp-grpc"))]
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
-#[cfg(all(feature = "import", feature = "otlp-grpc"))]
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
-
 use super::ExportError;
 use crate::config::OtlpConfig;
-
-/// A partial success: how many items the collector rejected, and why.
-#[cfg(feature = "import")]
-pub(crate) type Rejected = (u64, String);
-
-#[cfg(feature = "import")]
-fn rejected_of(count: i64, message: &str) -> Option<Rejected> {
-    (count > 0 || !message.is_empty()).then(|| (count.max(0) as u64, message.to_owned()))
-}
-
-/// The rejected data points of a metrics response, if any.
-#[cfg(feature = "import")]
-pub(crate) fn metrics_rejected(resp: &ExportMetricsServiceResponse) -> Option<Rejected> {
-    let p = resp.partial_success.as_ref()?;
-    rejected_of(p.rejected_data_points, &p.error_message)
-}
-
-/// The rejected spans of a traces response, if any.
-#[cfg(feature = "import")]
-pub(crate) fn traces_rejected(resp: &ExportTraceServiceResponse) -> Option<Rejected> {
-    let p = resp.partial_success.as_ref()?;
-    rejected_of(p.rejected_spans, &p.error_message)
-}
 
 /// Appends the text of `source` and of its sources to `out`, each unless `out` says it already.
 fn with_sources(mut out: String, mut source: Option<&dyn std::error::Error>) -> String {
@@ -135,13 +107,6 @@ pub(crate) fn post(
         ))
     }
 }
-
-/// The OTLP/HTTP path of metrics, under the endpoint.
-#[cfg(feature = "import")]
-pub(crate) const METRICS_PATH: &str = "/v1/metrics";
-/// The OTLP/HTTP path of traces, under the endpoint.
-#[cfg(feature = "import")]
-pub(crate) const TRACES_PATH: &str = "/v1/traces";
 
 /// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`):
 /// the system's roots plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.

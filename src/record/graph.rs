@@ -221,7 +221,7 @@ impl Recorder {
     /// off, records nothing.
     ///
     /// ```
-    /// use phasetrace::timing::sim::SimStream;
+    /// use phasetrace_sim::SimStream;
     /// use phasetrace::{Level, Profiler, Section, Site, Timing};
     /// use std::time::Duration;
     ///
@@ -231,7 +231,7 @@ impl Recorder {
     ///     .with_level(Level::Full)
     ///     .without_prometheus()
     ///     .with_timing(Timing::Events)
-    ///     .with_sim_stream(stream.clone())
+    ///     .with_stream(stream.clone())
     ///     .build()?;
     /// let rec = profiler.recorder();
     ///

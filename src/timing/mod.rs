@@ -9,9 +9,14 @@
 //! one process timeline ([`now_ns`], nanoseconds since the process-wide epoch). The
 //! [`HostClock`]'s token is a raw reading of the host source, the invariant TSC where the CPU has
 //! one (see [`host_source`]), converted to nanoseconds on the worker; the [`SyncClock`]'s already
-//! *is* the time; a deferred clock (CUDA events, the simulated stream) hands out a handle that the
-//! worker resolves later, off the hot path. The core has one code path for all of them: it always
-//! asks the clock to resolve.
+//! *is* the time; a deferred clock (CUDA events, the simulated stream of `phasetrace-sim`) hands
+//! out a handle that the worker resolves later, off the hot path. The core has one code path for
+//! all of them: it always asks the clock to resolve.
+//!
+//! An engine's stream comes in through one trait, [`EngineStream`]: the profiler asks it for the
+//! clock the timing setting selects. The CUDA stream implements it (feature `cuda`), the
+//! simulated stream in `phasetrace-sim` does, and so can an engine's own GPU abstraction, with
+//! a [`TokenPool`] of its events for a deferred clock.
 //!
 //! Every clock resolves to [`now_ns`]: the sync clock reads it after synchronizing, the simulated
 //! stream schedules its device on it, and the CUDA event clock anchors GPU timestamps to it. So a
@@ -20,7 +25,6 @@
 
 mod host;
 mod pool;
-pub mod sim;
 mod sync;
 mod timeline;
 mod tsc;
@@ -29,6 +33,7 @@ mod tsc;
 pub mod cuda;
 
 pub use host::HostClock;
+pub use pool::TokenPool;
 pub use sync::{StreamSync, SyncClock};
 pub use timeline::{
     HostClockError, HostClockInfo, HostSource, HostSourceReason, choose_host_source, host_source,
@@ -39,6 +44,7 @@ pub(crate) use host::is_host;
 pub(crate) use timeline::{Conversion, HostReader, maintain};
 
 use crate::config::Timing;
+use std::sync::Arc;
 
 /// A timestamp token returned by [`Clock::mark`]: either a time or a handle, as the clock decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,4 +106,21 @@ pub trait Clock: std::any::Any + Send + Sync {
     fn dropped(&self) -> u64 {
         0
     }
+}
+
+/// An engine's stream (a CUDA stream, the simulated one, an engine's own GPU abstraction), whose
+/// clock the timing setting picks when the profiler is built: pass it with
+/// [`ProfilerBuilder::with_stream`](crate::ProfilerBuilder::with_stream).
+///
+/// With `PHASETRACE_TIMING=host` the stream is not asked (the host clock times the host side of
+/// each boundary). For `sync` and `events` it returns its clock of that backend, or why it has
+/// none (no driver, say), which `build()` reports as [`Error::Timing`](crate::Error::Timing)
+/// naming the variable.
+pub trait EngineStream: Send + Sync + 'static {
+    /// The clock of the `timing` backend on this stream; its [`Clock::timing`] must be `timing`.
+    /// Called once, by `build()`, off the hot path.
+    fn clock(
+        &self,
+        timing: Timing,
+    ) -> Result<Arc<dyn Clock>, Box<dyn std::error::Error + Send + Sync>>;
 }

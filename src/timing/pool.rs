@@ -1,8 +1,5 @@
 //! A bounded pool of items handed out as generation-checked [`Token`]s: the event pools of the
 //! deferred clocks.
-//!
-//! A token is `generation << 32 | index`. Releasing bumps the slot's generation, so a stale
-//! token (released twice, or resolved after release) no longer finds its item.
 
 use super::Token;
 use crossbeam_queue::ArrayQueue;
@@ -13,14 +10,31 @@ struct Slot<T> {
     generation: AtomicU32,
 }
 
-pub(crate) struct TokenPool<T> {
+/// A bounded pool of items (a deferred clock's events) handed out as generation-checked
+/// [`Token`]s, lock-free: what a [`Clock`](super::Clock) over an engine's own events needs to
+/// give its `mark` a token without allocating, and its `resolve` and `release` a stale-proof
+/// lookup.
+///
+/// A token is `generation << 32 | index`. Releasing bumps the slot's generation, so a stale
+/// token (released twice, or resolved after release) no longer finds its item.
+pub struct TokenPool<T> {
     slots: Box<[Slot<T>]>,
     free: ArrayQueue<u32>,
 }
 
+impl<T> std::fmt::Debug for TokenPool<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenPool")
+            .field("capacity", &self.capacity())
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
 impl<T> TokenPool<T> {
-    /// A pool holding `items` (at least one, at most 2^31; the caller clamps).
-    pub(crate) fn new(items: Vec<T>) -> Self {
+    /// A pool holding `items` (at least one, at most 2^31: the caller clamps; indexes past 2^32
+    /// would not fit a token).
+    pub fn new(items: Vec<T>) -> Self {
         let free = ArrayQueue::new(items.len().max(1));
         let slots: Box<[Slot<T>]> = items
             .into_iter()
@@ -38,28 +52,28 @@ impl<T> TokenPool<T> {
     }
 
     /// Items in the pool.
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.slots.len()
     }
 
     /// Items handed out and not released yet.
-    pub(crate) fn in_flight(&self) -> usize {
+    pub fn in_flight(&self) -> usize {
         self.slots.len() - self.free.len()
     }
 
     /// Takes a free item, or `None` when every item is in flight. Never blocks.
-    pub(crate) fn acquire(&self) -> Option<(u32, &T)> {
+    pub fn acquire(&self) -> Option<(u32, &T)> {
         let index = self.free.pop()?;
         Some((index, &self.slots[index as usize].item))
     }
 
     /// Gives back an item taken with [`Self::acquire`] that never became a token.
-    pub(crate) fn cancel(&self, index: u32) {
+    pub fn cancel(&self, index: u32) {
         let _ = self.free.push(index);
     }
 
     /// The token of an acquired item.
-    pub(crate) fn token(&self, index: u32) -> Token {
+    pub fn token(&self, index: u32) -> Token {
         let generation = self.slots[index as usize]
             .generation
             .load(Ordering::Acquire);
@@ -67,13 +81,13 @@ impl<T> TokenPool<T> {
     }
 
     /// The item of a live token; `None` for a stale or unknown one.
-    pub(crate) fn get(&self, token: Token) -> Option<&T> {
+    pub fn get(&self, token: Token) -> Option<&T> {
         let slot = self.slots.get((token.0 & 0xffff_ffff) as usize)?;
         (slot.generation.load(Ordering::Acquire) == (token.0 >> 32) as u32).then_some(&slot.item)
     }
 
     /// Returns a token's item to the pool; only the first release of a token does anything.
-    pub(crate) fn release(&self, token: Token) {
+    pub fn release(&self, token: Token) {
         let index = (token.0 & 0xffff_ffff) as u32;
         let Some(slot) = self.slots.get(index as usize) else {
             return;

@@ -49,6 +49,115 @@ impl Clock for Script {
     }
 }
 
+/// A stream that runs work in order on the [`crate::timing::now_ns`] timeline and its event
+/// clock, for the tests of graph replays and of a stuck stream: the smallest model of what
+/// `phasetrace-sim`'s simulated stream does (that crate links the library as a user does, so a
+/// unit test here cannot use it). `enqueue` schedules work without waiting; an event completes
+/// when the timeline passes the point where it was recorded; a capture collects work and
+/// captured marks, and every launch re-records the captured events.
+#[derive(Default)]
+struct Device {
+    state: Mutex<DeviceState>,
+}
+
+#[derive(Default)]
+struct DeviceState {
+    /// Where everything enqueued so far ends (ns).
+    cursor: u64,
+    /// Each event's latest record (ns); `u64::MAX` until the first launch of a captured one.
+    events: Vec<u64>,
+    capture: Option<Vec<DeviceOp>>,
+}
+
+#[derive(Clone, Copy)]
+enum DeviceOp {
+    Work(u64),
+    Record(usize),
+}
+
+impl DeviceState {
+    fn push(&mut self, ns: u64) -> u64 {
+        self.cursor = self.cursor.max(crate::timing::now_ns()) + ns;
+        self.cursor
+    }
+}
+
+impl Device {
+    fn new() -> Arc<Device> {
+        Arc::default()
+    }
+    fn enqueue(&self, d: std::time::Duration) {
+        let ns = d.as_nanos() as u64;
+        let mut st = self.state.lock().unwrap();
+        match st.capture.as_mut() {
+            Some(ops) => ops.push(DeviceOp::Work(ns)),
+            None => {
+                st.push(ns);
+            }
+        }
+    }
+    fn begin_capture(&self) {
+        self.state.lock().unwrap().capture = Some(Vec::new());
+    }
+    fn end_capture(&self) -> Vec<DeviceOp> {
+        self.state
+            .lock()
+            .unwrap()
+            .capture
+            .take()
+            .unwrap_or_default()
+    }
+    fn launch(&self, graph: &[DeviceOp]) {
+        let mut st = self.state.lock().unwrap();
+        for op in graph {
+            match *op {
+                DeviceOp::Work(ns) => {
+                    st.push(ns);
+                }
+                DeviceOp::Record(i) => st.events[i] = st.push(0),
+            }
+        }
+    }
+    fn synchronize(&self) {
+        let end = self.state.lock().unwrap().cursor;
+        while crate::timing::now_ns() < end {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+impl Clock for Device {
+    fn mark(&self) -> Option<Token> {
+        let mut st = self.state.lock().unwrap();
+        if st.capture.is_some() {
+            return None;
+        }
+        let at = st.push(0);
+        st.events.push(at);
+        Some(Token(st.events.len() as u64 - 1))
+    }
+    fn mark_captured(&self) -> Option<Token> {
+        let mut st = self.state.lock().unwrap();
+        let i = st.events.len();
+        st.capture.as_mut()?.push(DeviceOp::Record(i));
+        st.events.push(u64::MAX);
+        Some(Token(i as u64))
+    }
+    fn resolve(&self, t: Token) -> Resolved {
+        match self.state.lock().unwrap().events.get(t.0 as usize) {
+            None => Resolved::Failed,
+            Some(&at) if at != u64::MAX && crate::timing::now_ns() >= at => Resolved::At(at),
+            Some(_) => Resolved::Pending,
+        }
+    }
+    fn is_deferred(&self) -> bool {
+        true
+    }
+    fn timing(&self) -> crate::config::Timing {
+        crate::config::Timing::Events
+    }
+}
+
 fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
     let shared = Arc::new(Shared {
         level: Gate::new(level),
@@ -408,9 +517,8 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 }
 
 #[test]
-#[cfg(feature = "import")]
 fn the_console_spec_lines_replay_through_the_importer() {
-    use crate::import::{ImportOptions, ImportRecord, import_reader};
+    use phasetrace_import::{ImportOptions, ImportRecord, import_reader};
     let sp = super::aggregate::SpecTally {
         rounds: 16,
         k: 4,
@@ -971,13 +1079,12 @@ fn rounds_captured_in_a_graph_keep_their_own_verify_parts_at_every_replay() {
     // A whole round captured into a graph: draft 40 us, then verify with a kda part of 30 us and
     // 20 us more. Each replay repeats the captured round's sequence number; each replay's round
     // is finalized one pass after it ended, while the next replay's parts arrive.
-    use crate::timing::sim::{SimEventClock, SimStream};
-    let stream = SimStream::new();
-    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let stream = Device::new();
+    let clock = stream.clone();
     let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let us = std::time::Duration::from_micros;
-    stream.begin_capture().unwrap();
+    stream.begin_capture();
     let capture = r.begin_capture();
     {
         let round = r.round(4);
@@ -991,12 +1098,12 @@ fn rounds_captured_in_a_graph_keep_their_own_verify_parts_at_every_replay() {
         round.phase(Phase::Verify);
         round.end(3);
     }
-    let graph = stream.end_capture().unwrap();
+    let graph = stream.end_capture();
     let handle = capture.finish();
     const REPLAYS: usize = 3;
     for _ in 0..REPLAYS {
         let g = r.replay(&handle);
-        graph.launch(&stream);
+        stream.launch(&graph);
         g.end();
         stream.synchronize();
         p.pass();
@@ -1029,15 +1136,14 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
     // ends the round with the accepted count. The graph holds a kda part of 30 us and 20 us
     // more, captured once with `capture.round()` and once inside a warm-up round (`as_ref()` of
     // a round long gone at replay time): both attach to the round open at each launch.
-    use crate::timing::sim::{SimEventClock, SimStream};
-    let stream = SimStream::new();
-    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let stream = Device::new();
+    let clock = stream.clone();
     let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let us = std::time::Duration::from_micros;
     let capture_verify = |warmup: bool| {
         let warm = warmup.then(|| r.round(4));
-        stream.begin_capture().unwrap();
+        stream.begin_capture();
         let capture = r.begin_capture();
         let round = match &warm {
             Some(w) => w.as_ref(),
@@ -1048,7 +1154,7 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
             stream.enqueue(us(30));
         }
         stream.enqueue(us(20));
-        let graph = stream.end_capture().unwrap();
+        let graph = stream.end_capture();
         let handle = capture.finish();
         if let Some(w) = warm {
             w.end(0);
@@ -1065,7 +1171,7 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
         stream.enqueue(us(40));
         round.phase(Phase::Draft);
         let g = r.replay(handle);
-        graph.launch(&stream);
+        stream.launch(graph);
         g.end();
         round.phase(Phase::Verify);
         round.end(2);
@@ -1151,10 +1257,9 @@ fn the_open_step_grows_until_it_ends_per_rank_and_reads_zero_when_idle() {
 #[test]
 fn a_stream_that_never_reaches_its_marks_counts_from_the_first_drain_that_found_one_pending() {
     use crate::timing::now_ns;
-    use crate::timing::sim::{SimEventClock, SimStream};
     use std::time::Duration;
-    let stream = SimStream::new();
-    let clock = Arc::new(SimEventClock::new(stream.clone()));
+    let stream = Device::new();
+    let clock = stream.clone();
     let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     const S10: u64 = 10_000_000_000;

@@ -5,6 +5,7 @@
 //!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
 //! - [`Prometheus`]: a Prometheus server scraping given targets, with PromQL queries.
 //! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
+//! - [`TlsProxy`] and [`certificates`]: a collector behind TLS with a generated CA, in [`tls`].
 //! - [`require_tools!`]: skips a test whose tools are missing (fails it under CI), see [`tools`].
 //!
 //! Both integration test binaries (the library's and the CLI's) use it.
@@ -14,6 +15,7 @@ pub mod otlp_debug;
 pub mod process;
 pub mod prometheus;
 pub mod rotel;
+pub mod tls;
 pub mod tools;
 
 pub use otlp_debug::{
@@ -26,4 +28,5 @@ pub use process::{
 };
 pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
 pub use rotel::{Rotel, rotel_binary};
+pub use tls::{TlsProxy, certificates};
 pub use tools::Tool;

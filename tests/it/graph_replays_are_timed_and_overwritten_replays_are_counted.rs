@@ -9,8 +9,8 @@
 
 use phasetrace::names::DropReason;
 use phasetrace::timing::Clock;
-use phasetrace::timing::sim::{SimCaptureError, SimEventClock, SimGraph, SimStream};
 use phasetrace::{CapturedGraph, Level, Profiler, Recorder, Section, Site, Stats, Timing};
+use phasetrace_sim::{SimCaptureError, SimEventClock, SimGraph, SimStream};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -7,9 +7,9 @@
 use crate::support;
 
 use phasetrace::names::{attr, span};
-use phasetrace::timing::sim::SimStream;
 use phasetrace::timing::{host_source, monotonic_ns, to_system_time};
 use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace_sim::SimStream;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 use support::Rotel;
@@ -139,7 +139,7 @@ fn host_sections_inside_synchronized_sections_nest_in_time() {
         .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_timing(Timing::Sync)
-        .with_sim_stream(stream.clone())
+        .with_stream(stream.clone())
         .build()
         .expect("building the profiler");
     let rec = profiler.recorder();

@@ -5,8 +5,8 @@
 //! resolver thread polls the tokens the way phasetrace's worker does. Every section's resolved
 //! duration must match its enqueued duration within 5 % or 20 µs.
 
-use phasetrace::timing::sim::{SimEvent, SimEventClock, SimStream};
 use phasetrace::timing::{Clock, Resolved, SyncClock, Token, now_ns};
+use phasetrace_sim::{SimEvent, SimEventClock, SimStream};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

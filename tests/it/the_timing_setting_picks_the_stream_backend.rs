@@ -3,8 +3,8 @@
 //! enqueues; with `sync` the host waits at each boundary and measures the same work; with
 //! `host`, the host measures only its enqueue time.
 
-use phasetrace::timing::sim::SimStream;
 use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace_sim::SimStream;
 use std::time::{Duration, Instant};
 
 /// Sums of `kda_mixer` section time over 20 sections of 300 µs of device work each,
@@ -16,7 +16,7 @@ fn run(timing: Timing) -> (Duration, Duration) {
         .with_level(Level::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_timing(timing)
-        .with_sim_stream(stream.clone())
+        .with_stream(stream.clone())
         .build()
         .expect("profiler");
     let rec = p.recorder();
@@ -104,5 +104,5 @@ fn sync_or_events_without_a_stream_is_a_clear_error() {
         .expect_err("no stream");
     let msg = err.to_string();
     assert!(msg.starts_with("PHASETRACE_TIMING=events:"), "{msg}");
-    assert!(msg.contains("with_cuda_stream"), "{msg}");
+    assert!(msg.contains("with_stream"), "{msg}");
 }

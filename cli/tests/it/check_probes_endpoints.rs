@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use cli::{Finished, phasetrace};
-use support::{Rotel, StaticHttpServer};
+use support::{Rotel, StaticHttpServer, TempDir, TlsProxy, certificates};
 
 const RUN: Duration = Duration::from_secs(30);
 
@@ -355,4 +355,47 @@ fn check_probes_the_prometheus_endpoint_with_its_tls_and_basic_auth() {
         "{run}"
     );
     assert!(!run.stdout.contains(&hash) && !run.stderr.contains(&hash));
+}
+
+/// `check` completes the TLS handshake with an OTLP endpoint behind TLS only when
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE` names the CA that signed its certificate.
+#[test]
+fn the_probe_completes_a_tls_handshake_only_with_the_right_ca() {
+    support::require_tools!(Rotel);
+    let rotel = Rotel::start();
+    let (ca, cert, key) = certificates();
+    let dir = TempDir::new("phasetrace-tls-probe");
+    let ca_path = dir.path().join("ca.pem");
+    std::fs::write(&ca_path, ca).expect("write ca");
+    let ca_path = ca_path.display().to_string();
+    for (upstream, protocol) in [
+        (rotel.grpc_port(), "grpc"),
+        (rotel.http_port(), "http/protobuf"),
+    ] {
+        let proxy = TlsProxy::start(upstream, &cert, &key);
+        let endpoint = format!("https://localhost:{}", proxy.port);
+        let check = |ca: Option<&str>| {
+            let mut env = vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ];
+            env.extend(ca.map(|ca| ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca)));
+            phasetrace(&["check", "--timeout-ms", "5000"], &env, RUN)
+        };
+        let ok = check(Some(&ca_path));
+        assert_eq!(ok.code, Some(0), "{protocol} with the CA: {ok}");
+        let line = ok
+            .stdout
+            .lines()
+            .find(|l| l.contains(&format!("OTLP {protocol}:")))
+            .unwrap_or_else(|| panic!("no OTLP probe line: {ok}"));
+        assert!(line.contains("ok") && line.contains("over TLS"), "{ok}");
+        let err = check(None);
+        assert_eq!(err.code, Some(4), "{protocol} without the CA: {err}");
+        assert!(
+            err.stdout.contains(&format!("FAIL  OTLP {protocol}: "))
+                && err.stdout.contains("TLS handshake"),
+            "{err}"
+        );
+    }
 }

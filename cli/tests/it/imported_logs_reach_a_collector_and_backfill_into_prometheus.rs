@@ -1,13 +1,13 @@
 //! `phasetrace import` end to end: the fixture logs of the reference profilers
-//! (`tests/fixtures/import/`, numbers in its README) go to the real collector (rotel) with their
+//! (`import/tests/fixtures/`, numbers in its README) go to the real collector (rotel) with their
 //! original timestamps, and backfill the real Prometheus through
 //! `promtool tsdb create-blocks-from openmetrics`, queried at the logs' timestamps.
 
 use crate::cli;
 use crate::support;
 
-use phasetrace::import::ImportRecord;
 use phasetrace::names::metric;
+use phasetrace_import::ImportRecord;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{Prometheus, Rotel, TempDir};
@@ -20,7 +20,7 @@ const S: u64 = T0 + 3_600_000_000_000;
 
 fn fixture(name: &str) -> String {
     support::repo_root()
-        .join("tests/fixtures/import")
+        .join("import/tests/fixtures")
         .join(name)
         .display()
         .to_string()
@@ -355,11 +355,11 @@ fn a_big_import_goes_in_several_messages_under_the_grpc_limit_and_all_arrives() 
     let log = log.display().to_string();
 
     // The premise: cut by count only (5000 spans), a trace request would be over the limit.
-    let file = phasetrace::import::import_path(log.as_ref(), Default::default()).expect("import");
+    let file = phasetrace_import::import_path(log.as_ref(), Default::default()).expect("import");
     let mut by_count = Vec::new();
-    phasetrace::import::otlp::trace_requests(
+    phasetrace_import::otlp::trace_requests(
         std::slice::from_ref(&file),
-        &phasetrace::import::otlp::OtlpOptions {
+        &phasetrace_import::otlp::OtlpOptions {
             max_request_bytes: usize::MAX,
             ..Default::default()
         },
@@ -455,8 +455,8 @@ fn a_request_over_the_collectors_limit_fails_saying_what_was_sent_before_it() {
     let log = dir.path().join("big.log");
     big_log(&log);
     let log = log.display().to_string();
-    let file = phasetrace::import::import_path(log.as_ref(), Default::default()).expect("import");
-    let metrics = phasetrace::import::otlp::metrics_requests(
+    let file = phasetrace_import::import_path(log.as_ref(), Default::default()).expect("import");
+    let metrics = phasetrace_import::otlp::metrics_requests(
         std::slice::from_ref(&file),
         &Default::default(),
         |_, info| {
@@ -618,7 +618,7 @@ struct Truth {
 impl Truth {
     fn read(&mut self, rank: u32, path: &str) {
         let file =
-            phasetrace::import::import_path(path.as_ref(), Default::default()).expect("import");
+            phasetrace_import::import_path(path.as_ref(), Default::default()).expect("import");
         for r in &file.records {
             let at = r.at().expect("timestamped");
             let end = self.end.entry(r.run()).or_default();

@@ -1,6 +1,6 @@
 //! What `phasetrace import` writes is what a live run of the library exports: the same metric
 //! names, units, kinds and attribute (label) keys, and for the same buckets, sites and layers
-//! the same series. Each test imports the fixture logs (`tests/fixtures/import/`) with the
+//! the same series. Each test imports the fixture logs (`import/tests/fixtures/`) with the
 //! `phasetrace` binary, runs the library live on what those logs describe (the tables'
 //! buckets, one probe section per route-trace line at its site and layer, one round per
 //! speculative burst), and compares the two: the OpenMetrics output against a scrape of the
@@ -11,12 +11,12 @@
 use crate::cli;
 use crate::support;
 
-use phasetrace::import::{ImportOptions, ImportRecord, ImportedFile, import_path, parse_time};
 use phasetrace::names::{attr, metric};
 use phasetrace::{
     Layer, Level, Phase, Profiler, Protocol, Recorder, Section, SectionKind, Site, SpecLevel,
     VerifyPart,
 };
+use phasetrace_import::{ImportOptions, ImportRecord, ImportedFile, import_path, parse_time};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{Rotel, TempDir};
@@ -69,7 +69,7 @@ const LIVE_ONLY_OTLP: [&str; 7] = [
 
 fn fixture(name: &str) -> String {
     support::repo_root()
-        .join("tests/fixtures/import")
+        .join("import/tests/fixtures")
         .join(name)
         .display()
         .to_string()

@@ -134,48 +134,9 @@ struct Writer<'a, 'e> {
     labels: String,
 }
 
-/// The Prometheus spelling of a unit, `None` for none or an annotation (`{token}`).
-pub(crate) fn unit_suffix(unit: &str) -> Option<&'static str> {
-    match unit {
-        "s" => Some("seconds"),
-        "ms" => Some("milliseconds"),
-        "us" => Some("microseconds"),
-        "ns" => Some("nanoseconds"),
-        "By" => Some("bytes"),
-        "1" => Some("ratio"),
-        _ => None,
-    }
-}
-
-/// A metric or label name with every character outside `[a-zA-Z0-9_:]` turned into `_`.
-pub(crate) fn sanitize(name: &str, colons: bool) -> String {
-    let mut s: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || (colons && c == ':') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
-        s.insert(0, '_');
-    }
-    s
-}
-
-/// The Prometheus base name of a metric: sanitized, with its unit suffix.
-pub(crate) fn base_name(name: &str, unit: &str) -> String {
-    let mut n = sanitize(name, true);
-    if let Some(u) = unit_suffix(unit)
-        && !n.ends_with(u)
-    {
-        n.push('_');
-        n.push_str(u);
-    }
-    n
-}
+// The naming rule is public in the contract (`names::prometheus`): the importer writes the same
+// series from outside the crate.
+pub(crate) use crate::names::prometheus::{metric_name as base_name, sanitize, unit_suffix};
 
 /// A sample value: integers as they are, floats in Rust's shortest round-trip decimal,
 /// non-finite values as Prometheus spells them.

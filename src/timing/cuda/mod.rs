@@ -94,6 +94,22 @@ use cudarc::driver::{DriverError, sys};
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
+/// A profiler given a cudarc stream ([`crate::ProfilerBuilder::with_stream`]) times it with
+/// [`CudaSyncClock`] (`PHASETRACE_TIMING=sync`) or [`CudaEventClock`] (`events`); without a
+/// usable driver `build()` fails naming the variable and [`TimingError`].
+impl super::EngineStream for Arc<CudaStream> {
+    fn clock(
+        &self,
+        timing: crate::Timing,
+    ) -> Result<Arc<dyn super::Clock>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(match timing {
+            crate::Timing::Host => Arc::new(super::HostClock),
+            crate::Timing::Sync => Arc::new(CudaSyncClock::new(self.clone())?),
+            crate::Timing::Events => Arc::new(CudaEventClock::new(self.clone())?),
+        })
+    }
+}
+
 /// Why a CUDA timing backend could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

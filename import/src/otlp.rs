@@ -45,8 +45,8 @@ use super::contract::{
 };
 use super::series::{self, Resource};
 use super::{ImportError, ImportRecord, ImportedFile};
-use crate::config::settings;
-use crate::names::resource;
+use phasetrace::config::settings;
+use phasetrace::names::resource;
 
 /// The default [`OtlpOptions::max_request_bytes`]: 4,000,000 bytes, under the 4 MiB
 /// (4,194,304-byte) message limit that OTLP/gRPC receivers apply by default.
@@ -722,8 +722,8 @@ pub fn write_json_line<W: Write, M: serde::Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{ImportOptions, import_reader};
-    use crate::names::{attr, metric};
+    use crate::{ImportOptions, import_reader};
+    use phasetrace::names::{attr, metric};
     use serde_json::{Value, json};
 
     fn sample() -> ImportedFile {

@@ -1,5 +1,5 @@
 //! Tests of the importer: each format, interleaving, prefixes, damage, time base, gzip, the
-//! fixtures under `tests/fixtures/import/`, and property tests of the parsers.
+//! fixtures under `import/tests/fixtures/`, and property tests of the parsers.
 //!
 //! The emitters below write the four formats from known nanosecond and call counts, the way the
 //! reference profilers print them, so that a test can compare what the importer recovers with
@@ -910,11 +910,11 @@ fn gzip_input_is_detected_and_concatenated_members_are_read() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fixtures under tests/fixtures/import/ (see the README there for the numbers).
+// The fixtures under import/tests/fixtures/ (see the README there for the numbers).
 
 fn fixture(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/import")
+        .join("tests/fixtures")
         .join(name)
 }
 

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The names are the Prometheus names of the live exporter (derived by its encoder's rule from
-//! [`crate::names`]), so backfilled and live data share series, dashboards and rules. Labels:
+//! [`phasetrace::names`]), so backfilled and live data share series, dashboards and rules. Labels:
 //! the live ones (`bucket`, `site` of a probe bucket, `rank`, `group` on section times; `site`,
 //! `rank`, `group` on waits; `layer` on the per-layer counters only; `tag` and `phase` or `part`
 //! on speculative ones), plus `source_file` and `source_run`.
@@ -33,7 +33,7 @@ use std::io::Write;
 use super::contract::{Family, Key, Shape};
 use super::series::{self, Point, Series, SeriesSet};
 use super::{ImportError, ImportedFile};
-use crate::config::settings;
+use phasetrace::config::settings;
 
 /// Options of the OpenMetrics writer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,7 +201,7 @@ impl std::fmt::Display for Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::import::{ImportOptions, import_reader};
+    use crate::{ImportOptions, import_reader};
 
     #[test]
     fn seconds_and_timestamps_print_exactly() {

@@ -1,33 +1,41 @@
-//! Reachability probes of an OTLP endpoint, as `phasetrace check` runs them: a TCP connect, for
-//! `https://` a TLS handshake trusting the same roots the exporters use, then a protocol probe (an
-//! HTTP/2 preface answered with SETTINGS for gRPC; an empty export POST answered 2xx for HTTP);
-//! and of the Prometheus endpoint as configured (TLS, client certificates, basic auth).
+//! Reachability probes, as `phasetrace check` runs them: of an OTLP endpoint (a TCP connect, for
+//! `https://` a TLS handshake trusting the roots the exporters trust, then a protocol probe: an
+//! HTTP/2 preface answered with SETTINGS for gRPC, an empty export POST answered 2xx for HTTP),
+//! and of the Prometheus endpoint as configured (TLS, client certificates, basic auth), served
+//! by a profiler built from the same settings.
+//!
+//! ```text
+//! OtlpConfig ──connect──> TCP ──(https) TLS handshake──> gRPC preface / OTLP/HTTP POST ──> answer?
+//! settings ──build(level off)──> web config checked ──free address? build(level on): serves it
+//!          ──one scrape without certificate or credentials──> judged against the web config
+//! ```
+//!
+//! Only the core's public API: the settings, `Profiler`, `Config`.
 
-use crate::config::{OtlpConfig, Protocol};
+use phasetrace::config::{OtlpConfig, Protocol, settings};
+use phasetrace::{Config, HostSourceChoice, Level, ProfilerBuilder, SpecLevel, Timing};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-impl OtlpConfig {
-    /// Probes the endpoint; `Ok` says what answered, `Err` what failed (never a header value).
-    pub fn probe(&self, timeout: Duration) -> Result<String, String> {
-        let (tcp, addr) = connect(&self.endpoint, timeout)?;
-        let _ = tcp.set_read_timeout(Some(timeout));
-        let _ = tcp.set_write_timeout(Some(timeout));
-        let mut stream: Box<dyn ReadWrite> = if self.endpoint.starts_with("https://") {
-            Box::new(tls(self, tcp, addr)?)
-        } else {
-            Box::new(tcp)
-        };
-        let secure = if self.endpoint.starts_with("https://") {
-            " over TLS"
-        } else {
-            ""
-        };
-        match self.protocol {
-            Protocol::Grpc => probe_grpc(&self.endpoint, &mut stream, addr, secure),
-            Protocol::HttpProtobuf => probe_http(&self.endpoint, &mut stream, addr, secure),
-        }
+/// Probes the OTLP endpoint; `Ok` says what answered, `Err` what failed (never a header value).
+pub(crate) fn otlp(o: &OtlpConfig, timeout: Duration) -> Result<String, String> {
+    let (tcp, addr) = connect(&o.endpoint, timeout)?;
+    let _ = tcp.set_read_timeout(Some(timeout));
+    let _ = tcp.set_write_timeout(Some(timeout));
+    let mut stream: Box<dyn ReadWrite> = if o.endpoint.starts_with("https://") {
+        Box::new(tls(o, tcp, addr)?)
+    } else {
+        Box::new(tcp)
+    };
+    let secure = if o.endpoint.starts_with("https://") {
+        " over TLS"
+    } else {
+        ""
+    };
+    match o.protocol {
+        Protocol::Grpc => probe_grpc(&o.endpoint, &mut stream, addr, secure),
+        Protocol::HttpProtobuf => probe_http(&o.endpoint, &mut stream, addr, secure),
     }
 }
 
@@ -74,7 +82,7 @@ fn tls(
     addr: SocketAddr,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
     let (host, _) = host_port(&o.endpoint).unwrap_or_default();
-    let roots = super::transport::root_store(o).map_err(|e| e.to_string())?;
+    let roots = root_store(o)?;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -99,6 +107,39 @@ fn tls(
         })?;
     }
     Ok(stream)
+}
+
+/// The roots the OTLP exporters trust: the system's, plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates are skipped: a custom CA may be all that is needed.
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = &o.certificate {
+        let err = |detail: String| {
+            format!(
+                "{}={}: cannot read the CA certificate ({detail})",
+                phasetrace::names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                path.display()
+            )
+        };
+        let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+        let mut n = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert.map_err(|e| err(format!("not a PEM certificate: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| err(format!("not a usable CA certificate: {e}")))?;
+            n += 1;
+        }
+        if n == 0 {
+            return Err(err("no PEM certificate in the file".into()));
+        }
+    }
+    Ok(roots)
 }
 
 /// An OTLP/HTTP probe: an empty protobuf export request must be answered 2xx.
@@ -165,64 +206,153 @@ fn probe_grpc(
     }
 }
 
-impl crate::Config {
-    /// Probes the Prometheus endpoint as configured, as `phasetrace check` runs it: the web
-    /// configuration file is loaded (an error names the file and the field); when the address is
-    /// free the endpoint is started there for the probe, otherwise what listens there (a running
-    /// engine) is probed; then a client without a certificate and without credentials must be
-    /// refused where the configuration says so (TLS handshake, 401), or served.
-    /// `Ok` says what answered, `Err` what failed (never a credential).
-    pub fn probe_prometheus(&self, timeout: Duration) -> Result<String, String> {
-        let Some(addr) = self.prometheus else {
-            return Err("the Prometheus endpoint is off".to_owned());
-        };
-        let live = self
-            .prometheus_web_config
-            .as_deref()
-            .map(super::reload::LiveWebConfig::load)
-            .transpose()
+/// Probes the Prometheus endpoint of `cfg` as configured. A profiler from `builder` (the
+/// builder of `cfg`'s settings, called once per profiler), built with recording off, checks the
+/// web configuration file (an error names the file and the field); when the address is free,
+/// one built with recording on serves the endpoint there for the probe, otherwise what listens
+/// there (a running engine) is probed; then a client without a certificate and without
+/// credentials must be refused where the configuration says so (TLS handshake, 401), or
+/// served. `Ok` says what answered, `Err` what failed (never a credential).
+pub(crate) fn prometheus(
+    cfg: &Config,
+    builder: impl Fn() -> Result<ProfilerBuilder, String>,
+    timeout: Duration,
+) -> Result<String, String> {
+    let Some(addr) = cfg.prometheus else {
+        return Err("the Prometheus endpoint is off".to_owned());
+    };
+    // Only the endpoint: no OTLP, no spans, no console output, no stream to time, and the host
+    // clock's own check is reported on its own line.
+    let only_the_endpoint = |level: Level| {
+        let b = builder()?
+            .with_level(level)
+            .with_spec_level(SpecLevel::Off)
+            .with_otlp_endpoint(None)
+            .with_timing(Timing::Host)
+            .with(&settings::HOST_CLOCK, HostSourceChoice::Auto)
+            .with_summary_every(0)
+            .with_spec_summary_every(0)
+            .with_trace_every(0)
+            .with_trace_slower_than(phasetrace::TraceSlowerThan::Off);
+        b.with_text(&settings::METRICS_EXPORTER, "prometheus")
+            .and_then(|b| b.with_text(&settings::TRACES_EXPORTER, "none"))
+            .map_err(|e| e.to_string())
+    };
+    // Built off, a profiler starts nothing, and still reads the web configuration file.
+    only_the_endpoint(Level::Off)?
+        .build()
+        .map_err(|e| e.to_string())?
+        .shutdown();
+    let web = cfg
+        .prometheus_web_config
+        .as_deref()
+        .map(WebConfig::read)
+        .transpose()?;
+    let described = web
+        .as_ref()
+        .map_or_else(|| "no TLS, no basic auth".to_owned(), WebConfig::describe);
+    let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) {
+        "https"
+    } else {
+        "http"
+    };
+    let free = std::net::TcpListener::bind(addr).is_ok();
+    let (answer, where_) = if free {
+        let profiler = only_the_endpoint(Level::Full)?
+            .build()
             .map_err(|e| e.to_string())?;
-        let web = live.as_ref().map(super::reload::LiveWebConfig::get);
-        let described = web
-            .as_ref()
-            .map_or_else(|| "no TLS, no basic auth".to_owned(), |w| w.describe());
-        let scheme = if web.as_ref().is_some_and(|w| w.tls.is_some()) {
-            "https"
-        } else {
-            "http"
+        let r = match profiler.prometheus_addr() {
+            Some(target) => probe_scrape(target, web.as_ref(), timeout),
+            None => Err("the profiler serves no endpoint".to_owned()),
         };
-        let free = std::net::TcpListener::bind(addr).is_ok();
-        let (answer, where_) = if free {
-            let (reader, server) =
-                super::prometheus::start(addr, live, None, None).map_err(|e| e.to_string())?;
-            // An empty provider, so that the probe's scrape collects something.
-            let mut provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder();
-            if let Some(r) = reader {
-                provider = provider.with_reader(r);
-            }
-            let provider = provider.build();
-            let target = server.addr();
-            let r = probe_scrape(target, web.as_deref(), timeout);
-            server.stop();
-            let _ = provider.shutdown();
-            (r, format!("{scheme}://{addr}/metrics would serve"))
-        } else {
-            (
-                probe_scrape(addr, web.as_deref(), timeout),
-                format!("{scheme}://{addr}/metrics is already served (a running engine?) and"),
+        profiler.shutdown();
+        (r, format!("{scheme}://{addr}/metrics would serve"))
+    } else {
+        (
+            probe_scrape(addr, web.as_ref(), timeout),
+            format!("{scheme}://{addr}/metrics is already served (a running engine?) and"),
+        )
+    };
+    match answer {
+        Ok(what) => Ok(format!("{where_} as configured ({described}): {what}")),
+        Err(why) if free => Err(format!(
+            "{}={addr}: the endpoint does not answer as configured ({described}): {why}",
+            phasetrace::names::env::PROMETHEUS
+        )),
+        Err(why) => Err(format!(
+            "{}={addr}: cannot listen there (in use), and what listens does not answer as configured ({described}): {why}",
+            phasetrace::names::env::PROMETHEUS
+        )),
+    }
+}
+
+/// What the probe needs of a web configuration file that the core has accepted: whether it
+/// turns TLS on (and asks for client certificates) and basic auth, and how `check` words it.
+struct WebConfig {
+    /// `(min_version, client_auth_type)` when TLS is on.
+    tls: Option<(String, String)>,
+    /// Basic-auth users, when any.
+    users: Option<usize>,
+}
+
+impl WebConfig {
+    /// The file's TLS and auth facts (the core checked it; the defaults are the core's).
+    fn read(path: &std::path::Path) -> Result<WebConfig, String> {
+        use serde_yaml_ng::Value;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "{}={}: {e}",
+                phasetrace::names::env::PROMETHEUS_WEB_CONFIG,
+                path.display()
             )
+        })?;
+        let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| {
+            format!(
+                "{}={}: {e}",
+                phasetrace::names::env::PROMETHEUS_WEB_CONFIG,
+                path.display()
+            )
+        })?;
+        let field = |v: &Value, k: &str, default: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or(default)
+                .to_owned()
         };
-        match answer {
-            Ok(what) => Ok(format!("{where_} as configured ({described}): {what}")),
-            Err(why) if free => Err(format!(
-                "{}={addr}: the endpoint does not answer as configured ({described}): {why}",
-                crate::names::env::PROMETHEUS
-            )),
-            Err(why) => Err(format!(
-                "{}={addr}: cannot listen there (in use), and what listens does not answer as configured ({described}): {why}",
-                crate::names::env::PROMETHEUS
-            )),
-        }
+        let tls = doc.get("tls_server_config").map(|t| {
+            (
+                field(t, "min_version", "TLS12"),
+                field(t, "client_auth_type", "NoClientCert"),
+            )
+        });
+        let users = doc
+            .get("basic_auth_users")
+            .and_then(Value::as_mapping)
+            .map(|m| m.len());
+        Ok(WebConfig { tls, users })
+    }
+
+    /// Whether a client without a certificate is refused.
+    fn cert_required(&self) -> bool {
+        self.tls.as_ref().is_some_and(|(_, auth)| {
+            matches!(
+                auth.as_str(),
+                "RequireAnyClientCert" | "RequireAndVerifyClientCert"
+            )
+        })
+    }
+
+    /// What `check` says about it: never a user name, password or hash.
+    fn describe(&self) -> String {
+        let tls = match &self.tls {
+            Some((min, auth)) => format!("TLS (at least {min}, client certificates: {auth})"),
+            None => "no TLS".to_owned(),
+        };
+        let auth = match self.users {
+            Some(n) => format!("basic auth ({n} user(s))"),
+            None => "no basic auth".to_owned(),
+        };
+        format!("{tls}, {auth}")
     }
 }
 
@@ -230,14 +360,14 @@ impl crate::Config {
 /// judged against `web`.
 fn probe_scrape(
     addr: SocketAddr,
-    web: Option<&super::web_config::WebConfig>,
+    web: Option<&WebConfig>,
     timeout: Duration,
 ) -> Result<String, String> {
     let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("{addr}: {e}"))?;
     let _ = tcp.set_read_timeout(Some(timeout));
     let _ = tcp.set_write_timeout(Some(timeout));
     let tls = web.and_then(|w| w.tls.as_ref());
-    let cert_required = tls.is_some_and(|t| t.client_auth.required());
+    let cert_required = web.is_some_and(WebConfig::cert_required);
     let mut stream: Box<dyn ReadWrite> = match tls {
         None => Box::new(tcp),
         Some(_) => {

@@ -1,16 +1,16 @@
 //! The telemetry contract as the import writers use it: the families, units, keys and span names
-//! of [`crate::names`], with their Prometheus spellings derived by the live `/metrics` encoder's
+//! of [`phasetrace::names`], with their Prometheus spellings derived by the live `/metrics` encoder's
 //! own functions (dots to underscores, `_seconds` for the unit `s`, `_total` on counter
 //! samples), so that a live run and an imported log land in the same series and traces look
 //! alike. `cli/tests/it/imported_series_are_the_series_a_live_run_exports.rs` compares the two.
 //!
 //! Keys that only an import has (`tag`, `source.file`, `source.run`) are defined in
-//! [`crate::names::attr`] too.
+//! [`phasetrace::names::attr`] too.
 
-use crate::config::Timing;
-use crate::export::prometheus::encode;
-use crate::names::{attr, metric, span};
-use crate::vocab::{Section, Site};
+use phasetrace::config::Timing;
+use phasetrace::names::prometheus;
+use phasetrace::names::{attr, metric, span};
+use phasetrace::vocab::{Section, Site};
 use std::borrow::Cow;
 
 /// `service.name` of every imported resource.
@@ -160,9 +160,9 @@ impl Family {
     }
 
     /// The Prometheus family name (`# TYPE` line; counters without `_total`), by the live
-    /// endpoint's own rule ([`crate::export::prometheus::encode::base_name`]).
+    /// endpoint's own rule ([`phasetrace::names::prometheus::metric_name`]).
     pub(crate) fn prom_family(self) -> String {
-        let base = encode::base_name(self.otel_name(), self.unit());
+        let base = prometheus::metric_name(self.otel_name(), self.unit());
         match base.strip_suffix("_total") {
             Some(family) if self.is_counter() => family.to_owned(),
             _ => base,
@@ -171,7 +171,7 @@ impl Family {
 
     /// The OpenMetrics `# UNIT` of the family, as the live endpoint writes it (`seconds`).
     pub(crate) fn prom_unit(self) -> Option<&'static str> {
-        encode::unit_suffix(self.unit())
+        prometheus::unit_suffix(self.unit())
     }
 
     /// One-line description (`# HELP`, OTLP `description`).
@@ -259,7 +259,7 @@ impl Key {
     /// The Prometheus label name, by the live endpoint's rule (`source.file` ->
     /// `source_file`).
     pub(crate) fn prom(self) -> String {
-        encode::sanitize(self.otel(), false)
+        prometheus::label_name(self.otel())
     }
 
     /// Whether values of this key are integers (OTLP `intValue`).

@@ -1,4 +1,4 @@
-//! A simulated CUDA stream, for CPU-only tests, benchmarks and the demo.
+//! A simulated CUDA stream for phasetrace, for CPU-only tests, benchmarks and the demo.
 //!
 //! [`SimStream`] behaves like a CUDA stream as far as timing is concerned: the host enqueues
 //! work items of given durations and returns at once, the simulated device executes them in
@@ -14,6 +14,35 @@
 //! event backend: `mark` records a pooled event without waiting, `resolve` answers `Pending` until
 //! the simulated device has reached the event. `SyncClock::new(stream.clone())` gives the
 //! synchronizing backend on the same stream, since [`SimStream`] implements [`StreamSync`].
+//!
+//! [`SimStream`] is an [`EngineStream`], so a profiler takes it as it takes a CUDA stream, and
+//! `PHASETRACE_TIMING` picks the clock:
+//!
+//! ```
+//! use phasetrace::{Level, Profiler};
+//! use phasetrace_sim::SimStream;
+//!
+//! let stream = SimStream::new();
+//! let profiler = Profiler::builder()
+//!     .without_env()
+//!     .with_level(Level::Full)
+//!     .without_prometheus()
+//!     .with_timing(phasetrace::Timing::Events)
+//!     .with_stream(stream.clone())
+//!     .build()?;
+//! let rec = profiler.recorder();
+//! {
+//!     let _step = rec.step();
+//!     stream.enqueue(std::time::Duration::from_micros(30));
+//! }
+//! stream.synchronize();
+//! profiler.shutdown();
+//! # Ok::<(), phasetrace::Error>(())
+//! ```
+//!
+//! It uses only the core's public API an engine with a stream of its own would use: the
+//! [`Clock`] trait and its [`Token`]s, the [`TokenPool`] of a deferred clock's events, the
+//! [`StreamSync`] of the synchronizing backend and the [`now_ns`] timeline.
 //!
 //! # Time model
 //!
@@ -53,8 +82,12 @@
 //! replay 2: g.launch()  ..a2[── 30µs ──]b2..          (a, b now refer to replay 2)
 //! ```
 
-use super::pool::TokenPool;
-use super::{Clock, Resolved, StreamSync, Token, now_ns};
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+use phasetrace::Timing;
+use phasetrace::timing::{
+    Clock, EngineStream, HostClock, Resolved, StreamSync, SyncClock, Token, TokenPool, now_ns,
+};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -650,8 +683,8 @@ impl Clock for SimEventClock {
         true
     }
 
-    fn timing(&self) -> crate::config::Timing {
-        crate::config::Timing::Events
+    fn timing(&self) -> Timing {
+        Timing::Events
     }
 
     fn dropped(&self) -> u64 {
@@ -659,21 +692,32 @@ impl Clock for SimEventClock {
     }
 }
 
-/// The clock `timing` selects for `stream`: the host clock, a [`SyncClock`](super::SyncClock)
-/// on the stream, or a [`SimEventClock`] (what `PHASETRACE_TIMING` means for a simulated stream).
-pub fn clock(stream: &SimStream, timing: crate::config::Timing) -> Arc<dyn Clock> {
-    use crate::config::Timing;
+/// The clock `timing` selects for `stream`: the host clock, a [`SyncClock`] on the stream, or a
+/// [`SimEventClock`] (what `PHASETRACE_TIMING` means for a simulated stream).
+pub fn clock(stream: &SimStream, timing: Timing) -> Arc<dyn Clock> {
     match timing {
-        Timing::Host => Arc::new(super::HostClock),
-        Timing::Sync => Arc::new(super::SyncClock::new(stream.clone())),
+        Timing::Host => Arc::new(HostClock),
+        Timing::Sync => Arc::new(SyncClock::new(stream.clone())),
         Timing::Events => Arc::new(SimEventClock::new(stream.clone())),
+    }
+}
+
+/// A profiler given the stream ([`ProfilerBuilder::with_stream`]) times it with the clock
+/// [`clock`] picks; a simulated stream has every backend.
+///
+/// [`ProfilerBuilder::with_stream`]: phasetrace::ProfilerBuilder::with_stream
+impl EngineStream for SimStream {
+    fn clock(
+        &self,
+        timing: Timing,
+    ) -> Result<Arc<dyn Clock>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(clock(self, timing))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::timing::SyncClock;
     use std::time::Instant;
 
     fn us(n: u64) -> Duration {
@@ -857,7 +901,7 @@ mod tests {
         let s = SimStream::new();
         let clock = SimEventClock::new(s.clone());
         assert!(clock.is_deferred());
-        assert_eq!(clock.timing(), crate::config::Timing::Events);
+        assert_eq!(clock.timing(), Timing::Events);
         s.enqueue(us(1_000));
         let a = clock.mark().unwrap();
         s.enqueue(us(3_000));

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The series are those a live run exports (names, units and attribute keys of
-//! [`crate::names`]; see `series` for which record feeds which): section durations by bucket,
+//! [`phasetrace::names`]; see `series` for which record feeds which): section durations by bucket,
 //! rendezvous waits by site, the per-layer counters of each route-trace probe by (bucket,
 //! site, layer), and `rank` and `group` on all of them.
 //!
@@ -63,16 +63,18 @@
 //! # Use
 //!
 //! ```no_run
-//! use phasetrace::import::{ImportOptions, import_path, openmetrics};
+//! use phasetrace_import::{ImportOptions, import_path, openmetrics};
 //!
 //! let file = import_path("glm.log".as_ref(), ImportOptions::default())?;
 //! eprintln!("{:?}", file.summary);
 //! let mut out = std::io::stdout().lock();
 //! openmetrics::write_openmetrics(&mut out, &[file], &Default::default())?;
-//! # Ok::<(), phasetrace::import::ImportError>(())
+//! # Ok::<(), phasetrace_import::ImportError>(())
 //! ```
 //!
-//! The items are public for the `phasetrace` binary, which is a separate crate.
+//! The `phasetrace import` command (`phasetrace-cli`) is its user. It reads the telemetry contract
+//! (`phasetrace::names`, `phasetrace::vocab`), the settings (`phasetrace::config::settings`) and
+//! the OTLP settings (`phasetrace::config::OtlpConfig`) through the core's public API only.
 
 mod contract;
 pub mod openmetrics;
@@ -80,6 +82,7 @@ pub mod otlp;
 mod parse;
 pub mod send;
 mod series;
+mod transport;
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -119,7 +122,7 @@ pub enum ImportError {
         /// The endpoint.
         endpoint: String,
         /// The transport.
-        protocol: crate::config::Protocol,
+        protocol: phasetrace::config::Protocol,
         /// What went wrong (header values never appear here).
         detail: String,
     },

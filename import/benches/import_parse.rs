@@ -5,13 +5,13 @@
 //! GLM server with route tracing on: most lines are `tracing` output that is not a candidate,
 //! a quarter are `GLMTRACE` lines, and every eighth step prints a decode-profile table.
 //!
-//! Run: `cargo bench --bench import_parse`.
+//! Run: `cargo bench -p phasetrace-import --bench import_parse`.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-use phasetrace::import::{ImportOptions, Importer};
+use phasetrace_import::{ImportOptions, Importer};
 
 const TARGET_BYTES: usize = 50 << 20;
 

@@ -26,10 +26,10 @@ use prost::Message as _;
 
 use super::otlp::{self, OtlpOptions, OtlpStats, RequestInfo};
 use super::{ImportError, ImportedFile};
-use crate::config::{OtlpConfig, Protocol};
-use crate::export::transport::{
+use crate::transport::{
     self, Rejected, metrics_rejected, post, request, status_text, traces_rejected,
 };
+use phasetrace::config::{OtlpConfig, Protocol};
 
 /// What a request carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,7 +222,7 @@ fn send_grpc(
         .enable_all()
         .build()
         .map_err(|e| client_err(otlp, e))?;
-    let metadata = crate::export::otlp::metadata(otlp).map_err(|e| client_err(otlp, e))?;
+    let metadata = transport::metadata(otlp).map_err(|e| client_err(otlp, e))?;
     let channel = {
         let _guard = rt.enter();
         transport::channel(otlp).map_err(|e| client_err(otlp, e))?
@@ -257,8 +257,7 @@ fn send_http(
     options: &OtlpOptions,
     sender: &mut Sender<'_>,
 ) -> Result<(), ImportError> {
-    let client =
-        crate::export::otlp::http_client("import", otlp).map_err(|e| client_err(otlp, e))?;
+    let client = transport::http_client(otlp).map_err(|e| client_err(otlp, e))?;
     let metrics_url = format!("{}{}", otlp.endpoint, Signal::Metrics.http_path());
     let traces_url = format!("{}{}", otlp.endpoint, Signal::Traces.http_path());
     otlp::metrics_requests(files, options, |message, info| {

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use crate::vocab::{Phase, VerifyPart};
+use phasetrace::vocab::{Phase, VerifyPart};
 
 /// Why a candidate line could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
