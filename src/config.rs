@@ -584,8 +584,16 @@ pub struct Config {
     pub rank: u32,
     /// The collective group of this process's ranks (the `group` attribute).
     pub group: String,
-    /// The opt-in per-(layer, expert) token counter.
+    /// The opt-in MoE expert-load telemetry.
     pub expert_counter: bool,
+    /// Routed experts per MoE layer (0: inferred from the ids seen).
+    pub moe_experts: u32,
+    /// Steps of a rank per expert-load window.
+    pub expert_window: u32,
+    /// Hot experts exported per (layer, rank).
+    pub expert_top: u32,
+    /// Expert-parallel ranks hosting the experts in contiguous blocks (0: none).
+    pub expert_parallel: u32,
     /// Timing backend.
     pub timing: Timing,
     /// Where the host clock reads (`auto`: the TSC where usable).
@@ -878,6 +886,10 @@ impl ConfigBuilder {
         let rank = src.value(&s::RANK)?;
         let group = src.value(&s::GROUP)?;
         let expert_counter = src.value(&s::EXPERT_COUNTER)?;
+        let moe_experts = src.value(&s::MOE_EXPERTS)?;
+        let expert_window = src.value(&s::EXPERT_WINDOW)?;
+        let expert_top = src.value(&s::EXPERT_TOP)?;
+        let expert_parallel = src.value(&s::EXPERT_PARALLEL)?;
         let timing = src.value(&s::TIMING)?;
         let host_clock = src.value(&s::HOST_CLOCK)?;
         let service_name = src.value(&s::SERVICE_NAME)?;
@@ -960,6 +972,10 @@ impl ConfigBuilder {
             rank,
             group,
             expert_counter,
+            moe_experts,
+            expert_window,
+            expert_top,
+            expert_parallel,
             timing,
             host_clock,
             sdk_disabled,

@@ -54,7 +54,13 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         level: Gate::new(level),
         spec_level: Gate::new(spec),
         trace_every: 0,
-        expert_counter: true,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings {
+                on: true,
+                ..crate::worker::experts::ExpertSettings::off()
+            },
+            "default",
+        ),
         queue: 1024,
         rank: 3,
         clock,
@@ -471,13 +477,10 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
     let r = rec(&shared);
     r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
     p.flush();
-    let tokens = values(&p, crate::names::metric::MOE_EXPERT_TOKENS);
-    let expert3 = tokens
-        .iter()
-        .filter(|(_, a)| attr(a, "expert") == Some("3") && attr(a, "layer") == Some("5"))
-        .count();
-    assert_eq!(expert3, 3);
-    assert_eq!(tokens.len(), 6, "six ids fit a record");
+    let load = shared.experts.snapshot();
+    let layer = load.layer(3, 5).expect("layer 5 routed at rank 3");
+    assert_eq!(layer.tokens[3], 3);
+    assert_eq!(layer.total(), 6, "six ids fit a record");
     assert_eq!(
         p.stats().dropped[DropReason::OutOfRange],
         1,
@@ -491,7 +494,10 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
-        expert_counter: false,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings::off(),
+            "default",
+        ),
         queue: 64,
         rank: 0,
         clock: Script::new(&[0, 10, 20, 30]),
@@ -642,7 +648,10 @@ fn traced(
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
-        expert_counter: false,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings::off(),
+            "default",
+        ),
         queue: 1 << 16,
         rank: 3,
         clock,
