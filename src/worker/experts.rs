@@ -442,44 +442,45 @@ fn window_figures(counts: &[u64]) -> Option<(f64, f64, u64)> {
     Some((max / mean, var.sqrt() / mean, sum))
 }
 
-/// The `top` hottest experts of a window, keeping each of `before` whose tokens stay within
-/// [`HOT_HYSTERESIS`] of the `top`-th best (see the module doc). Hottest first.
+/// The `top` hottest experts of a window, where an expert of `before` (the last window's set)
+/// keeps its place against a newcomer unless the newcomer got more than `1 + HOT_HYSTERESIS`
+/// times its tokens (see the module doc). Hottest first.
 fn hot_set(counts: &[u64], before: &[u16], top: usize) -> Vec<u16> {
     if top == 0 {
         return Vec::new();
     }
+    let count = |e: u16| counts.get(usize::from(e)).copied().unwrap_or(0);
+    let by_count = |a: &u16, b: &u16| count(*b).cmp(&count(*a)).then(a.cmp(b));
     let mut order: Vec<u16> = (0..counts.len().min(usize::from(u16::MAX) + 1))
         .filter(|&i| counts[i] > 0)
         .map(|i| i as u16)
         .collect();
-    let by_count = |a: &u16, b: &u16| {
-        counts[usize::from(*b)]
-            .cmp(&counts[usize::from(*a)])
-            .then(a.cmp(b))
-    };
     if order.len() > top {
         order.select_nth_unstable_by(top - 1, by_count);
         order.truncate(top);
     }
     order.sort_unstable_by(by_count);
-    let Some(&kth) = order.last() else {
-        return order;
-    };
-    let floor = counts[usize::from(kth)] as f64 / (1.0 + HOT_HYSTERESIS);
-    let mut set: Vec<u16> = before
+    // Newcomers, hottest first, and the incumbents they would push out, hottest first.
+    let (mut set, mut newcomers): (Vec<u16>, Vec<u16>) =
+        order.iter().partition(|e| before.contains(e));
+    let mut pushed: Vec<u16> = before
         .iter()
         .copied()
-        .filter(|&e| counts.get(usize::from(e)).is_some_and(|&c| c > 0 && c as f64 >= floor))
-        .take(top)
+        .filter(|&e| count(e) > 0 && !order.contains(&e))
         .collect();
-    for e in order {
-        if set.len() == top {
-            break;
-        }
-        if !set.contains(&e) {
-            set.push(e);
+    pushed.sort_unstable_by(by_count);
+    for e in pushed {
+        // The weakest newcomer takes a place only if clearly hotter than the best incumbent
+        // left out; if not, that incumbent keeps the place.
+        match newcomers.last() {
+            Some(&o) if (count(o) as f64) <= count(e) as f64 * (1.0 + HOT_HYSTERESIS) => {
+                newcomers.pop();
+                set.push(e);
+            }
+            _ => break,
         }
     }
+    set.extend(newcomers);
     set.sort_unstable_by(by_count);
     set
 }
