@@ -151,8 +151,12 @@ pub mod attr {
     pub const PART: &str = "part";
     /// Step number (span attribute).
     pub const STEP: &str = "step";
-    /// Expert ids routed in a layer at a step (span event attribute).
+    /// Expert ids routed in a layer at a step (on the step's `moe.route` events, and on the
+    /// layer's rendezvous-probe spans, at most 256 there).
     pub const EXPERT_IDS: &str = "moe.expert_ids";
+    /// How many expert ids the layer routed in the step (on rendezvous-probe spans, beside
+    /// [`EXPERT_IDS`], which holds at most 256 of them).
+    pub const EXPERT_IDS_COUNT: &str = "moe.expert_ids.count";
     /// Drafted tokens in a round (span attribute).
     pub const K: &str = "k";
     /// Accepted tokens in a round (span attribute).

@@ -1303,3 +1303,54 @@ fn a_step_whose_end_the_clock_could_not_time_is_not_left_open() {
     assert_eq!(p.stats().dropped[DropReason::Clock], 1);
     assert_eq!(open_at(&p, 1_000_000 * US), ranks(&[("3", 0.0)]));
 }
+
+#[test]
+fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
+    use crate::config::TraceSlowerThan;
+    use opentelemetry::Value;
+    let times = [0, 10 * US, 20 * US, 30 * US, 40 * US, 50 * US];
+    let mut t = traced(Script::new(&times), 1, TraceSlowerThan::Off, 100);
+    let r = rec(&t.shared);
+    let many: Vec<u32> = (0..300).map(|i| i % 7).collect();
+    {
+        let _step = r.step();
+        r.moe_route(2u32, &many);
+        {
+            let _b = r.section(Section::REDUCE_MLP_BAR, 2u32, Site::MLP);
+        }
+        let _b = r.section(Section::REDUCE_MLP_BAR, 3u32, Site::MLP);
+    }
+    t.p.flush();
+    let spans = t.capture.spans.lock().unwrap();
+    let probe = |layer: i64| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == Section::REDUCE_MLP_BAR.as_str()
+                    && s.attributes
+                        .iter()
+                        .any(|kv| kv.key.as_str() == "layer" && kv.value == Value::I64(layer))
+            })
+            .unwrap_or_else(|| panic!("no probe span of layer {layer}: {spans:?}"))
+    };
+    let get = |s: &opentelemetry_sdk::trace::SpanData, k: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.clone())
+    };
+    let l2 = probe(2);
+    match get(l2, crate::names::attr::EXPERT_IDS) {
+        Some(Value::Array(opentelemetry::Array::I64(ids))) => {
+            assert_eq!(ids.len(), super::spans::PROBE_IDS_MAX);
+            assert_eq!(&ids[..8], &[0, 1, 2, 3, 4, 5, 6, 0]);
+        }
+        other => panic!("layer 2's probe: {other:?}"),
+    }
+    assert_eq!(
+        get(l2, crate::names::attr::EXPERT_IDS_COUNT),
+        Some(Value::I64(300))
+    );
+    // A layer that routed nothing in the step: its probe carries no ids.
+    assert_eq!(get(probe(3), crate::names::attr::EXPERT_IDS), None);
+}
