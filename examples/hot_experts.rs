@@ -15,7 +15,7 @@ const TOKENS: u32 = 32; // per step: one decode batch
 fn route(layer: u32, token: u32, ids: &mut [u32]) {
     for (j, id) in ids.iter_mut().enumerate() {
         let j = j as u32;
-        *id = if j % 4 == 0 {
+        *id = if j.is_multiple_of(4) {
             5
         } else {
             (token * 7 + j * j * 13 + layer) % EXPERTS

@@ -7,8 +7,8 @@
 //! instead of a histogram's 25.
 
 use super::attrs::rank_attr;
-use super::layers::LayerTotals;
 use super::experts::ExpertTotals;
+use super::layers::LayerTotals;
 use super::open::OpenSteps;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::{Phase, Section, VerifyPart};

@@ -87,7 +87,12 @@ struct LayerRow {
 impl LayerRow {
     fn new(len: usize, from: Option<&LayerRow>) -> LayerRow {
         let cells: Box<[AtomicU64]> = (0..len)
-            .map(|i| AtomicU64::new(from.and_then(|r| r.cells.get(i)).map_or(0, |c| c.load(Relaxed))))
+            .map(|i| {
+                AtomicU64::new(
+                    from.and_then(|r| r.cells.get(i))
+                        .map_or(0, |c| c.load(Relaxed)),
+                )
+            })
             .collect();
         LayerRow {
             cells,
@@ -100,7 +105,8 @@ impl LayerRow {
     fn add(&self, id: usize) {
         let c = &self.cells[id];
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
-        self.total.store(self.total.load(Relaxed).wrapping_add(1), Relaxed);
+        self.total
+            .store(self.total.load(Relaxed).wrapping_add(1), Relaxed);
     }
 }
 
@@ -301,7 +307,11 @@ impl ExpertWriter {
     }
 
     fn writer(&mut self, rank: u32) -> &mut RankWriter {
-        if self.ranks.get(self.last).is_none_or(|w| w.shared.rank != rank) {
+        if self
+            .ranks
+            .get(self.last)
+            .is_none_or(|w| w.shared.rank != rank)
+        {
             self.last = match self.ranks.iter().position(|w| w.shared.rank == rank) {
                 Some(i) => i,
                 None => {
@@ -537,7 +547,9 @@ impl ExpertLoad {
                         .iter()
                         .enumerate()
                         .map(|(i, &t)| {
-                            t.saturating_sub(before.and_then(|b| b.tokens.get(i)).copied().unwrap_or(0))
+                            t.saturating_sub(
+                                before.and_then(|b| b.tokens.get(i)).copied().unwrap_or(0),
+                            )
                         })
                         .collect(),
                 }
@@ -627,7 +639,10 @@ mod tests {
         t.each_imbalance(|_, i, _| imb.push(i));
         assert_eq!(imb, vec![8.0]);
         let snap = t.snapshot();
-        assert_eq!(snap.layer(0, 3).unwrap().tokens, vec![0, 3, 2, 0, 0, 0, 1, 0]);
+        assert_eq!(
+            snap.layer(0, 3).unwrap().tokens,
+            vec![0, 3, 2, 0, 0, 0, 1, 0]
+        );
         assert_eq!(snap.layer(0, 3).unwrap().total(), 6);
         assert_eq!(snap.hottest(1), vec![(0, 3, 1, 3)]);
         w.route(0, Layer(3), &[7]);

@@ -42,7 +42,10 @@ fn routed_tokens_add_up_per_layer_and_out_of_range_ids_are_counted() {
     for step in 0..STEPS {
         let _s = rec.step();
         // Layer 1: top-4, expert 3 in every token, the others spread evenly.
-        rec.moe_route(1u32, &[3, step % 8 + 8, (step + 1) % 8 + 8, (step + 2) % 8 + 8]);
+        rec.moe_route(
+            1u32,
+            &[3, step % 8 + 8, (step + 1) % 8 + 8, (step + 2) % 8 + 8],
+        );
         // Layer 2: perfectly balanced over its 16 experts, two tokens of top-4 a step.
         for t in 0..2 {
             let b = (step * 8 + t * 4) % EXPERTS;
@@ -119,7 +122,9 @@ fn routed_tokens_add_up_per_layer_and_out_of_range_ids_are_counted() {
     let hot_of = |body: &str| -> Vec<String> {
         let mut v: Vec<String> = body
             .lines()
-            .filter(|l| l.starts_with("phasetrace_moe_hot_expert_share{") && l.contains("layer=\"1\""))
+            .filter(|l| {
+                l.starts_with("phasetrace_moe_hot_expert_share{") && l.contains("layer=\"1\"")
+            })
             .filter_map(|l| Some(l.split("expert=\"").nth(1)?.split('"').next()?.to_owned()))
             .collect();
         v.sort();

@@ -58,7 +58,11 @@ fn a_rank_hosting_hot_experts_straggles_and_its_alert_names_them() {
     let fired = loop {
         let now = alerts(&prom, STRAGGLER);
         for a in &now {
-            assert_eq!(a.label("rank"), "0", "a straggler alert for another rank: {a:#?}");
+            assert_eq!(
+                a.label("rank"),
+                "0",
+                "a straggler alert for another rank: {a:#?}"
+            );
         }
         if let Some(a) = now.into_iter().find(|a| a.state == "firing") {
             break a;
@@ -94,7 +98,10 @@ fn a_rank_hosting_hot_experts_straggles_and_its_alert_names_them() {
         .split(" of layer ")
         .filter_map(|s| s.rsplit(' ').next()?.parse().ok())
         .collect();
-    assert!(!named.is_empty() && named.iter().all(|&e| e < 16), "{named:?}: {d}");
+    assert!(
+        !named.is_empty() && named.iter().all(|&e| e < 16),
+        "{named:?}: {d}"
+    );
     assert!(fired.value > 0.05, "time lost {}", fired.value);
     let _ = demo.interrupt_and_wait(Duration::from_secs(60));
 }
