@@ -227,12 +227,17 @@ fn hostname() -> Option<String> {
 }
 
 /// The per-layer instruments, whose cardinality limit is raised to
-/// [`default::LAYER_SERIES_LIMIT`].
-const LAYER_INSTRUMENTS: [&str; 4] = [
+/// [`default::LAYER_SERIES_LIMIT`] (the expert-load ones: room for rank threads of one process
+/// at 60 MoE layers, `PHASETRACE_EXPERT_TOP` hot experts each).
+const LAYER_INSTRUMENTS: [&str; 8] = [
     metric::SECTION_LAYER_TIME,
     metric::SECTION_LAYER_CALLS,
     metric::COLLECTIVE_LAYER_WAIT_TIME,
     metric::COLLECTIVE_LAYER_WAIT_CALLS,
+    metric::MOE_LAYER_TOKENS,
+    metric::MOE_IMBALANCE,
+    metric::MOE_LOAD_CV,
+    metric::MOE_HOT_EXPERT_SHARE,
 ];
 
 /// The one view of a provider: per-layer instruments get room for their series, and with
