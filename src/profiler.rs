@@ -837,8 +837,9 @@ impl Profiler {
     /// Counts are what the worker has processed (at most one drain interval behind the
     /// recorders; [`Profiler::flush`] first to include everything recorded). Cost: one short
     /// lock per rank (no pipeline lock, so it never waits for a drain pass) and a copy of every
-    /// counter, about 20 µs at 384 experts x 60 layers (`benches/hot_path.rs`,
-    /// `moe/expert_load_snapshot`): cheap enough to call every few seconds, not per token.
+    /// counter, 23,040 of them at 384 experts x 60 layers (`benches/hot_path.rs`,
+    /// `moe/expert_load_snapshot_60x384`; figures in `docs/moe.md`): cheap enough to call every
+    /// few seconds, not per token.
     pub fn expert_load(&self) -> crate::ExpertLoad {
         self.inner.shared.experts.snapshot()
     }
