@@ -59,7 +59,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
                 on: true,
                 ..crate::worker::experts::ExpertSettings::off()
             },
-            "default",
+            "tp0",
         ),
         queue: 1024,
         rank: 3,
@@ -496,7 +496,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         trace_every: 0,
         experts: crate::worker::experts::ExpertTotals::new(
             crate::worker::experts::ExpertSettings::off(),
-            "default",
+            "tp0",
         ),
         queue: 64,
         rank: 0,
@@ -591,8 +591,18 @@ fn every_measurement_carries_the_group() {
     }
     r.moe_route(2u32, &[1, 2]);
     p.flush();
+    // The expert-load series, read at collection.
+    let mut expert_series = 0;
+    shared.experts.each_layer_tokens(|kv, _| {
+        expert_series += 1;
+        assert!(
+            kv.contains(&opentelemetry::KeyValue::new("group", "tp0")),
+            "{kv:?}"
+        );
+    });
+    assert_eq!(expert_series, 1);
     let log = p.inst[0].log.lock().unwrap();
-    assert!(log.len() >= 5, "{log:?}");
+    assert!(log.len() >= 3, "{log:?}");
     for (name, a, _) in log.iter() {
         assert_eq!(
             attr(a, "group"),
@@ -650,7 +660,7 @@ fn traced(
         trace_every,
         experts: crate::worker::experts::ExpertTotals::new(
             crate::worker::experts::ExpertSettings::off(),
-            "default",
+            "tp0",
         ),
         queue: 1 << 16,
         rank: 3,
