@@ -315,12 +315,34 @@ impl ExpertWriter {
             self.last = match self.ranks.iter().position(|w| w.shared.rank == rank) {
                 Some(i) => i,
                 None => {
+                    // A worker started again (`set_level` off, then on) goes on from the
+                    // counts so far: the rows are the rank's, and its window starts now.
+                    let shared = self.totals.rank(rank);
+                    let rows = shared
+                        .rows
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    let base: Vec<Vec<u64>> = rows
+                        .iter()
+                        .map(|r| {
+                            r.as_ref().map_or_else(Vec::new, |r| {
+                                r.cells.iter().map(|c| c.load(Relaxed)).collect()
+                            })
+                        })
+                        .collect();
+                    let seen = base
+                        .iter()
+                        .filter_map(|b| b.iter().rposition(|&c| c > 0))
+                        .map(|i| i + 1)
+                        .max()
+                        .unwrap_or(0);
                     self.ranks.push(RankWriter {
-                        shared: self.totals.rank(rank),
-                        rows: Vec::new(),
-                        base: Vec::new(),
+                        shared,
+                        rows,
+                        base,
                         hot: Vec::new(),
-                        seen: 0,
+                        seen,
                         steps: 0,
                     });
                     self.ranks.len() - 1
@@ -648,6 +670,25 @@ mod tests {
         w.route(0, Layer(3), &[7]);
         let later = t.snapshot().since(&snap);
         assert_eq!(later.layer(0, 3).unwrap().total(), 1);
+    }
+
+    #[test]
+    fn a_new_writer_goes_on_from_the_counts_so_far() {
+        let t = ExpertTotals::new(settings(4, 1, 1, 0), "g");
+        let mut w = ExpertWriter::new(t.clone());
+        w.route(0, Layer(1), &[2, 2]);
+        drop(w);
+        let mut w = ExpertWriter::new(t.clone());
+        w.route(0, Layer(1), &[2, 3]);
+        w.step_end(0);
+        assert_eq!(t.snapshot().layer(0, 1).unwrap().tokens, vec![0, 0, 3, 1]);
+        let mut imb = Vec::new();
+        t.each_imbalance(|_, i, _| imb.push(i));
+        assert_eq!(
+            imb,
+            vec![2.0],
+            "the window holds only what the new writer saw"
+        );
     }
 
     #[test]
