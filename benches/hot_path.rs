@@ -12,6 +12,11 @@
 //!   no step slow enough (the cost of holding every step's sections), and on at `p99` (about
 //!   one step in a hundred traced, spans and exemplars built).
 //!
+//! - `moe/*`: one `Recorder::moe_route` of a token's 8 expert ids (of 384): off, on, and the
+//!   reference profiler's route stash (a thread-local `Vec` refilled) off and on; the worker
+//!   draining route records with the expert telemetry off and on (60 MoE layers x 384
+//!   experts); one `Profiler::expert_load()` snapshot of 23,040 (layer, expert) counts.
+//!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -382,5 +387,140 @@ fn worker_tail(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, section, spec, worker, graph, worker_tail);
+/// The reference profiler's route stash: a once-read switch, then the ids copied into a
+/// thread-local buffer for the next trace line.
+mod reference_route {
+    use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        static ROUTE: RefCell<Vec<i32>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn trace_on(v: bool) -> bool {
+        static ON: OnceLock<bool> = OnceLock::new();
+        *ON.get_or_init(|| v)
+    }
+
+    #[inline(never)]
+    pub(super) fn stash(on: bool, ids: &[i32]) {
+        if !on {
+            return;
+        }
+        ROUTE.with(|r| {
+            let mut v = r.borrow_mut();
+            v.clear();
+            v.extend_from_slice(ids);
+        });
+    }
+}
+
+const MOE_LAYERS: u32 = 60;
+const EXPERTS: u32 = 384;
+
+fn moe_profiler(level: Level, experts: bool) -> Profiler {
+    Profiler::builder()
+        .without_env()
+        .with_level(level)
+        .with_expert_counter(experts)
+        .with(&phasetrace::config::settings::MOE_EXPERTS, EXPERTS)
+        .without_prometheus()
+        .with_trace_every(0)
+        .with_queue(1 << 22)
+        .with_drain_interval(Duration::from_secs(3600))
+        .build()
+        .expect("profiler")
+}
+
+/// The 8 ids of token `t` in `layer`, spread over the 384 experts.
+fn ids_of(t: u32, layer: u32) -> [u32; 8] {
+    std::array::from_fn(|j| (t * 31 + j as u32 * 48 + layer * 7) % EXPERTS)
+}
+
+fn moe(c: &mut Criterion) {
+    let mut g = c.benchmark_group("moe");
+    g.throughput(Throughput::Elements(1));
+    let ids = ids_of(5, 3);
+    let ids_i32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    let off_switch = reference_route::trace_on(false);
+    g.bench_function("baseline_reference_route_off", |b| {
+        b.iter(|| reference_route::stash(black_box(off_switch), black_box(&ids_i32)))
+    });
+    g.bench_function("baseline_reference_route_on", |b| {
+        b.iter(|| reference_route::stash(black_box(true), black_box(&ids_i32)))
+    });
+    let off = moe_profiler(Level::Off, true);
+    let rec_off = off.recorder();
+    g.bench_function("route_off", |b| {
+        b.iter(|| rec_off.moe_route(black_box(3u32), black_box(&ids)))
+    });
+    // On: two 24-byte records (four ids each) into the lane; the worker is not running, so
+    // the ring is drained outside the timed batches.
+    let on = moe_profiler(Level::Full, true);
+    let rec_on = on.recorder();
+    g.bench_function("route_on_384_experts", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(BATCH);
+                let t = Instant::now();
+                for _ in 0..n {
+                    rec_on.moe_route(black_box(3u32), black_box(&ids));
+                }
+                total += t.elapsed();
+                on.drain();
+                left -= n;
+            }
+            total
+        })
+    });
+    g.finish();
+    off.shutdown();
+
+    // The worker: route records of 60 MoE layers x 384 experts drained, telemetry off and on.
+    let mut g = c.benchmark_group("moe");
+    g.sample_size(10);
+    let tokens: u32 = 2_000;
+    let ids_per_pass = u64::from(tokens * MOE_LAYERS * 8);
+    g.throughput(Throughput::Elements(ids_per_pass));
+    for experts in [false, true] {
+        let p = moe_profiler(Level::Full, experts);
+        let rec = p.recorder();
+        let name = if experts {
+            "drain_routes_expert_load_on_60x384"
+        } else {
+            "drain_routes_expert_load_off_60x384"
+        };
+        g.bench_with_input(BenchmarkId::new(name, ids_per_pass), &tokens, |b, &n| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    for t in 0..n {
+                        let _s = rec.step();
+                        for layer in 0..MOE_LAYERS {
+                            rec.moe_route(layer, &ids_of(t, layer));
+                        }
+                    }
+                    let t = Instant::now();
+                    p.drain();
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+        if experts {
+            // Every one of the 23,040 (layer, expert) cells has counts by now.
+            g.throughput(Throughput::Elements(u64::from(MOE_LAYERS * EXPERTS)));
+            g.bench_function("expert_load_snapshot_60x384", |b| {
+                b.iter(|| black_box(p.expert_load()))
+            });
+        }
+        p.shutdown();
+    }
+    g.finish();
+    on.shutdown();
+}
+
+criterion_group!(benches, section, spec, worker, graph, worker_tail, moe);
 criterion_main!(benches);

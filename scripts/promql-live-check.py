@@ -39,7 +39,7 @@ Some expressions legitimately return nothing on a healthy run. Built in (see ALL
   * alerting rule expressions: they return series only while their condition holds (a
     straggler, a high wait, drops). Each metric they read must still exist; that is checked;
   * anything reading ALERTS: needs a pending or firing alert;
-  * phasetrace_moe_expert_tokens_total: opt-in (PHASETRACE_EXPERT_COUNTER=on);
+  * phasetrace_moe_*: opt-in (PHASETRACE_EXPERT_COUNTER=on);
   * phasetrace_records_dropped_total: exported only once a record has been dropped;
   * phasetrace:rank_silent: recorded only while a rank is silent;
   * phasetrace_prometheus_web_config_*: only with a web configuration file
@@ -78,7 +78,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (pattern searched in the expression or the item name, why it may be empty)
 ALLOW_EMPTY: list[tuple[str, str]] = [
     (r"\bALERTS\b", "needs a pending or firing alert"),
-    (r"phasetrace_moe_expert_tokens_total", "opt-in metric (PHASETRACE_EXPERT_COUNTER=on)"),
+    (r"phasetrace_moe_", "opt-in metrics (PHASETRACE_EXPERT_COUNTER=on)"),
     (r"phasetrace_records_dropped_total", "exported only after a record was dropped"),
     (r"phasetrace:rank_silent", "only while a rank is silent (killed, hung, not exporting)"),
     (r"phasetrace_prometheus_web_config_", "only with a web configuration file (PHASETRACE_PROMETHEUS_WEB_CONFIG)"),

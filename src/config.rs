@@ -642,8 +642,16 @@ pub struct Config {
     pub rank: u32,
     /// The collective group of this process's ranks (the `group` attribute).
     pub group: String,
-    /// The opt-in per-(layer, expert) token counter.
+    /// The opt-in MoE expert-load telemetry.
     pub expert_counter: bool,
+    /// Routed experts per MoE layer (0: inferred from the ids seen).
+    pub moe_experts: u32,
+    /// Steps of a rank per expert-load window.
+    pub expert_window: u32,
+    /// Hot experts exported per (layer, rank).
+    pub expert_top: u32,
+    /// Expert-parallel ranks hosting the experts in contiguous blocks (0: none).
+    pub expert_parallel: u32,
     /// Timing backend.
     pub timing: Timing,
     /// Where the host clock reads (`auto`: the TSC where usable).
@@ -974,6 +982,10 @@ impl ConfigBuilder {
         let rank = src.value(&s::RANK)?;
         let group = src.value(&s::GROUP)?;
         let expert_counter = src.value(&s::EXPERT_COUNTER)?;
+        let moe_experts = src.value(&s::MOE_EXPERTS)?;
+        let expert_window = src.value(&s::EXPERT_WINDOW)?;
+        let expert_top = src.value(&s::EXPERT_TOP)?;
+        let expert_parallel = src.value(&s::EXPERT_PARALLEL)?;
         let timing = src.value(&s::TIMING)?;
         let host_clock = src.value(&s::HOST_CLOCK)?;
         let service_name = src.value(&s::SERVICE_NAME)?;
@@ -1136,6 +1148,10 @@ impl ConfigBuilder {
             rank,
             group,
             expert_counter,
+            moe_experts,
+            expert_window,
+            expert_top,
+            expert_parallel,
             timing,
             host_clock,
             sdk_disabled,
@@ -1330,6 +1346,10 @@ mod tests {
             ("PHASETRACE_GROUP", "tp 0", "letters, digits"),
             ("PHASETRACE_GROUP", "tp/0", "letters, digits"),
             ("PHASETRACE_EXPERT_COUNTER", "2", "on, off"),
+            ("PHASETRACE_MOE_EXPERTS", "70000", "from 0 to 65536"),
+            ("PHASETRACE_EXPERT_WINDOW", "0", "from 1 to 1000000"),
+            ("PHASETRACE_EXPERT_TOP", "11", "from 0 to 10"),
+            ("PHASETRACE_EXPERT_PARALLEL", "-1", "from 0 to 65536"),
             ("PHASETRACE_TIMING", "gpu", "host, sync or events"),
             ("OTEL_SDK_DISABLED", "yes", "true or false"),
             ("OTEL_RESOURCE_ATTRIBUTES", "novalue", "key=value"),

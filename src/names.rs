@@ -56,9 +56,26 @@ pub mod metric {
     /// Counter of the rendezvous waits per layer, the same attributes
     /// (`phasetrace_collective_layer_wait_calls_total`).
     pub const COLLECTIVE_LAYER_WAIT_CALLS: &str = "phasetrace.collective.layer.wait.calls";
-    /// Counter of tokens routed to each MoE expert, attributes `layer`, `expert` (opt-in:
-    /// `PHASETRACE_EXPERT_COUNTER=on`).
-    pub const MOE_EXPERT_TOKENS: &str = "phasetrace.moe.expert.tokens";
+    /// Counter of the tokens routed in one MoE layer, counted once per expert each goes to
+    /// (tokens x top-k), attributes `layer`, `rank` (`phasetrace_moe_layer_tokens_total`;
+    /// opt-in: `PHASETRACE_EXPERT_COUNTER=on`). One series per (layer, rank) whatever the
+    /// number of experts; the full per-(layer, expert) counts are in process only
+    /// (`Profiler::expert_load`).
+    pub const MOE_LAYER_TOKENS: &str = "phasetrace.moe.layer.tokens";
+    /// Gauge of a MoE layer's routing imbalance over the rank's last complete window of
+    /// `PHASETRACE_EXPERT_WINDOW` steps: the most tokens any expert got divided by the mean
+    /// over the layer's experts (1 = perfectly balanced; the number of experts when one expert
+    /// got everything), attributes `layer`, `rank`.
+    pub const MOE_IMBALANCE: &str = "phasetrace.moe.expert_load.imbalance";
+    /// Gauge of the coefficient of variation (standard deviation / mean) of the tokens per
+    /// expert over the same window, attributes `layer`, `rank`.
+    pub const MOE_LOAD_CV: &str = "phasetrace.moe.expert_load.cv";
+    /// Gauge of a hot expert's share of its layer's tokens in the same window (0..1),
+    /// attributes `layer`, `expert`, `rank`, and `ep_rank` (the rank that hosts it) when
+    /// `PHASETRACE_EXPERT_PARALLEL` is set: `PHASETRACE_EXPERT_TOP` series per (layer, rank),
+    /// the set changing only at a window's end and only for an expert clearly hotter than the
+    /// one it replaces.
+    pub const MOE_HOT_EXPERT_SHARE: &str = "phasetrace.moe.hot_expert.share";
     /// Counter of records dropped, attribute `reason` ([`crate::names::DropReason`]): everything
     /// dropped is counted, each reason a series from the start at 0; `Profiler::stats()` holds
     /// the same counts.
@@ -142,6 +159,8 @@ pub mod attr {
     pub const GROUP: &str = "group";
     /// MoE expert id.
     pub const EXPERT: &str = "expert";
+    /// The expert-parallel rank that hosts an expert (`PHASETRACE_EXPERT_PARALLEL`).
+    pub const EP_RANK: &str = "ep_rank";
     /// Why a record was dropped.
     pub const REASON: &str = "reason";
     /// How a re-read of the web configuration file or a metrics export ended
@@ -153,8 +172,12 @@ pub mod attr {
     pub const PART: &str = "part";
     /// Step number (span attribute).
     pub const STEP: &str = "step";
-    /// Expert ids routed in a layer at a step (span event attribute).
+    /// Expert ids routed in a layer at a step (on the step's `moe.route` events, and on the
+    /// layer's rendezvous-probe spans, at most 256 there).
     pub const EXPERT_IDS: &str = "moe.expert_ids";
+    /// How many expert ids the layer routed in the step (on rendezvous-probe spans, beside
+    /// [`EXPERT_IDS`], which holds at most 256 of them).
+    pub const EXPERT_IDS_COUNT: &str = "moe.expert_ids.count";
     /// Drafted tokens in a round (span attribute).
     pub const K: &str = "k";
     /// Accepted tokens in a round (span attribute).
@@ -338,8 +361,17 @@ pub mod env {
     pub const RANK: &str = "PHASETRACE_RANK";
     /// The collective group of this process's ranks (the `group` attribute).
     pub const GROUP: &str = "PHASETRACE_GROUP";
-    /// `on`/`off`: the per-(layer, expert) token counter.
+    /// `on`/`off`: the MoE expert-load telemetry (per-layer tokens, imbalance, hot experts,
+    /// `Profiler::expert_load`).
     pub const EXPERT_COUNTER: &str = "PHASETRACE_EXPERT_COUNTER";
+    /// Routed experts per MoE layer; `0` infers it from the highest id seen.
+    pub const MOE_EXPERTS: &str = "PHASETRACE_MOE_EXPERTS";
+    /// Steps of a rank per expert-load window (imbalance, hot experts).
+    pub const EXPERT_WINDOW: &str = "PHASETRACE_EXPERT_WINDOW";
+    /// Hot experts exported per (layer, rank); `0` exports none.
+    pub const EXPERT_TOP: &str = "PHASETRACE_EXPERT_TOP";
+    /// Expert-parallel ranks that host the experts in contiguous blocks; `0` = not exported.
+    pub const EXPERT_PARALLEL: &str = "PHASETRACE_EXPERT_PARALLEL";
     /// `host`, `sync` or `events`.
     pub const TIMING: &str = "PHASETRACE_TIMING";
     /// `auto`, `tsc` or `monotonic`: where the host clock reads.
@@ -424,6 +456,13 @@ pub mod default {
     pub const TRACE_SLOWER_THAN_PERCENTILE: f64 = 99.0;
     /// Most tail traces a second per rank.
     pub const TRACE_SLOW_BUDGET: u32 = 5;
+    /// Steps of a rank per expert-load window.
+    pub const EXPERT_WINDOW: u32 = 64;
+    /// Hot experts exported per (layer, rank).
+    pub const EXPERT_TOP: u32 = 4;
+    /// Most hot experts per (layer, rank): keeps a 60-layer model under 1,000 expert series a
+    /// rank (3 x 60 + 10 x 60 = 780).
+    pub const EXPERT_TOP_MAX: u32 = 10;
     /// Read every CUDA-graph replay.
     pub const GRAPH_READ_EVERY: u64 = 1;
     /// OTLP export timeout.

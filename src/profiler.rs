@@ -260,7 +260,13 @@ impl ProfilerBuilder {
         self
     }
 
-    /// The per-(layer, expert) token counter. Env: `PHASETRACE_EXPERT_COUNTER`; default off.
+    /// The MoE expert-load telemetry: tokens per (layer, rank), routing imbalance and hot
+    /// experts per (layer, rank), at most `(3 + PHASETRACE_EXPERT_TOP) x layers` series a rank
+    /// whatever the number of experts, and the full counts in process
+    /// ([`Profiler::expert_load`]). Env: `PHASETRACE_EXPERT_COUNTER`; default off. The window,
+    /// the number of experts and of hot experts, and the expert-parallel placement are the
+    /// `settings::EXPERT_WINDOW`, `MOE_EXPERTS`, `EXPERT_TOP` and `EXPERT_PARALLEL` settings
+    /// (set them with [`ProfilerBuilder::with`]); see `docs/moe.md`.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
         self.cfg.set(&settings::EXPERT_COUNTER, on);
         self
@@ -461,7 +467,10 @@ impl ProfilerBuilder {
             trace_every: cfg.trace_every,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
-            expert_counter: cfg.expert_counter,
+            experts: crate::worker::experts::ExpertTotals::new(
+                crate::worker::experts::ExpertSettings::of(&cfg),
+                &cfg.group,
+            ),
             queue: cfg.queue,
             rank: cfg.rank,
             clock,
@@ -517,7 +526,9 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
-            .map(|m| Instruments::new(m, &layers, &open, self.k_max))
+            .map(|m| {
+                Instruments::new(m, &layers, &open, self.k_max).with_experts(m, &shared.experts)
+            })
             .collect();
         if given.meter.is_some()
             && cfg.layer_attr
@@ -877,6 +888,21 @@ impl Profiler {
     /// not for every token; recorders never take either lock.
     pub fn stats(&self) -> Stats {
         self.figures().map_or_else(Stats::default, |f| f.stats())
+    }
+
+    /// The tokens routed to every (rank, layer, expert) since the profiler was built, for
+    /// expert-parallel load balancers; empty unless `PHASETRACE_EXPERT_COUNTER=on`
+    /// ([`ProfilerBuilder::with_expert_counter`]). [`crate::ExpertLoad::since`] gives what was
+    /// routed between two calls; [`crate::ExpertLoad::hottest`] the hottest experts.
+    ///
+    /// Counts are what the worker has processed (at most one drain interval behind the
+    /// recorders; [`Profiler::flush`] first to include everything recorded). Cost: one short
+    /// lock per rank (no pipeline lock, so it never waits for a drain pass) and a copy of every
+    /// counter, 23,040 of them at 384 experts x 60 layers (`benches/hot_path.rs`,
+    /// `moe/expert_load_snapshot_60x384`; figures in `docs/moe.md`): cheap enough to call every
+    /// few seconds, not per token.
+    pub fn expert_load(&self) -> crate::ExpertLoad {
+        self.inner.shared.experts.snapshot()
     }
 
     /// The console summary table of everything recorded so far; after

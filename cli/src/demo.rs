@@ -20,6 +20,7 @@ use crate::Failure;
 use crate::flags::ProfilerFlags;
 use crate::rendezvous::{RendezvousError, TcpRendezvous};
 use clap::Args;
+use phasetrace::config::settings;
 use phasetrace::{
     Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
 };
@@ -76,6 +77,16 @@ pub(crate) struct DemoArgs {
     /// Experts per token.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     top_k: u32,
+    /// Routing skew S: each routed expert id is drawn as experts x u^S, u uniform in [0, 1).
+    /// 1 is uniform; higher sends more tokens to the lowest ids (the hot experts).
+    #[arg(long, default_value_t = 2.0)]
+    route_skew: f64,
+    /// Expert parallelism over the first N ranks: each MoE layer's experts live on them in
+    /// contiguous blocks, every rank's tokens run on the ranks that host their experts, and a
+    /// rank's routed-expert time grows with the tokens its experts get, so a rank hosting hot
+    /// experts straggles. Sets PHASETRACE_EXPERT_PARALLEL (the ep_rank of hot experts).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    expert_parallel: Option<u32>,
     /// A rank whose compute runs --straggler-factor times slower.
     #[arg(long)]
     straggler_rank: Option<u32>,
@@ -231,6 +242,8 @@ struct Work {
     stream: Option<SimStream>,
     /// This rank hangs in the step being run (`--hang-rank`), at its first [`Work::hang_here`].
     hang: bool,
+    /// The step being run (from 0), for the routing.
+    step: u64,
 }
 
 impl Work {
@@ -256,6 +269,7 @@ impl Work {
             spin,
             stream,
             hang: false,
+            step: 0,
         }
     }
 
@@ -365,6 +379,12 @@ struct Plan {
     spec: Option<u32>,
     acceptance: f64,
     ranks: u32,
+    /// `--route-skew`.
+    route_skew: f64,
+    /// `--expert-parallel`.
+    expert_parallel: Option<u32>,
+    /// Seeds the routing, which every rank can recompute for every other.
+    seed: u64,
 }
 
 impl Group {
@@ -405,6 +425,39 @@ impl Group {
 }
 
 impl Plan {
+    /// The experts that `rank`'s token of `step` is routed to in `layer`: the same on every rank
+    /// that asks, so that under expert parallelism each rank knows what it receives.
+    fn route(&self, step: u64, layer: u32, rank: u32, ids: &mut [u32]) {
+        let key = self.seed
+            ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (u64::from(layer) << 32)
+            ^ u64::from(rank).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        let mut rng = SmallRng::seed_from_u64(key);
+        for id in ids.iter_mut() {
+            let u: f64 = rng.random();
+            *id = (u.powf(self.route_skew) * f64::from(self.experts)) as u32 % self.experts;
+        }
+    }
+
+    /// Under `--expert-parallel`, the routed-expert time of `rank` in `layer` at `step` relative
+    /// to a balanced placement: the tokens its block of experts gets from every rank, over
+    /// the mean per expert-parallel rank (0 for a rank that hosts none).
+    fn expert_factor(&self, step: u64, layer: u32, rank: u32) -> f64 {
+        let Some(ep) = self.expert_parallel else {
+            return 1.0;
+        };
+        let k = self.top_k.min(self.experts) as usize;
+        let block = self.experts.div_ceil(ep).max(1);
+        let mut ids = [0u32; 64];
+        let mut mine = 0usize;
+        for src in 0..self.ranks {
+            self.route(step, layer, src, &mut ids[..k]);
+            mine += ids[..k].iter().filter(|&&id| id / block == rank).count();
+        }
+        let mean = (self.ranks as usize * k) as f64 / f64::from(ep);
+        mine as f64 / mean.max(1e-9)
+    }
+
     /// Whether step `step` (from 0) is one made slow on purpose.
     fn slow_step(&self, step: u64) -> bool {
         self.slow_steps
@@ -506,21 +559,19 @@ fn layer_forward(
             work.synchronize();
             work.run("moe_hostsync", f);
         }
-        // Skewed routing: low expert ids are hot, as in real MoE traffic.
+        // Skewed routing (--route-skew): low expert ids are hot, as in real MoE traffic.
         let mut ids = [0u32; 64];
         let k = plan.top_k.min(plan.experts) as usize;
-        for id in ids.iter_mut().take(k) {
-            let u: f64 = work.rng.random();
-            *id = ((u * u) * f64::from(plan.experts)) as u32 % plan.experts;
-        }
+        plan.route(work.step, layer, rec.rank(), &mut ids[..k]);
         rec.moe_route(layer, &ids[..k]);
-        for (s, b) in [
-            (Section::MOE_EXPERTS, "moe_experts"),
-            (Section::MOE_SHARED, "moe_shared"),
-            (Section::MOE_COMBINE, "moe_combine"),
+        let ep = plan.expert_factor(work.step, layer, rec.rank());
+        for (s, b, g) in [
+            (Section::MOE_EXPERTS, "moe_experts", ep),
+            (Section::MOE_SHARED, "moe_shared", 1.0),
+            (Section::MOE_COMBINE, "moe_combine", 1.0),
         ] {
             let _s = rec.section(s, layer, Site::MLP);
-            work.run(b, f);
+            work.run(b, f * g);
         }
     }
     drop(_ffn);
@@ -604,6 +655,7 @@ fn rank_loop(
         }
         let f = plan.factor(rank, group.started.elapsed(), step);
         work.hang = plan.hang == Some((rank, step));
+        work.step = step;
         step += 1;
         let tokens = if let Some(k) = plan.spec {
             let round = rec.round(k);
@@ -701,6 +753,20 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             a.rendezvous_timeout
         )));
     }
+    if !(a.route_skew.is_finite() && a.route_skew > 0.0) {
+        return Err(Failure::config(format!(
+            "--route-skew {}: expected a positive number (1: uniform routing)",
+            a.route_skew
+        )));
+    }
+    if let Some(n) = a.expert_parallel
+        && (n > a.ranks || n > a.experts)
+    {
+        return Err(Failure::config(format!(
+            "--expert-parallel {n}: expected at most --ranks {} and at most --experts {}",
+            a.ranks, a.experts
+        )));
+    }
     if !(a.slow_factor.is_finite() && a.slow_factor >= 1.0) {
         return Err(Failure::config(format!(
             "--slow-factor {}: expected a number of at least 1",
@@ -728,6 +794,11 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     let mut builder = Profiler::builder().with_level(Level::Full);
     if let Some(r) = a.rank {
         builder = builder.with_rank(r);
+    }
+    // The demo knows its experts: the imbalance's mean counts the ones that got nothing.
+    builder = builder.with(&settings::MOE_EXPERTS, a.experts);
+    if let Some(n) = a.expert_parallel {
+        builder = builder.with(&settings::EXPERT_PARALLEL, n);
     }
     if a.spec.is_some() {
         builder = builder.with_spec_level(SpecLevel::VerifySplit);
@@ -795,6 +866,9 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         spec: a.spec,
         acceptance: a.acceptance,
         ranks: a.ranks,
+        route_skew: a.route_skew,
+        expert_parallel: a.expert_parallel,
+        seed: a.seed,
     });
     let meeting = match (&a.rendezvous, a.rank) {
         (Some(addr), Some(r)) => {

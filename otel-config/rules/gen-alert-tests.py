@@ -133,7 +133,7 @@ def expr_test(expr, at, samples):
     return text
 
 
-def straggler_annotations(rank, group, job, instance, host, lost, own, others, worst):
+def straggler_annotations(rank, group, job, instance, host, lost, own, others, worst, hot=()):
     where = f"instance {instance}" + (f", host {host}" if host else "")
     desc = (
         f"Rank {rank} of group {group} in {job} ({where}) is the rank its group waits for: the "
@@ -143,6 +143,13 @@ def straggler_annotations(rank, group, job, instance, host, lost, own, others, w
     )
     if worst:
         desc += " " + worst
+    if hot:
+        desc += (
+            " It hosts the hot experts"
+            + "".join(f" {e} of layer {l} ({share} of the layer's tokens)," for l, e, share in hot)
+            + " so the tokens routed to it, not its hardware, may be what makes it slow: replicate"
+            " or move those experts."
+        )
     return {
         "summary": f"Rank {rank} of group {group} is a straggler: it costs its group {lost} of its step time",
         "description": desc,
@@ -639,6 +646,58 @@ def main() -> int:
         "9m15s", [("{}", 1)],
     )
     tests.append(test("a group that recovers from a hang raises no straggler alert for the rank that hung", inputs, alerts, exprs))
+
+    # 14. Expert parallelism: 4 ranks, experts in blocks of 16; rank 0 hosts the hot experts
+    #     (expert 1 of layer 3, expert 2 of layer 4) and straggles. Its straggler alert names
+    #     them; the hot expert of rank 1's block is not named for rank 0.
+    inputs = ""
+    for r in range(4):
+        inst = f"10.0.17.{r + 1}:9464"
+        inputs += rank_series(job, "ep4", r, inst, 0.02 if r == 0 else 0.3)
+        for layer, expert, ep, share in ((3, 1, 0, "0.3"), (4, 2, 0, "0.2"), (4, 20, 1, "0.05")):
+            inputs += series(
+                "phasetrace_moe_hot_expert_share", f"{share}x{N}", job=job, group="ep4",
+                rank=str(r), instance=inst, layer=str(layer), expert=str(expert), ep_rank=str(ep),
+            )
+    ann = straggler_annotations(
+        0, "ep4", job, "10.0.17.1:9464", None, "28%", "2%", "30%", None,
+        hot=[(3, 1, "30%"), (4, 2, "20%")],
+    )
+    alerts = alert("PhasetraceRankStraggler", "3m", [({"severity": "warning", "job": job, "group": "ep4", "rank": "0"}, ann)])
+    tests.append(test("under expert parallelism the straggler alert names the hot experts its rank hosts", inputs, alerts))
+
+    # 15. A MoE layer whose imbalance stays at 6 (threshold 4) on one rank for 12.5 minutes,
+    #     then drops to 1.5; another layer at 1.5 throughout, and a spike of 8 lasting 5 minutes
+    #     on layer 5 (shorter than `for: 10m`): one alert, for layer 3, from 10 minutes on;
+    #     resolved once the layer balances. Hot experts are listed hottest first.
+    inputs = ""
+    for r in range(2):
+        inst = f"10.0.18.{r + 1}:9464"
+        kv = dict(job=job, group="moe", rank=str(r), instance=inst)
+        hi = "6" if r == 1 else "2"
+        inputs += series("phasetrace_moe_expert_load_imbalance", f"{hi}x50 1.5x20", layer="3", **kv)
+        inputs += series("phasetrace_moe_expert_load_imbalance", f"1.5x{N}", layer="4", **kv)
+        inputs += series("phasetrace_moe_expert_load_imbalance", "1.5x10 8x20 1.5x30", layer="5", **kv)
+        inputs += series("phasetrace_moe_hot_expert_share", f"0.4x{N}", layer="3", expert="12", **kv)
+        inputs += series("phasetrace_moe_hot_expert_share", f"0.1x{N}", layer="3", expert="7", **kv)
+    imb_ann = {
+        "summary": "MoE layer 3 of group moe routes unevenly",
+        "description": (
+            "The hottest expert of MoE layer 3 in group moe of engine gets 6.0 times the mean "
+            "tokens per expert (threshold 4), and has for 10 minutes. Hot experts: 12 (40% of the "
+            "layer's tokens) 7 (10% of the layer's tokens). An expert-parallel load balancer can "
+            "replicate or move them; Profiler::expert_load gives the full per-expert counts."
+        ),
+        "dashboard": DECODE_DASH,
+    }
+    firing = [({"severity": "info", "job": job, "group": "moe", "layer": "3"}, imb_ann)]
+    alerts = (
+        alert("PhasetraceMoeLayerImbalanced", "9m")
+        + alert("PhasetraceMoeLayerImbalanced", "10m15s", firing)
+        + alert("PhasetraceMoeLayerImbalanced", "12m", firing)
+        + alert("PhasetraceMoeLayerImbalanced", "14m")
+    )
+    tests.append(test("a MoE layer that stays unbalanced alerts, a short spike does not, and it resolves", inputs, alerts))
 
     rest = OTHER_ALERTS
 

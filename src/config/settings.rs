@@ -557,12 +557,13 @@ pub static GROUP: Setting<String> = Setting {
     get: |c| Some(c.group.clone()),
 };
 
-/// The per-(layer, expert) token counter.
+/// The MoE expert-load telemetry: tokens per layer, imbalance, hot experts, and the in-process
+/// per-(layer, expert) counts (`Profiler::expert_load`).
 pub static EXPERT_COUNTER: Setting<bool> = Setting {
     var: env::EXPERT_COUNTER,
     fallbacks: &[],
     flag: Some("expert-counter"),
-    doc: "The per-(layer, expert) token counter",
+    doc: "MoE expert load: tokens per layer, imbalance and hot experts per (layer, rank), and the per-(layer, expert) counts in process",
     expected: SWITCH,
     example: "on",
     default_note: "",
@@ -571,6 +572,82 @@ pub static EXPERT_COUNTER: Setting<bool> = Setting {
     parse: switch,
     show: show_switch,
     get: |c| Some(c.expert_counter),
+};
+
+/// Routed experts per MoE layer (the mean of the imbalance counts experts that got nothing).
+pub static MOE_EXPERTS: Setting<u32> = Setting {
+    var: env::MOE_EXPERTS,
+    fallbacks: &[],
+    flag: Some("moe-experts"),
+    doc: "Routed experts per MoE layer; ids at or above it are dropped and counted (0: the highest id seen + 1)",
+    expected: "a whole number of experts, from 0 to 65536",
+    example: "384",
+    default_note: "",
+    secret: false,
+    default: || 0,
+    parse: |s| match s.parse::<u32>() {
+        Ok(n) if n <= 65_536 => Ok(n),
+        _ => Err(String::new()),
+    },
+    show: shown,
+    get: |c| Some(c.moe_experts),
+};
+
+/// Steps of a rank per expert-load window.
+pub static EXPERT_WINDOW: Setting<u32> = Setting {
+    var: env::EXPERT_WINDOW,
+    fallbacks: &[],
+    flag: Some("expert-window"),
+    doc: "Steps of a rank per expert-load window: imbalance and hot experts read the last complete one",
+    expected: "a whole number of steps, from 1 to 1000000",
+    example: "128",
+    default_note: "",
+    secret: false,
+    default: || default::EXPERT_WINDOW,
+    parse: |s| match s.parse::<u32>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(String::new()),
+    },
+    show: shown,
+    get: |c| Some(c.expert_window),
+};
+
+/// Hot experts exported per (layer, rank).
+pub static EXPERT_TOP: Setting<u32> = Setting {
+    var: env::EXPERT_TOP,
+    fallbacks: &[],
+    flag: Some("expert-top"),
+    doc: "Hot experts exported per (layer, rank), by tokens in the window",
+    expected: "a whole number from 0 to 10",
+    example: "2",
+    default_note: "",
+    secret: false,
+    default: || default::EXPERT_TOP,
+    parse: |s| match s.parse::<u32>() {
+        Ok(n) if n <= default::EXPERT_TOP_MAX => Ok(n),
+        _ => Err(String::new()),
+    },
+    show: shown,
+    get: |c| Some(c.expert_top),
+};
+
+/// Expert-parallel placement: the group's first N ranks host the experts in contiguous blocks.
+pub static EXPERT_PARALLEL: Setting<u32> = Setting {
+    var: env::EXPERT_PARALLEL,
+    fallbacks: &[],
+    flag: None,
+    doc: "Expert-parallel ranks hosting each layer's experts in contiguous blocks (the ep_rank attribute of hot experts; 0: none)",
+    expected: "a whole number of ranks, from 0 to 65536",
+    example: "4",
+    default_note: "",
+    secret: false,
+    default: || 0,
+    parse: |s| match s.parse::<u32>() {
+        Ok(n) if n <= 65_536 => Ok(n),
+        _ => Err(String::new()),
+    },
+    show: shown,
+    get: |c| Some(c.expert_parallel),
 };
 
 /// The timing backend.
@@ -957,6 +1034,10 @@ pub static SETTINGS: &[&dyn AnySetting] = &[
     &RANK,
     &GROUP,
     &EXPERT_COUNTER,
+    &MOE_EXPERTS,
+    &EXPERT_WINDOW,
+    &EXPERT_TOP,
+    &EXPERT_PARALLEL,
     &TIMING,
     &HOST_CLOCK,
     &SDK_DISABLED,

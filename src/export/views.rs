@@ -8,12 +8,17 @@ use opentelemetry_sdk::metrics::{Aggregation, Instrument, InstrumentKind, Stream
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The per-layer instruments, whose cardinality limit is raised to
-/// [`default::LAYER_SERIES_LIMIT`].
-const LAYER_INSTRUMENTS: [&str; 4] = [
+/// [`default::LAYER_SERIES_LIMIT`] (the expert-load ones: room for rank threads of one process
+/// at 60 MoE layers, `PHASETRACE_EXPERT_TOP` hot experts each).
+const LAYER_INSTRUMENTS: [&str; 8] = [
     metric::SECTION_LAYER_TIME,
     metric::SECTION_LAYER_CALLS,
     metric::COLLECTIVE_LAYER_WAIT_TIME,
     metric::COLLECTIVE_LAYER_WAIT_CALLS,
+    metric::MOE_LAYER_TOKENS,
+    metric::MOE_IMBALANCE,
+    metric::MOE_LOAD_CV,
+    metric::MOE_HOT_EXPERT_SHARE,
 ];
 
 /// How many per-layer instruments a [`view`] has been asked about, process-wide: `build()`
@@ -29,8 +34,9 @@ pub(crate) fn layer_views_applied() -> u64 {
 /// `SdkMeterProvider` (`ProfilerBuilder::with_meter_provider`): register it on the provider's
 /// builder.
 ///
-/// - The per-layer counters (`phasetrace.section.layer.*`, `phasetrace.collective.layer.wait.*`:
-///   one series per bucket, layer, site, rank and group) get a cardinality limit of 8,192
+/// - The per-layer instruments (`phasetrace.section.layer.*`, `phasetrace.collective.layer.wait.*`:
+///   one series per bucket, layer, site, rank and group; the MoE expert-load gauges and counter,
+///   per layer and rank) get a cardinality limit of 8,192
 ///   series each instead of the SDK's 2,000; without the view a model with more (bucket, layer)
 ///   pairs than that folds the rest into one `otel.metric.overflow` series.
 /// - With `exponential`, every duration histogram (unit `s`) becomes a base-2 exponential

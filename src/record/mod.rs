@@ -78,7 +78,8 @@ pub(crate) struct Shared {
     /// The gate of speculative rounds and verify parts.
     pub(crate) spec_level: Gate<SpecLevel>,
     pub(crate) trace_every: u64,
-    pub(crate) expert_counter: bool,
+    /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`), read by `Profiler::expert_load`.
+    pub(crate) experts: Arc<crate::worker::experts::ExpertTotals>,
     pub(crate) queue: usize,
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,

@@ -340,9 +340,15 @@ impl Recorder {
         self.lane.push(Mark::wait(site, layer.into(), ns));
     }
 
-    /// The MoE expert ids routed in `layer` at the current step. Attached to the step's trace
-    /// when the step is sampled, and counted per (layer, expert) when the expert counter is on.
-    /// Ids above 65535 are dropped and counted (`reason="out_of_range"`).
+    /// The MoE expert ids routed in `layer` at the current step (one id per (token, expert):
+    /// call it once per layer with every token's top-k ids, or once per token). Attached to
+    /// the step's trace when the step is traced (a `moe.route` event, and the layer's
+    /// rendezvous-probe spans), and, with `PHASETRACE_EXPERT_COUNTER=on`, counted per (rank,
+    /// layer, expert) on the worker: [`crate::Profiler::expert_load`], and per-layer tokens,
+    /// imbalance and hot experts as metrics (`docs/moe.md`). Ids above 65535 are dropped and
+    /// counted (`reason="out_of_range"`), as are ids at or above `PHASETRACE_MOE_EXPERTS`.
+    /// Recorded at the full level only. Cost: a 24-byte record per four ids
+    /// ([`crate::benchmarks`], `moe/route_on_384_experts`).
     #[inline]
     pub fn moe_route(&self, layer: impl Into<Layer>, expert_ids: &[u32]) {
         if self.level() != Level::Full {

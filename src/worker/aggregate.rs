@@ -7,10 +7,11 @@
 //! instead of a histogram's 25.
 
 use super::attrs::rank_attr;
+use super::experts::ExpertTotals;
 use super::layers::LayerTotals;
 use super::open::OpenSteps;
 use crate::names::{DropReason, attr, metric};
-use crate::vocab::{Layer, Phase, Section, VerifyPart};
+use crate::vocab::{Phase, Section, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;
@@ -22,7 +23,9 @@ pub(crate) struct Instruments {
     steps: Counter<u64>,
     wait: Histogram<f64>,
     step_wait: Histogram<f64>,
-    expert_tokens: Counter<u64>,
+    /// The expert-load instruments (`PHASETRACE_EXPERT_COUNTER=on`), registered callbacks.
+    _expert_tokens: Option<ObservableCounter<u64>>,
+    _expert_gauges: Vec<ObservableGauge<f64>>,
     dropped: Counter<u64>,
     phase: Histogram<f64>,
     part: Histogram<f64>,
@@ -179,11 +182,8 @@ impl Instruments {
                 metric::STEP_COLLECTIVE_WAIT,
                 "Time one decode step of this rank spent waiting at collective rendezvous probes",
             ),
-            expert_tokens: meter
-                .u64_counter(metric::MOE_EXPERT_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description("Tokens routed to each MoE expert")
-                .build(),
+            _expert_tokens: None,
+            _expert_gauges: Vec::new(),
             dropped,
             phase: dur(
                 metric::SPEC_PHASE_DURATION,
@@ -243,14 +243,57 @@ impl Instruments {
         self.step_wait.record(wait_secs, kv);
     }
 
-    pub(crate) fn expert(&self, layer: Layer, expert: u16) {
-        let kv = [
-            KeyValue::new(attr::LAYER, i64::from(layer.get().unwrap_or(0))),
-            KeyValue::new(attr::EXPERT, i64::from(expert)),
-            self.group.clone(),
+    /// Registers the expert-load instruments on `meter` when the expert telemetry is on: they
+    /// read `experts` at each collection (see [`super::experts`] for the series budget).
+    pub(crate) fn with_experts(mut self, meter: &Meter, experts: &Arc<ExpertTotals>) -> Self {
+        if !experts.settings.on {
+            return self;
+        }
+        let e = experts.clone();
+        self._expert_tokens = Some(
+            meter
+                .u64_observable_counter(metric::MOE_LAYER_TOKENS)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description(
+                    "Tokens routed in one MoE layer, counted once per expert each goes to \
+                     (tokens x top-k)",
+                )
+                .with_callback(move |o| e.each_layer_tokens(|kv, n| o.observe(n, kv)))
+                .build(),
+        );
+        let gauge = |name: &'static str, desc: &'static str, which: u8| {
+            let e = experts.clone();
+            meter
+                .f64_observable_gauge(name)
+                .with_description(desc)
+                .with_callback(move |o| match which {
+                    0 => e.each_imbalance(|kv, imb, _| o.observe(imb, kv)),
+                    1 => e.each_imbalance(|kv, _, cv| o.observe(cv, kv)),
+                    _ => e.each_hot(|kv, share| o.observe(share, kv)),
+                })
+                .build()
+        };
+        self._expert_gauges = vec![
+            gauge(
+                metric::MOE_IMBALANCE,
+                "Most tokens of any expert of a MoE layer over the mean per expert, in the rank's \
+                 last complete window of PHASETRACE_EXPERT_WINDOW steps (1: balanced)",
+                0,
+            ),
+            gauge(
+                metric::MOE_LOAD_CV,
+                "Coefficient of variation of the tokens per expert of a MoE layer, in the same \
+                 window",
+                1,
+            ),
+            gauge(
+                metric::MOE_HOT_EXPERT_SHARE,
+                "Share of a MoE layer's tokens routed to one of its hottest experts, in the same \
+                 window",
+                2,
+            ),
         ];
-        self.note(metric::MOE_EXPERT_TOKENS, &kv, 1.0);
-        self.expert_tokens.add(1, &kv);
+        self
     }
 
     /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.

@@ -18,6 +18,7 @@
 
 pub(crate) mod aggregate;
 mod attrs;
+pub(crate) mod experts;
 pub(crate) mod layers;
 pub(crate) mod open;
 mod pair;
@@ -70,7 +71,7 @@ pub(crate) struct Pipeline {
     summary_every: u64,
     spec_summary_every: u64,
     next_summary: u64,
-    expert_counter: bool,
+    experts: experts::ExpertWriter,
     span_counts: Arc<crate::export::SpanCounts>,
     span_failed_seen: u64,
     /// A lane waits for a graph replay's end fence (see [`pair::LaneState::awaiting_replay`]).
@@ -95,7 +96,7 @@ impl Pipeline {
         tail: tail::Tail,
         exemplars: Option<Arc<crate::export::ExemplarStore>>,
     ) -> Pipeline {
-        let expert_counter = shared.expert_counter;
+        let experts = experts::ExpertWriter::new(shared.experts.clone());
         Pipeline {
             shared,
             lanes: Vec::new(),
@@ -110,7 +111,7 @@ impl Pipeline {
             summary_every,
             spec_summary_every,
             next_summary: summary_every,
-            expert_counter,
+            experts,
             span_counts,
             span_failed_seen: 0,
             awaiting_replay: false,
@@ -141,7 +142,7 @@ impl Pipeline {
             stats: &mut self.stats,
             parts: &mut self.parts,
             ended: &mut self.ended_now,
-            expert_counter: self.expert_counter,
+            experts: &mut self.experts,
             span_counts: &self.span_counts,
             graphs: &self.shared.graphs,
             group: &self.group,

@@ -185,7 +185,7 @@ pub(crate) struct Sinks<'a> {
     pub(crate) stats: &'a mut Stats,
     pub(crate) parts: &'a mut HashMap<RoundKey, PartsAcc>,
     pub(crate) ended: &'a mut Vec<EndedRound>,
-    pub(crate) expert_counter: bool,
+    pub(crate) experts: &'a mut super::experts::ExpertWriter,
     pub(crate) span_counts: &'a crate::export::SpanCounts,
     pub(crate) graphs: &'a crate::record::graph::Registry,
     /// `group` on every span.
@@ -590,6 +590,9 @@ impl LaneState {
                 }
                 s.stats.steps += 1;
                 s.tally.step(rank, ns);
+                if s.experts.is_on() {
+                    s.experts.step_end(rank);
+                }
                 if step.collect {
                     self.end_traced_step(&step, t, ns, s);
                 }
@@ -678,12 +681,9 @@ impl LaneState {
             MarkKind::Route => {
                 let (ids, n) = m.expert_ids();
                 let layer = m.layer();
-                if s.expert_counter {
-                    for inst in s.inst {
-                        for &id in &ids[..n] {
-                            inst.expert(layer, id);
-                        }
-                    }
+                if s.experts.is_on() {
+                    let out = s.experts.route(self.lane.rank, layer, &ids[..n]);
+                    s.drop(DropReason::OutOfRange, out);
                 }
                 let at = self.last_ns;
                 if self.step.as_ref().is_some_and(|st| st.collect) {

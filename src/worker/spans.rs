@@ -147,6 +147,32 @@ fn end(cx: &Context, at: u64) {
     cx.span().end_with_timestamp(to_system_time(at));
 }
 
+/// Most expert ids on one rendezvous-probe span; the rest stay on the step's `moe.route` events.
+pub(crate) const PROBE_IDS_MAX: usize = 256;
+
+/// The route trace next to the rendezvous time: on a probe section's span, the expert ids
+/// its layer routed in the step (at most [`PROBE_IDS_MAX`], and how many there were).
+fn route_attrs(trace: &StepTrace, layer: Layer, attrs: &mut Vec<KeyValue>) {
+    if layer.get().is_none() {
+        return;
+    }
+    let mut ids: Vec<i64> = Vec::new();
+    let mut n = 0usize;
+    for r in trace.routes.iter().filter(|r| r.layer == layer) {
+        let of = trace.expert_ids.get(r.ids.clone()).unwrap_or_default();
+        n += of.len();
+        let room = PROBE_IDS_MAX.saturating_sub(ids.len());
+        ids.extend(of.iter().take(room).map(|&i| i64::from(i)));
+    }
+    if n > 0 {
+        attrs.push(KeyValue::new(
+            attr::EXPERT_IDS,
+            opentelemetry::Value::Array(opentelemetry::Array::I64(ids)),
+        ));
+        attrs.push(KeyValue::new(attr::EXPERT_IDS_COUNT, n as i64));
+    }
+}
+
 /// How many spans [`build_step`] builds for `trace`.
 pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
     let mut layers: Vec<Layer> = trace
@@ -267,6 +293,9 @@ pub(crate) fn build_step(
         }
         if let Some(site) = s.site.as_str() {
             attrs.push(KeyValue::new(attr::SITE, site));
+        }
+        if s.section.kind() == crate::vocab::SectionKind::Probe {
+            route_attrs(trace, s.layer, &mut attrs);
         }
         let cx = child(tracer, parent, s.section.as_str(), s.start, attrs, group);
         cxs.push(Some(cx.clone()));

@@ -163,7 +163,13 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         level: Gate::new(level),
         spec_level: Gate::new(spec),
         trace_every: 0,
-        expert_counter: true,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings {
+                on: true,
+                ..crate::worker::experts::ExpertSettings::off()
+            },
+            "tp0",
+        ),
         queue: 1024,
         rank: 3,
         clock,
@@ -578,13 +584,10 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
     let r = rec(&shared);
     r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
     p.flush();
-    let tokens = values(&p, crate::names::metric::MOE_EXPERT_TOKENS);
-    let expert3 = tokens
-        .iter()
-        .filter(|(_, a)| attr(a, "expert") == Some("3") && attr(a, "layer") == Some("5"))
-        .count();
-    assert_eq!(expert3, 3);
-    assert_eq!(tokens.len(), 6, "six ids fit a record");
+    let load = shared.experts.snapshot();
+    let layer = load.layer(3, 5).expect("layer 5 routed at rank 3");
+    assert_eq!(layer.tokens[3], 3);
+    assert_eq!(layer.total(), 6, "six ids fit a record");
     assert_eq!(
         p.stats().dropped[DropReason::OutOfRange],
         1,
@@ -598,7 +601,10 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
-        expert_counter: false,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings::off(),
+            "tp0",
+        ),
         queue: 64,
         rank: 0,
         clock: Script::new(&[0, 10, 20, 30]),
@@ -691,8 +697,18 @@ fn every_measurement_carries_the_group() {
     }
     r.moe_route(2u32, &[1, 2]);
     p.flush();
+    // The expert-load series, read at collection.
+    let mut expert_series = 0;
+    shared.experts.each_layer_tokens(|kv, _| {
+        expert_series += 1;
+        assert!(
+            kv.contains(&opentelemetry::KeyValue::new("group", "tp0")),
+            "{kv:?}"
+        );
+    });
+    assert_eq!(expert_series, 1);
     let log = p.inst[0].log.lock().unwrap();
-    assert!(log.len() >= 5, "{log:?}");
+    assert!(log.len() >= 3, "{log:?}");
     for (name, a, _) in log.iter() {
         assert_eq!(
             attr(a, "group"),
@@ -748,7 +764,10 @@ fn traced(
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
-        expert_counter: false,
+        experts: crate::worker::experts::ExpertTotals::new(
+            crate::worker::experts::ExpertSettings::off(),
+            "tp0",
+        ),
         queue: 1 << 16,
         rank: 3,
         clock,
@@ -1395,4 +1414,55 @@ fn a_step_whose_end_the_clock_could_not_time_is_not_left_open() {
     p.pass();
     assert_eq!(p.stats().dropped[DropReason::Clock], 1);
     assert_eq!(open_at(&p, 1_000_000 * US), ranks(&[("3", 0.0)]));
+}
+
+#[test]
+fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
+    use crate::config::TraceSlowerThan;
+    use opentelemetry::Value;
+    let times = [0, 10 * US, 20 * US, 30 * US, 40 * US, 50 * US];
+    let mut t = traced(Script::new(&times), 1, TraceSlowerThan::Off, 100);
+    let r = rec(&t.shared);
+    let many: Vec<u32> = (0..300).map(|i| i % 7).collect();
+    {
+        let _step = r.step();
+        r.moe_route(2u32, &many);
+        {
+            let _b = r.section(Section::REDUCE_MLP_BAR, 2u32, Site::MLP);
+        }
+        let _b = r.section(Section::REDUCE_MLP_BAR, 3u32, Site::MLP);
+    }
+    t.p.flush();
+    let spans = t.capture.spans.lock().unwrap();
+    let probe = |layer: i64| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == Section::REDUCE_MLP_BAR.as_str()
+                    && s.attributes
+                        .iter()
+                        .any(|kv| kv.key.as_str() == "layer" && kv.value == Value::I64(layer))
+            })
+            .unwrap_or_else(|| panic!("no probe span of layer {layer}: {spans:?}"))
+    };
+    let get = |s: &opentelemetry_sdk::trace::SpanData, k: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.clone())
+    };
+    let l2 = probe(2);
+    match get(l2, crate::names::attr::EXPERT_IDS) {
+        Some(Value::Array(opentelemetry::Array::I64(ids))) => {
+            assert_eq!(ids.len(), super::spans::PROBE_IDS_MAX);
+            assert_eq!(&ids[..8], &[0, 1, 2, 3, 4, 5, 6, 0]);
+        }
+        other => panic!("layer 2's probe: {other:?}"),
+    }
+    assert_eq!(
+        get(l2, crate::names::attr::EXPERT_IDS_COUNT),
+        Some(Value::I64(300))
+    );
+    // A layer that routed nothing in the step: its probe carries no ids.
+    assert_eq!(get(probe(3), crate::names::attr::EXPERT_IDS), None);
 }

@@ -17,6 +17,7 @@ macro_rules! example {
     };
 }
 
+example!(hot_experts, "../../examples/hot_experts.rs");
 example!(ranks_as_threads, "../../examples/ranks_as_threads.rs");
 example!(speculative, "../../examples/speculative.rs");
 #[cfg(feature = "tracing")]
@@ -57,6 +58,28 @@ fn child_runs(name: &str, run: fn() -> std::process::ExitCode) -> bool {
         return true;
     }
     false
+}
+
+#[test]
+fn hot_experts() {
+    if child_runs("hot_experts", hot_experts::run_example) {
+        return;
+    }
+    let (ok, out, err) = in_child("hot_experts");
+    assert!(ok, "{out}\n{err}");
+    // Every routed id is in the snapshot: 640 tokens x top-8 x 60 layers.
+    assert!(
+        out.contains("60 (rank, layer) rows, 307200 tokens routed"),
+        "{out}\n{err}"
+    );
+    // Expert 5 gets two of every token's eight slots in every layer: it is the hottest.
+    let hot: Vec<&str> = out.lines().filter(|l| l.starts_with("hot: ")).collect();
+    assert_eq!(hot.len(), 5, "{out}");
+    assert!(hot.iter().all(|l| l.contains(" expert 5: ")), "{out}");
+    assert!(
+        out.contains("since the snapshot at step 10: 153600 tokens routed"),
+        "{out}\n{err}"
+    );
 }
 
 #[test]

@@ -281,6 +281,14 @@ fn other_bad_demo_numbers_are_configuration_errors() {
             "--duration 0: expected a positive number",
         ),
         (
+            &["--route-skew", "0"],
+            "--route-skew 0: expected a positive number (1: uniform routing)",
+        ),
+        (
+            &["--expert-parallel", "2"],
+            "--expert-parallel 2: expected at most --ranks 1 and at most --experts 64",
+        ),
+        (
             &["--rank", "1", "--rendezvous", "127.0.0.1:1"],
             "--rank 1: expected a rank below --ranks 1",
         ),
