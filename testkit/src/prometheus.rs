@@ -1,4 +1,5 @@
-//! A real Prometheus server (Debian's 2.42) on a free loopback port, scraping given targets.
+//! A real Prometheus 3 server (built by scripts/install-tools.sh) on a free loopback port,
+//! scraping given targets.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
