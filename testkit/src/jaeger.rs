@@ -89,7 +89,11 @@ impl Jaeger {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        if out.status.success() { Ok(text) } else { Err(text) }
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     }
 
     /// Runs the bundled `otel-config/jaeger.yaml` on free loopback ports.
@@ -107,7 +111,10 @@ impl Jaeger {
                 .env("JAEGER_OTLP_GRPC_ENDPOINT", format!("127.0.0.1:{grpc}"))
                 .env("JAEGER_OTLP_HTTP_ENDPOINT", format!("127.0.0.1:{http}"))
                 .env("JAEGER_QUERY_HTTP_ENDPOINT", format!("127.0.0.1:{query}"))
-                .env("JAEGER_QUERY_GRPC_ENDPOINT", format!("127.0.0.1:{query_grpc}"))
+                .env(
+                    "JAEGER_QUERY_GRPC_ENDPOINT",
+                    format!("127.0.0.1:{query_grpc}"),
+                )
                 .env("JAEGER_HEALTH_ENDPOINT", format!("127.0.0.1:{health}"))
                 .env("JAEGER_METRICS_HOST", "127.0.0.1")
                 .env("JAEGER_METRICS_PORT", metrics.to_string());
@@ -258,7 +265,11 @@ pub fn spans_of(json: &serde_json::Value) -> Vec<JaegerSpan> {
     let mut spans = Vec::new();
     for resource_spans in result["resourceSpans"].as_array().into_iter().flatten() {
         let resource = attributes_of(&resource_spans["resource"]["attributes"]);
-        for scope_spans in resource_spans["scopeSpans"].as_array().into_iter().flatten() {
+        for scope_spans in resource_spans["scopeSpans"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             for span in scope_spans["spans"].as_array().into_iter().flatten() {
                 spans.push(JaegerSpan {
                     trace_id: id_hex(&span["traceId"]),
@@ -297,7 +308,8 @@ fn attributes_of(list: &serde_json::Value) -> Vec<(String, String)> {
 /// A trace or span id as lower-case hex: OTLP JSON writes hex, protobuf's JSON mapping base64.
 fn id_hex(value: &serde_json::Value) -> String {
     let text = value.as_str().unwrap_or_default();
-    let is_hex = |s: &str| !s.is_empty() && s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let is_hex =
+        |s: &str| !s.is_empty() && s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit());
     if text.is_empty() || is_hex(text) && (text.len() == 32 || text.len() == 16) {
         return text.to_ascii_lowercase();
     }

@@ -59,7 +59,11 @@ impl Otelcol {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        if out.status.success() { Ok(text) } else { Err(text) }
+        if out.status.success() {
+            Ok(text)
+        } else {
+            Err(text)
+        }
     }
 
     /// Runs the bundled `otel-config/collector.yaml`, sending traces to `jaeger_otlp_grpc`
@@ -73,18 +77,32 @@ impl Otelcol {
         let bin = otelcol_binary();
         let mut last_error = String::new();
         for _attempt in 0..3 {
-            let (grpc_port, http_port, prometheus_port, health_port, metrics_port) =
-                (free_port(), free_port(), free_port(), free_port(), free_port());
+            let (grpc_port, http_port, prometheus_port, health_port, metrics_port) = (
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+            );
             let mut command = Command::new(&bin);
             command
                 .arg(format!("--config={}", config.display()))
-                .env("OTELCOL_OTLP_GRPC_ENDPOINT", format!("127.0.0.1:{grpc_port}"))
-                .env("OTELCOL_OTLP_HTTP_ENDPOINT", format!("127.0.0.1:{http_port}"))
+                .env(
+                    "OTELCOL_OTLP_GRPC_ENDPOINT",
+                    format!("127.0.0.1:{grpc_port}"),
+                )
+                .env(
+                    "OTELCOL_OTLP_HTTP_ENDPOINT",
+                    format!("127.0.0.1:{http_port}"),
+                )
                 .env(
                     "OTELCOL_PROMETHEUS_ENDPOINT",
                     format!("127.0.0.1:{prometheus_port}"),
                 )
-                .env("OTELCOL_HEALTH_ENDPOINT", format!("127.0.0.1:{health_port}"))
+                .env(
+                    "OTELCOL_HEALTH_ENDPOINT",
+                    format!("127.0.0.1:{health_port}"),
+                )
                 .env("OTELCOL_METRICS_HOST", "127.0.0.1")
                 .env("OTELCOL_METRICS_PORT", metrics_port.to_string())
                 .env("JAEGER_OTLP_ENDPOINT", jaeger_otlp_grpc);

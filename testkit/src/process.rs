@@ -454,7 +454,10 @@ pub fn spawn_ready(
         }
         None => {
             child.kill();
-            Err(format!("{what} not ready within {timeout:?}; log:\n{}", log()))
+            Err(format!(
+                "{what} not ready within {timeout:?}; log:\n{}",
+                log()
+            ))
         }
     }
 }

@@ -72,9 +72,7 @@ fn otlp_metrics_pushed_to_prometheus_3_feed_the_bundled_rules() {
     ranks.sort_unstable();
     assert_eq!(ranks, ["0", "1", "2", "3"], "{steps:?}");
     prometheus.wait_for_query(
-        &format!(
-            "sum by (rank) (phasetrace_step_duration_seconds_count{{job=\"{SERVICE}\"}}) > 0"
-        ),
+        &format!("sum by (rank) (phasetrace_step_duration_seconds_count{{job=\"{SERVICE}\"}}) > 0"),
         |s| s.len() == RANKS,
         WAIT,
     );

@@ -5,7 +5,8 @@
 //! addresses differ from compose: the configs read them from environment variables.
 //!
 //! Asserted through the real APIs: Jaeger's `/api/v3/traces` returns the `decode.step` traces
-//! with their layer, section and `spec.round` children and attributes; Prometheus has every
+//! with their layer and section children and attributes, and the `spec.round` traces with their
+//! phases; Prometheus has every
 //! rank's steps under the job the service name gives; `PhasetraceRankStraggler` fires for the
 //! 3x straggler and for no other rank; and a trace id that Prometheus's `query_exemplars`
 //! returns for the step-duration histogram is a trace Jaeger's `/api/v3/traces/{id}` has, with
@@ -133,11 +134,16 @@ fn demo_ranks_reach_jaeger_v2_and_prometheus_3_through_the_bundled_collector() {
         )
     });
     let mut ranks_seen = BTreeSet::new();
-    let mut rounds_seen = 0;
     for step in &steps {
-        assert_eq!(step.resource_attribute("service.name"), Some(SERVICE), "{step:#?}");
+        assert_eq!(
+            step.resource_attribute("service.name"),
+            Some(SERVICE),
+            "{step:#?}"
+        );
         assert_eq!(step.attribute(attr::GROUP), Some(GROUP), "{step:#?}");
-        let rank = step.attribute(attr::RANK).unwrap_or_else(|| panic!("{step:#?}"));
+        let rank = step
+            .attribute(attr::RANK)
+            .unwrap_or_else(|| panic!("{step:#?}"));
         ranks_seen.insert(rank.to_string());
         assert!(step.attribute(attr::STEP).is_some(), "{step:#?}");
         // The trace is complete in Jaeger once its last spans arrive (batches of 2 s).
@@ -172,22 +178,62 @@ fn demo_ranks_reach_jaeger_v2_and_prometheus_3_through_the_bundled_collector() {
             assert!(section.attribute(attr::LAYER).is_some(), "{section:#?}");
             assert_eq!(section.attribute(attr::RANK), Some(rank), "{section:#?}");
         }
-        // Speculative rounds (--spec 2) inside the step.
-        let rounds: Vec<&JaegerSpan> = trace.iter().filter(|s| s.name == span::ROUND).collect();
-        for round in &rounds {
-            assert!(
-                ancestors(&trace, round).contains(&span::STEP),
-                "a spec.round outside its step: {round:#?}"
-            );
-        }
-        rounds_seen += rounds.len();
     }
     assert_eq!(
         ranks_seen.len(),
         RANKS,
         "decode.step traces of ranks {ranks_seen:?} only"
     );
-    assert!(rounds_seen > 0, "no spec.round spans in {} traces", steps.len());
+
+    // Speculative rounds (--spec 2): `spec.round` traces of their own, with the phases
+    // (draft, verify, accept, ...) as children and the round's draft length and rank.
+    let rounds = poll(WAIT, || {
+        std::thread::sleep(Duration::from_millis(500));
+        let spans = jaeger
+            .find_traces(SERVICE, Some(span::ROUND), Duration::from_secs(600), 20)
+            .ok()?;
+        let roots: Vec<JaegerSpan> = spans
+            .into_iter()
+            .filter(|s| s.name == span::ROUND && s.parent_span_id.is_empty())
+            .collect();
+        (!roots.is_empty()).then_some(roots)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no spec.round traces of {SERVICE} in Jaeger{}",
+            context(&demo)
+        )
+    });
+    for round in rounds.iter().take(4) {
+        assert_eq!(round.attribute(attr::K), Some("2"), "{round:#?}");
+        assert!(round.attribute(attr::RANK).is_some(), "{round:#?}");
+        let trace = poll(WAIT, || {
+            let trace = jaeger.trace(&round.trace_id).ok()?;
+            let phases: BTreeSet<String> = trace
+                .iter()
+                .filter(|s| s.parent_span_id == round.span_id)
+                .map(|s| s.name.clone())
+                .collect();
+            ["draft", "verify", "accept"]
+                .iter()
+                .all(|p| phases.contains(*p))
+                .then_some(trace)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "round {}: no draft/verify/accept children: {:#?}",
+                round.trace_id,
+                jaeger.trace(&round.trace_id)
+            )
+        });
+        for phase in trace.iter().filter(|s| s.parent_span_id == round.span_id) {
+            assert_eq!(
+                phase.attribute(attr::PHASE),
+                Some(phase.name.as_str()),
+                "{phase:#?}"
+            );
+        }
+    }
 
     // The exemplar link: a trace id Prometheus keeps as an exemplar of the step histogram
     // (through the collector's exporter, scraped as OpenMetrics) is a trace in Jaeger.
@@ -224,7 +270,10 @@ fn demo_ranks_reach_jaeger_v2_and_prometheus_3_through_the_bundled_collector() {
         if let Some(span_id) = labels.get("span_id") {
             assert_eq!(&step.span_id, span_id, "exemplar {labels:?}: {trace:#?}");
         }
-        assert_eq!(step.attribute(attr::RANK), series.get("rank").map(String::as_str));
+        assert_eq!(
+            step.attribute(attr::RANK),
+            series.get("rank").map(String::as_str)
+        );
         linked += 1;
     }
     assert!(linked > 0);
