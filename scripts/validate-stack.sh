@@ -309,11 +309,11 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   expect_failure "otelcol validate: a processor that is not defined" check_collector_config "$M/collector1.yaml"
   mutate otel-config/collector.yaml "$M/collector2.yaml" 's/^    metric_expiration: 1m$/    metric_expiraton: 1m/'
   expect_failure "otelcol validate: a misspelled exporter setting" check_collector_config "$M/collector2.yaml"
-  # Jaeger: a misspelled storage setting; a trace store that is not defined.
+  # Jaeger: a misspelled storage setting; an extension that is not configured.
   mutate otel-config/jaeger.yaml "$M/jaeger1.yaml" 's/^          max_traces:/          max_trace:/'
   expect_failure "jaeger validate: a misspelled memory storage setting" check_jaeger_config "$M/jaeger1.yaml"
-  mutate otel-config/jaeger.yaml "$M/jaeger2.yaml" 's/^    trace_storage: memstore$/    trace_storage: nostore/'
-  expect_failure "jaeger validate: traces to an undefined store" check_jaeger_config "$M/jaeger2.yaml"
+  mutate otel-config/jaeger.yaml "$M/jaeger2.yaml" 's/^  extensions: \[jaeger_storage, jaeger_query, healthcheckv2\]$/  extensions: [jaeger_storage, jaeger_query, healthcheckv2, pprof]/'
+  expect_failure "jaeger validate: an extension that is not configured" check_jaeger_config "$M/jaeger2.yaml"
   # Compose: a misspelled service key; a default for the Grafana password.
   mutate docker-compose.yml "$M/compose1.yml" '0,/    restart: unless-stopped/s//    restrat: unless-stopped/'
   expect_failure "docker-compose: misspelled service key" check_compose "$M/compose1.yml"
@@ -324,21 +324,31 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   mutate Dockerfile "$M/Dockerfile" 's#    && rm -rf /var/lib/apt/lists/\* \\#    \&\& true \\#'
   expect_failure "hadolint: apt lists not removed" check_dockerfile "$M/Dockerfile"
   # Consistency: a port published on all interfaces.
-  mkdir -p "$M/repo"
+  mkdir -p "$M/repo/tools"
+  cp tools/versions.env "$M/repo/tools/"
   cp -r dashboards otel-config Dockerfile "$M/repo/"
   mutate docker-compose.yml "$M/repo/docker-compose.yml" 's/"127.0.0.1:9090:9090"/"9090:9090"/'
   expect_failure "consistency: port not bound to 127.0.0.1" check_consistency "$M/repo"
+  # Consistency: a compose image that is not the release the tests ran.
+  mkdir -p "$M/repo-pin/tools"
+  cp tools/versions.env "$M/repo-pin/tools/"
+  cp -r dashboards otel-config Dockerfile "$M/repo-pin/"
+  mutate docker-compose.yml "$M/repo-pin/docker-compose.yml" 's#prom/prometheus:v3.16.0#prom/prometheus:v3.15.0#'
+  expect_failure "consistency: Prometheus image off the tools/versions.env pin" check_consistency "$M/repo-pin"
   # Consistency: an alert that compares against a literal instead of a threshold series.
-  mkdir -p "$M/repo-th"
+  mkdir -p "$M/repo-th/tools"
+  cp tools/versions.env "$M/repo-th/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-th/"
   mutate otel-config/rules/phasetrace-alerts.yml "$M/repo-th/otel-config/rules/phasetrace-alerts.yml" 's/^          phasetrace:metric_exports_failed_ratio:threshold$/          vector(1)/'
   expect_failure "consistency: alert threshold as a literal" check_consistency "$M/repo-th"
   # Consistency: exemplars that link nowhere, or panels that do not show them.
-  mkdir -p "$M/repo-ex1"
+  mkdir -p "$M/repo-ex1/tools"
+  cp tools/versions.env "$M/repo-ex1/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex1/"
   mutate otel-config/grafana/provisioning/datasources/phasetrace.yml "$M/repo-ex1/otel-config/grafana/provisioning/datasources/phasetrace.yml" 's/datasourceUid: jaeger$/datasourceUid: prometheus/'
   expect_failure "consistency: exemplars not linked to Jaeger" check_consistency "$M/repo-ex1"
-  mkdir -p "$M/repo-ex2"
+  mkdir -p "$M/repo-ex2/tools"
+  cp tools/versions.env "$M/repo-ex2/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex2/"
   mutate dashboards/decode-sections.json "$M/repo-ex2/dashboards/decode-sections.json" 's/"exemplar": true/"exemplar": false/g'
   expect_failure "consistency: step-time panel without exemplars" check_consistency "$M/repo-ex2"
