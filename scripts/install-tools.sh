@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Installs the real peer processes that phasetrace's integration tests drive:
+# Installs the real peer processes that phasetrace's integration tests and the bundled stack run:
+#   - Prometheus 3 and promtool, Jaeger v2 and phasetrace's OpenTelemetry Collector
+#     (tools/otelcol), each built from its Go module at the version pinned in tools/versions.env
 #   - rotel (`rotel-agent`, an OpenTelemetry collector) from PyPI into .tools/venv
-#   - Prometheus 2.x and promtool from Debian
 #   - docker-compose from Debian (only used to validate compose files with `config -q`)
 # and writes .tools/env, which exports the absolute paths of those binaries.
 #
-# Idempotent: whatever is already present is skipped. Meant to run as root on Debian 12
-# (as CI does); as another user it uses sudo for apt when that is available.
+# Each Go program is built once per pinned version into .tools/bin/NAME-VERSION/, so a re-run
+# only checks that the binaries are there and a rebuild happens only when a pin in
+# tools/versions.env (or tools/otelcol/main.go) changes.
+# Meant to run as root on Debian 12 (as CI does); as another user it uses sudo for apt when that
+# is available. Needs Go >= 1.26 on PATH (Prometheus 3.16's go.mod asks for 1.26.7).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="$ROOT/.tools"
 VENV="$TOOLS/venv"
-ROTEL_VERSION="${PHASETRACE_ROTEL_VERSION:-0.0.1a15}"
+VERSIONS="$ROOT/tools/versions.env"
+[ -f "$VERSIONS" ] || { printf '[install-tools] error: %s is missing\n' "$VERSIONS" >&2; exit 1; }
+# shellcheck source=../tools/versions.env
+source "$VERSIONS"
+ROTEL_VERSION="${PHASETRACE_ROTEL_VERSION:-$ROTEL_VERSION}"
 
 log() { printf '[install-tools] %s\n' "$*" >&2; }
 die() { printf '[install-tools] error: %s\n' "$*" >&2; exit 1; }
@@ -78,46 +86,152 @@ else
     log "rotel-agent present: $ROTEL_BIN"
 fi
 
-# ------------------------------------------------- Prometheus, docker-compose (Debian)
-missing=()
-command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-if [ "${#missing[@]}" -gt 0 ]; then
-    # shellcheck disable=SC2207
-    missing=($(printf '%s\n' "${missing[@]}" | sort -u))
-    log "installing from Debian: ${missing[*]}"
-    # Keep the package's postinst from starting prometheus as a service where
-    # invoke-rc.d honours policy-rc.d (exit 101 = action forbidden).
-    POLICY=/usr/sbin/policy-rc.d
-    CREATED_POLICY=0
-    if [ ! -e "$POLICY" ] && [ -w /usr/sbin ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$POLICY"
-        chmod +x "$POLICY"
-        CREATED_POLICY=1
-    fi
-    status=0
-    apt_install "${missing[@]}" || status=$?
-    if [ "$CREATED_POLICY" -eq 1 ]; then rm -f "$POLICY"; fi
-    [ "$status" -eq 0 ] || die "apt-get install ${missing[*]} failed"
+# ------------------------------------------------------------- docker-compose (Debian)
+if ! command -v docker-compose >/dev/null 2>&1; then
+    log "installing docker-compose from Debian"
+    apt_install docker-compose
 fi
-
-# The tests start their own Prometheus on free ports; a system instance would only hold
-# :9090 and burn CPU. Stop and disable it wherever an init system is present.
-if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    "${SUDO[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
-fi
-# Without systemd: stop only the daemon the init script started (its pidfile, user prometheus).
-if [ -x /etc/init.d/prometheus ] && [ -f /run/prometheus/prometheus.pid ]; then
-    "${SUDO[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
-fi
-if command -v update-rc.d >/dev/null 2>&1 && [ -e /etc/init.d/prometheus ]; then
-    "${SUDO[@]}" update-rc.d prometheus disable >/dev/null 2>&1 || true
-fi
-
-PROMETHEUS_BIN="$(command -v prometheus)" || die "prometheus not on PATH after install"
-PROMTOOL_BIN="$(command -v promtool)" || die "promtool not on PATH after install"
 command -v docker-compose >/dev/null 2>&1 || die "docker-compose not on PATH after install"
+
+# ------------------------------------------- Prometheus 3, Jaeger v2, otelcol (Go modules)
+command -v go >/dev/null 2>&1 || die "go not found on PATH: Go >= 1.26 builds Prometheus, Jaeger and the collector"
+GO_MINOR="$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
+[ -n "$GO_MINOR" ] && [ "$GO_MINOR" -ge 26 ] \
+    || die "go $(go env GOVERSION) is too old: Prometheus $PROMETHEUS_VERSION needs Go >= 1.26"
+# The Go module and build caches are Go's own (GOMODCACHE, GOCACHE; ~/go/pkg/mod and
+# ~/.cache/go-build unless set), not .tools/: they outlive a fresh clone on the same machine, so
+# a CI run in a new checkout links the binaries from cached packages (about a minute) instead of
+# compiling some 2,000 packages again (about 20 minutes on 2 cores). -trimpath keeps the cache
+# keys free of the checkout's path.
+export GOFLAGS="-buildvcs=false -modcacherw" GOTOOLCHAIN=local
+BIN="$TOOLS/bin"
+BUILD="$TOOLS/build"
+mkdir -p "$BIN" "$BUILD"
+
+# have_build DEST_DIR: true when DEST_DIR (one pinned version's binaries) is complete.
+have_build() { [ -f "$1/.complete" ]; }
+
+# build_go NAME DEST_DIR BUILD_MODULE_DIR LDFLAGS TAGS PACKAGE... : builds each PACKAGE (a main
+# package the build module requires) into DEST_DIR, atomically: DEST_DIR appears only complete.
+build_go() {
+    local name="$1" dest="$2" module="$3" ldflags="$4" tags="$5"
+    shift 5
+    local staging="$dest.partial" started pkg out
+    started="$(date +%s)"
+    rm -rf "$staging"
+    mkdir -p "$staging"
+    for pkg in "$@"; do
+        out="$(basename "$pkg")"
+        [ "$pkg" != . ] || out="$name"
+        log "go build $pkg (tags: ${tags:-none})"
+        (cd "$module" && nice -n 10 go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" \
+            -o "$staging/$out" "$pkg") >&2 \
+            || die "building $name ($pkg) failed; see the go output above"
+    done
+    touch "$staging/.complete"
+    rm -rf "$dest"
+    mv "$staging" "$dest"
+    log "$name built in $(($(date +%s) - started)) s"
+}
+
+# new_module DIR NAME: an empty build module (its go.mod is written by `go get` below).
+new_module() {
+    rm -rf "$1"
+    mkdir -p "$1"
+    (cd "$1" && go mod init "phasetrace.local/$2" >/dev/null 2>&1)
+}
+
+# Prometheus and promtool. remove_all_sd leaves out the cloud service discoveries (file and
+# http stay; the stack uses static_configs), which halves the build; netgo as upstream builds it.
+# The web UI's assets are not in the module: the API is what the tests use.
+PROM_DIR="$BIN/prometheus-$PROMETHEUS_VERSION"
+if ! have_build "$PROM_DIR"; then
+    log "building Prometheus $PROMETHEUS_VERSION (github.com/prometheus/prometheus@$PROMETHEUS_MODULE_VERSION)"
+    MOD="$BUILD/prometheus-$PROMETHEUS_VERSION"
+    new_module "$MOD" prometheus-build
+    (cd "$MOD" && go get \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" \
+        "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_MODULE_VERSION") >&2 \
+        || die "go get github.com/prometheus/prometheus@$PROMETHEUS_MODULE_VERSION failed"
+    build_go prometheus "$PROM_DIR" "$MOD" \
+        "-X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION -X github.com/prometheus/common/version.Branch=module-$PROMETHEUS_MODULE_VERSION" \
+        "netgo,remove_all_sd" \
+        github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+else
+    log "Prometheus $PROMETHEUS_VERSION present: $PROM_DIR"
+fi
+
+# Jaeger v2 (one binary, a collector-style YAML config; query API /api/v3).
+JAEGER_DIR="$BIN/jaeger-$JAEGER_VERSION"
+if ! have_build "$JAEGER_DIR"; then
+    log "building Jaeger $JAEGER_VERSION (github.com/jaegertracing/jaeger@$JAEGER_MODULE_VERSION)"
+    MOD="$BUILD/jaeger-$JAEGER_VERSION"
+    new_module "$MOD" jaeger-build
+    (cd "$MOD" && go get "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_MODULE_VERSION") >&2 \
+        || die "go get github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_MODULE_VERSION failed"
+    build_go jaeger "$JAEGER_DIR" "$MOD" \
+        "-X github.com/jaegertracing/jaeger/internal/version.latestVersion=v$JAEGER_VERSION" "" \
+        github.com/jaegertracing/jaeger/cmd/jaeger
+else
+    log "Jaeger $JAEGER_VERSION present: $JAEGER_DIR"
+fi
+
+# The collector: tools/otelcol/main.go with the components of otel-config/collector.yaml. Its
+# folder name carries a hash of main.go, so a changed component list rebuilds too.
+OTELCOL_SRC="$ROOT/tools/otelcol/main.go"
+[ -f "$OTELCOL_SRC" ] || die "$OTELCOL_SRC is missing"
+OTELCOL_HASH="$(sha256sum "$OTELCOL_SRC" | cut -c1-12)"
+OTELCOL_DIR="$BIN/otelcol-${OTELCOL_VERSION#v}-$OTELCOL_HASH"
+if ! have_build "$OTELCOL_DIR"; then
+    log "building otelcol ${OTELCOL_VERSION#v} (collector $OTELCOL_VERSION/$OTELCOL_CORE_VERSION, contrib $OTELCOL_CONTRIB_VERSION)"
+    MOD="$BUILD/otelcol-${OTELCOL_VERSION#v}"
+    new_module "$MOD" otelcol
+    cp "$OTELCOL_SRC" "$MOD/main.go"
+    C=go.opentelemetry.io/collector
+    CONTRIB=github.com/open-telemetry/opentelemetry-collector-contrib
+    (cd "$MOD" && go get \
+        "$C/otelcol@$OTELCOL_VERSION" \
+        "$C/service@$OTELCOL_VERSION" \
+        "$C/receiver/otlpreceiver@$OTELCOL_VERSION" \
+        "$C/processor/batchprocessor@$OTELCOL_VERSION" \
+        "$C/processor/memorylimiterprocessor@$OTELCOL_VERSION" \
+        "$C/exporter/otlpexporter@$OTELCOL_VERSION" \
+        "$C/component@$OTELCOL_CORE_VERSION" \
+        "$C/confmap@$OTELCOL_CORE_VERSION" \
+        "$C/confmap/provider/envprovider@$OTELCOL_CORE_VERSION" \
+        "$C/confmap/provider/fileprovider@$OTELCOL_CORE_VERSION" \
+        "$C/confmap/provider/yamlprovider@$OTELCOL_CORE_VERSION" \
+        "$C/exporter@$OTELCOL_CORE_VERSION" \
+        "$C/extension@$OTELCOL_CORE_VERSION" \
+        "$C/processor@$OTELCOL_CORE_VERSION" \
+        "$C/receiver@$OTELCOL_CORE_VERSION" \
+        "$CONTRIB/exporter/prometheusexporter@$OTELCOL_CONTRIB_VERSION" \
+        "$CONTRIB/extension/healthcheckextension@$OTELCOL_CONTRIB_VERSION" \
+        && go mod tidy) >&2 \
+        || die "resolving the collector modules ($OTELCOL_VERSION/$OTELCOL_CORE_VERSION, contrib $OTELCOL_CONTRIB_VERSION) failed"
+    # Every collector module that the binary is built from at the pinned release, none lifted
+    # by another's requirements.
+    drift="$(cd "$MOD" && go list -deps -f '{{with .Module}}{{.Path}} {{.Version}}{{end}}' . | sort -u | awk -v v0="$OTELCOL_VERSION" -v v1="$OTELCOL_CORE_VERSION" -v vc="$OTELCOL_CONTRIB_VERSION" '
+        $1 ~ /^go\.opentelemetry\.io\/collector(\/|$)/ && $2 != v0 && $2 != v1 { print }
+        $1 ~ /^github\.com\/open-telemetry\/opentelemetry-collector-contrib\// && $2 != vc { print }')"
+    [ -z "$drift" ] || die "collector modules off the pinned release (tools/versions.env): $drift"
+    build_go otelcol "$OTELCOL_DIR" "$MOD" "-X main.version=${OTELCOL_VERSION#v}" "" .
+else
+    log "otelcol ${OTELCOL_VERSION#v} present: $OTELCOL_DIR"
+fi
+
+# Stable names for a person at a shell (and the harnesses' fallbacks): .tools/bin/NAME.
+ln -sfn "prometheus-$PROMETHEUS_VERSION/prometheus" "$BIN/prometheus"
+ln -sfn "prometheus-$PROMETHEUS_VERSION/promtool" "$BIN/promtool"
+ln -sfn "jaeger-$JAEGER_VERSION/jaeger" "$BIN/jaeger"
+ln -sfn "$(basename "$OTELCOL_DIR")/otelcol" "$BIN/otelcol"
+PROMETHEUS_BIN="$PROM_DIR/prometheus"
+PROMTOOL_BIN="$PROM_DIR/promtool"
+JAEGER_BIN="$JAEGER_DIR/jaeger"
+OTELCOL_BIN="$OTELCOL_DIR/otelcol"
+for bin in "$PROMETHEUS_BIN" "$PROMTOOL_BIN" "$JAEGER_BIN" "$OTELCOL_BIN"; do
+    [ -x "$bin" ] || die "$bin is missing after the build"
+done
 
 # ------------------------------------------------------------------ .tools/env
 cat >"$TOOLS/env.tmp" <<ENV
@@ -125,12 +239,16 @@ cat >"$TOOLS/env.tmp" <<ENV
 export PHASETRACE_ROTEL_BIN='$ROTEL_BIN'
 export PHASETRACE_PROMETHEUS_BIN='$PROMETHEUS_BIN'
 export PHASETRACE_PROMTOOL_BIN='$PROMTOOL_BIN'
+export PHASETRACE_JAEGER_BIN='$JAEGER_BIN'
+export PHASETRACE_OTELCOL_BIN='$OTELCOL_BIN'
 ENV
 mv "$TOOLS/env.tmp" "$TOOLS/env"
 
 log "rotel-agent:    $ROTEL_BIN"
 log "prometheus:     $PROMETHEUS_BIN ($("$PROMETHEUS_BIN" --version 2>&1 | head -n 1))"
 log "promtool:       $PROMTOOL_BIN"
+log "jaeger:         $JAEGER_BIN"
+log "otelcol:        $OTELCOL_BIN ($("$OTELCOL_BIN" --version 2>&1 | head -n 1))"
 log "docker-compose: $(command -v docker-compose)"
 log "wrote $TOOLS/env"
 printf '%s\n' "$ROTEL_BIN"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's single test command:
-#   1. installs the real peer processes (rotel, Prometheus, promtool, docker-compose),
+#   1. installs the real peer processes (rotel; Prometheus 3 + promtool, Jaeger v2 and the
+#      collector, built from their Go modules at the tools/versions.env pins; docker-compose),
 #   2. runs every Rust test with all features against them,
 #   3. validates the deployable stack (scripts/validate-stack.sh), when present,
 #   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh).
@@ -17,8 +18,9 @@ section "installing test tools (scripts/install-tools.sh)"
 
 # shellcheck source=/dev/null
 source "$ROOT/.tools/env"
-printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\n' \
-    "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" >&2
+printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\nPHASETRACE_JAEGER_BIN=%s\nPHASETRACE_OTELCOL_BIN=%s\n' \
+    "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" \
+    "$PHASETRACE_JAEGER_BIN" "$PHASETRACE_OTELCOL_BIN" >&2
 
 # Every feature but `record-off`, which compiles recording out (checked on its own below).
 FEATURES="phasetrace/cuda,phasetrace-cli/cuda"

@@ -2,8 +2,11 @@
 # Validates the bundled observability stack (docker-compose.yml, Dockerfile, otel-config/,
 # dashboards/) offline, with the real tools of each format:
 #
-#   promtool (Debian's prometheus 2.42)   check config, check rules, test rules, and parses every
-#                                         dashboard PromQL expression
+#   promtool (Prometheus 3, built by      check config (prometheus.yml, prometheus-otlp.yml), check
+#     scripts/install-tools.sh)           rules, test rules, and parses every dashboard PromQL
+#                                         expression
+#   otelcol validate (tools/otelcol)      otel-config/collector.yaml as compose runs it
+#   jaeger validate (Jaeger v2)           otel-config/jaeger.yaml as compose runs it
 #   docker-compose 1.29 (Debian)          config -q (with a dummy GRAFANA_ADMIN_PASSWORD), and
 #                                         refuses the file without one
 #   tsc + @grafana/schema (npm)           every dashboard as typed object literals, --strict
@@ -11,10 +14,12 @@
 #   hadolint + BuildKit's parser (PyPI)   Dockerfile
 #   tools/stack-check/check_stack.py      cross-file consistency (ports, pins, uids, mounts...)
 #
-# Installs what it needs when missing (apt: prometheus, docker-compose; npm ci in
-# tools/dashboard-check; a venv at .tools/venv-stack) and is safe to re-run.
-# Not covered here (needs Docker or the running demo): image pulls and builds, the collector
-# actually starting, Grafana rendering, and scripts/promql-live-check.py against live data.
+# Installs what it needs when missing (scripts/install-tools.sh for promtool, otelcol, jaeger and
+# docker-compose; npm ci in tools/dashboard-check; a venv at .tools/venv-stack) and is safe to
+# re-run. Not covered here (needs Docker): image pulls and builds and Grafana rendering. The
+# collector, Jaeger and Prometheus running these very files are the live tests' part
+# (cli/tests/it/the_demo_reaches_jaeger_and_prometheus_through_the_bundled_collector.rs,
+# scripts/live-stack-check.sh).
 #
 # Usage: scripts/validate-stack.sh [--mutations]
 #   --mutations  also prove that each check can fail: injects a fault per check into a scratch
@@ -80,13 +85,14 @@ write_stamp() {
 }
 
 section "tools"
-need_apt=()
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
-command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
-if [ "${#need_apt[@]}" -gt 0 ]; then
-  log "installing with apt: ${need_apt[*]}"
-  apt_install "${need_apt[@]}"
-fi
+# promtool, otelcol and jaeger are the pinned builds of scripts/install-tools.sh (a no-op when
+# they are current), never whatever else is on PATH.
+"$ROOT/scripts/install-tools.sh" >/dev/null
+# shellcheck source=/dev/null
+source "$TOOLS_DIR/env"
+PROMTOOL="$PHASETRACE_PROMTOOL_BIN"
+OTELCOL="$PHASETRACE_OTELCOL_BIN"
+JAEGER="$PHASETRACE_JAEGER_BIN"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   log "installing with apt: nodejs npm"
   apt_install nodejs npm
@@ -112,7 +118,9 @@ if ! stamp_ok "$VENV/.validate-stack.stamp" "$REQUIREMENTS"; then
   write_stamp "$VENV/.validate-stack.stamp" "$REQUIREMENTS"
 fi
 PY="$VENV/bin/python"
-log "promtool: $(promtool --version 2>&1 | head -n1)"
+log "promtool: $("$PROMTOOL" --version 2>&1 | head -n1)"
+log "otelcol: $("$OTELCOL" --version 2>&1 | head -n1)"
+log "jaeger: $("$JAEGER" version 2>&1 | head -n1)"
 log "docker-compose: $(docker-compose version --short 2>/dev/null || docker-compose --version)"
 log "node: $(node --version), tsc: $("$DASH_CHECK/node_modules/.bin/tsc" --version)"
 log "@grafana/schema: $(node -p "require('$DASH_CHECK/node_modules/@grafana/schema/package.json').version")"
@@ -123,16 +131,20 @@ log "hadolint: $("$VENV/bin/hadolint" --version)"
 # Each takes its inputs as arguments (repository paths by default) so --mutations can point
 # them at faulty copies. They run as `if check ...`, where bash ignores `set -e`: every
 # command but the last carries its own `|| return 1`.
-check_prom_config() { promtool check config "$1"; }
-check_rules() { promtool check rules "$@"; }
-check_rule_tests() { promtool test rules "$@"; }
+check_prom_config() { "$PROMTOOL" check config "$1"; }
+check_rules() { "$PROMTOOL" check rules "$@"; }
+check_rule_tests() { "$PROMTOOL" test rules "$@"; }
+# The collector and Jaeger configs as compose runs them: no environment variable set, so every
+# ${env:NAME:-default} takes its default (the compose service names).
+check_collector_config() { "$OTELCOL" validate --config="$1"; }
+check_jaeger_config() { "$JAEGER" validate --config="$1"; }
 # The rule tests are generated (otel-config/rules/gen-alert-tests.py): the file must be current.
 check_rule_tests_generated() { python3 "$1" --check; }
 check_dashboard_promql() {
   # Every dashboard and rule expression (Grafana variables substituted), parsed by promtool.
   local dashboards="$1" rules="$2" out="$SCRATCH/promql-$RANDOM.yml"
   python3 "$ROOT/scripts/promql-live-check.py" --dashboards "$dashboards" --rules "$rules" --emit-rule-file "$out" || return 1
-  promtool check rules "$out"
+  "$PROMTOOL" check rules "$out"
 }
 check_compose() {
   local file="$1"
@@ -182,6 +194,9 @@ mapfile -t RULE_TESTS < <(find otel-config/rules -maxdepth 1 -name '*.test.yml' 
 mapfile -t DASHBOARDS < <(find dashboards -maxdepth 1 -name '*.json' | sort)
 
 run "promtool check config" check_prom_config otel-config/prometheus.yml
+run "promtool check config (OTLP receiver)" check_prom_config otel-config/prometheus-otlp.yml
+run "otelcol validate (collector.yaml)" check_collector_config otel-config/collector.yaml
+run "jaeger validate (jaeger.yaml)" check_jaeger_config otel-config/jaeger.yaml
 run "promtool check rules" check_rules "${RULE_FILES[@]}"
 run "promtool test rules" check_rule_tests "${RULE_TESTS[@]}"
 run "rule tests are up to date with their generator" check_rule_tests_generated otel-config/rules/gen-alert-tests.py
@@ -289,6 +304,16 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   cp otel-config/rules/*.yml "$M/c1/rules/"
   mutate otel-config/prometheus.yml "$M/c1/prometheus.yml" 's#rules/phasetrace-alerts.yml#rules/phasetrace-alert.yml#'
   expect_failure "promtool check config: missing rule file" check_prom_config "$M/c1/prometheus.yml"
+  # Collector: a component the build lacks; a setting the component does not have.
+  mutate otel-config/collector.yaml "$M/collector1.yaml" 's/processors: \[memory_limiter, batch\]$/processors: [memory_limiter, batch, filter]/'
+  expect_failure "otelcol validate: a processor that is not defined" check_collector_config "$M/collector1.yaml"
+  mutate otel-config/collector.yaml "$M/collector2.yaml" 's/^    metric_expiration: 1m$/    metric_expiraton: 1m/'
+  expect_failure "otelcol validate: a misspelled exporter setting" check_collector_config "$M/collector2.yaml"
+  # Jaeger: a misspelled storage setting; an extension that is not configured.
+  mutate otel-config/jaeger.yaml "$M/jaeger1.yaml" 's/^          max_traces:/          max_trace:/'
+  expect_failure "jaeger validate: a misspelled memory storage setting" check_jaeger_config "$M/jaeger1.yaml"
+  mutate otel-config/jaeger.yaml "$M/jaeger2.yaml" 's/^  extensions: \[jaeger_storage, jaeger_query, healthcheckv2\]$/  extensions: [jaeger_storage, jaeger_query, healthcheckv2, pprof]/'
+  expect_failure "jaeger validate: an extension that is not configured" check_jaeger_config "$M/jaeger2.yaml"
   # Compose: a misspelled service key; a default for the Grafana password.
   mutate docker-compose.yml "$M/compose1.yml" '0,/    restart: unless-stopped/s//    restrat: unless-stopped/'
   expect_failure "docker-compose: misspelled service key" check_compose "$M/compose1.yml"
@@ -299,21 +324,31 @@ json.dump(d, open(sys.argv[2], "w"), indent=2)' dashboards/decode-sections.json 
   mutate Dockerfile "$M/Dockerfile" 's#    && rm -rf /var/lib/apt/lists/\* \\#    \&\& true \\#'
   expect_failure "hadolint: apt lists not removed" check_dockerfile "$M/Dockerfile"
   # Consistency: a port published on all interfaces.
-  mkdir -p "$M/repo"
+  mkdir -p "$M/repo/tools"
+  cp tools/versions.env "$M/repo/tools/"
   cp -r dashboards otel-config Dockerfile "$M/repo/"
   mutate docker-compose.yml "$M/repo/docker-compose.yml" 's/"127.0.0.1:9090:9090"/"9090:9090"/'
   expect_failure "consistency: port not bound to 127.0.0.1" check_consistency "$M/repo"
+  # Consistency: a compose image that is not the release the tests ran.
+  mkdir -p "$M/repo-pin/tools"
+  cp tools/versions.env "$M/repo-pin/tools/"
+  cp -r dashboards otel-config Dockerfile "$M/repo-pin/"
+  mutate docker-compose.yml "$M/repo-pin/docker-compose.yml" 's#prom/prometheus:v3.16.0#prom/prometheus:v3.15.0#'
+  expect_failure "consistency: Prometheus image off the tools/versions.env pin" check_consistency "$M/repo-pin"
   # Consistency: an alert that compares against a literal instead of a threshold series.
-  mkdir -p "$M/repo-th"
+  mkdir -p "$M/repo-th/tools"
+  cp tools/versions.env "$M/repo-th/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-th/"
   mutate otel-config/rules/phasetrace-alerts.yml "$M/repo-th/otel-config/rules/phasetrace-alerts.yml" 's/^          phasetrace:metric_exports_failed_ratio:threshold$/          vector(1)/'
   expect_failure "consistency: alert threshold as a literal" check_consistency "$M/repo-th"
   # Consistency: exemplars that link nowhere, or panels that do not show them.
-  mkdir -p "$M/repo-ex1"
+  mkdir -p "$M/repo-ex1/tools"
+  cp tools/versions.env "$M/repo-ex1/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex1/"
   mutate otel-config/grafana/provisioning/datasources/phasetrace.yml "$M/repo-ex1/otel-config/grafana/provisioning/datasources/phasetrace.yml" 's/datasourceUid: jaeger$/datasourceUid: prometheus/'
   expect_failure "consistency: exemplars not linked to Jaeger" check_consistency "$M/repo-ex1"
-  mkdir -p "$M/repo-ex2"
+  mkdir -p "$M/repo-ex2/tools"
+  cp tools/versions.env "$M/repo-ex2/tools/"
   cp -r dashboards otel-config Dockerfile docker-compose.yml "$M/repo-ex2/"
   mutate dashboards/decode-sections.json "$M/repo-ex2/dashboards/decode-sections.json" 's/"exemplar": true/"exemplar": false/g'
   expect_failure "consistency: step-time panel without exemplars" check_consistency "$M/repo-ex2"

@@ -471,9 +471,11 @@ def main() -> int:
     #    minutes, then every export fails for 10 minutes (the collector down), then they work
     #    again; process 2 never fails; process 3 loses every other export (a flapping collector:
     #    half of them, under the threshold of 1); process 4 never had a collector (every export
-    #    failed from the start). Process 1 fires 7 minutes into its outage (the 5-minute window
-    #    holds no ok export from 10m, then `for: 2m`) and clears at the first export that works;
-    #    process 4 about 2.5 minutes after its start.
+    #    failed from the start). Process 1 fires 6m45s into its outage (the 5-minute window
+    #    holds no ok export from 9m45s: Prometheus 3's range selectors are left-open, so the
+    #    window at 9m45s leaves out the last ok increment's first sample, at 4m45s; then
+    #    `for: 2m`) and clears at the first export that works; process 4 about 2.5 minutes after
+    #    its start.
     inputs = ""
     for inst, ok, failed in (
         ("10.0.8.1:9464", "0+1.5x20 30x39 31.5+1.5x20", "0x20 1.5+1.5x39 60x20"),
@@ -509,8 +511,8 @@ def main() -> int:
     alerts = (
         alert("PhasetraceMetricsExportFailing", "2m")
         + alert("PhasetraceMetricsExportFailing", "3m", [export_alert("10.0.8.4:9464", "node-4", "18")])
-        + alert("PhasetraceMetricsExportFailing", "11m45s", [never])
-        + alert("PhasetraceMetricsExportFailing", "12m", [export_alert("10.0.8.1:9464", "node-1", "30"), never])
+        + alert("PhasetraceMetricsExportFailing", "11m30s", [never])
+        + alert("PhasetraceMetricsExportFailing", "11m45s", [export_alert("10.0.8.1:9464", "node-1", "30"), never])
         + alert("PhasetraceMetricsExportFailing", "15m", [export_alert("10.0.8.1:9464", "node-1", "30"), never])
         + alert("PhasetraceMetricsExportFailing", "15m15s", [never])
     )

@@ -3,7 +3,10 @@
 //!
 //! - [`Rotel`]: an OTLP collector (gRPC + HTTP) whose debug output [`otlp_debug`] parses
 //!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
-//! - [`Prometheus`]: a Prometheus server scraping given targets, with PromQL queries.
+//! - [`Prometheus`]: a Prometheus 3 server scraping given targets, with PromQL queries.
+//! - [`Otelcol`]: the OpenTelemetry Collector built from tools/otelcol, running the bundled
+//!   `otel-config/collector.yaml`; [`Jaeger`]: Jaeger v2 running `otel-config/jaeger.yaml`,
+//!   queried through its API v3.
 //! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
 //! - [`TlsProxy`] and [`certificates`]: a collector behind TLS with a generated CA, in [`tls`].
 //! - [`require_tools!`]: skips a test whose tools are missing (fails it under CI), see [`tools`].
@@ -11,6 +14,8 @@
 //! Both integration test binaries (the library's and the CLI's) use it.
 #![allow(dead_code, unused_imports)]
 
+pub mod jaeger;
+pub mod otelcol;
 pub mod otlp_debug;
 pub mod process;
 pub mod prometheus;
@@ -18,13 +23,15 @@ pub mod rotel;
 pub mod tls;
 pub mod tools;
 
+pub use jaeger::{Jaeger, JaegerSpan, bundled_jaeger_config, jaeger_binary};
+pub use otelcol::{Otelcol, bundled_collector_config, otelcol_binary};
 pub use otlp_debug::{
     MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedExemplar, ReceivedLink, ReceivedMetric,
     ReceivedSpan, parse_output,
 };
 pub use process::{
-    CapturedChild, StaticHttpServer, TempDir, free_port, http_get, http_request, poll,
-    port_accepts, repo_root, tools_dir, url_encode,
+    CapturedChild, ReadyChild, StaticHttpServer, TempDir, free_port, http_get, http_request, poll,
+    port_accepts, repo_root, spawn_ready, tools_dir, url_encode,
 };
 pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
 pub use rotel::{Rotel, rotel_binary};

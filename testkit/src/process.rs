@@ -414,3 +414,50 @@ impl Drop for StaticHttpServer {
         }
     }
 }
+
+/// A started peer process and its captured output, from [`spawn_ready`].
+pub struct ReadyChild {
+    pub child: CapturedChild,
+    pub output: Arc<Mutex<String>>,
+}
+
+/// Spawns the command that `make_command` builds and waits up to `timeout` for `ready` to hold.
+/// Fails (with the process' log) when it exits first or is not ready in time. Callers retry
+/// with fresh ports: [`free_port`] can race with another process taking the port.
+pub fn spawn_ready(
+    what: &str,
+    command: Command,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<ReadyChild, String> {
+    let output = Arc::new(Mutex::new(String::new()));
+    let program = command.get_program().to_string_lossy().into_owned();
+    let mut child = CapturedChild::spawn(command, &output)
+        .map_err(|e| format!("spawning {what} ({program}): {e}"))?;
+    let state = poll(timeout, || {
+        if child.exited().is_some() {
+            return Some(false);
+        }
+        ready().then_some(true)
+    });
+    let log = || {
+        output
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    };
+    match state {
+        Some(true) => Ok(ReadyChild { child, output }),
+        Some(false) => {
+            child.kill();
+            Err(format!("{what} exited during startup; log:\n{}", log()))
+        }
+        None => {
+            child.kill();
+            Err(format!(
+                "{what} not ready within {timeout:?}; log:\n{}",
+                log()
+            ))
+        }
+    }
+}

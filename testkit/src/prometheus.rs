@@ -1,4 +1,5 @@
-//! A real Prometheus server (Debian's 2.42) on a free loopback port, scraping given targets.
+//! A real Prometheus 3 server (built by scripts/install-tools.sh) on a free loopback port,
+//! scraping given targets.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,8 @@ pub struct PrometheusBuilder {
     data_dir: Option<PathBuf>,
     /// Scrape jobs given as YAML (TLS, basic auth, ...), each its own list item.
     raw_jobs: Vec<String>,
+    /// An existing configuration file to run instead of the one this builder writes.
+    config_file: Option<PathBuf>,
 }
 
 impl PrometheusBuilder {
@@ -109,6 +112,13 @@ impl PrometheusBuilder {
     /// Serves an existing TSDB directory (a backfill) instead of a fresh one.
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs an existing configuration file (e.g. one of `otel-config/`) unchanged instead of
+    /// the one this builder writes; the builder's jobs, rules and intervals are then unused.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config_file = Some(path.into());
         self
     }
 
@@ -186,9 +196,15 @@ impl PrometheusBuilder {
                 .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
             rule_paths.push(path);
         }
-        let config_path = dir.path().join("prometheus.yml");
-        std::fs::write(&config_path, self.config_yaml(&rule_paths))
-            .unwrap_or_else(|e| panic!("writing {}: {e}", config_path.display()));
+        let config_path = match &self.config_file {
+            Some(path) => path.clone(),
+            None => {
+                let path = dir.path().join("prometheus.yml");
+                std::fs::write(&path, self.config_yaml(&rule_paths))
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+                path
+            }
+        };
 
         let mut last_error = String::new();
         for _attempt in 0..3 {
@@ -270,6 +286,7 @@ impl Prometheus {
             extra_args: Vec::new(),
             data_dir: None,
             raw_jobs: Vec::new(),
+            config_file: None,
         }
     }
 
@@ -407,6 +424,53 @@ impl Prometheus {
     pub fn targets(&self) -> serde_json::Value {
         self.get_json("/api/v1/targets")
             .unwrap_or_else(|e| panic!("listing targets: {e}"))
+    }
+
+    /// Every exemplar of the series `query` selects, from `within` ago to now:
+    /// `(series labels, exemplar labels, value)` (`/api/v1/query_exemplars`). Empty when
+    /// there are none or the request fails.
+    pub fn exemplars(
+        &self,
+        query: &str,
+        within: Duration,
+    ) -> Vec<(BTreeMap<String, String>, BTreeMap<String, String>, f64)> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let path = format!(
+            "/api/v1/query_exemplars?query={}&start={}&end={}",
+            url_encode(query),
+            now - within.as_secs_f64(),
+            now + 60.0
+        );
+        let Ok(json) = self.get_json(&path) else {
+            return Vec::new();
+        };
+        let labels = |v: &serde_json::Value| -> BTreeMap<String, String> {
+            v.as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut out = Vec::new();
+        for series in json["data"].as_array().into_iter().flatten() {
+            for exemplar in series["exemplars"].as_array().into_iter().flatten() {
+                let value = exemplar["value"]
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(f64::NAN);
+                out.push((
+                    labels(&series["seriesLabels"]),
+                    labels(&exemplar["labels"]),
+                    value,
+                ));
+            }
+        }
+        out
     }
 
     /// The loaded rule groups as `/api/v1/rules` reports them.

@@ -1,6 +1,7 @@
 //! The peer tools a test needs, and what happens when one is missing.
 //!
-//! `scripts/test.sh` installs rotel, Prometheus and promtool and runs every test. A plain
+//! `scripts/test.sh` installs rotel, Prometheus and promtool, Jaeger and the collector, and
+//! runs every test. A plain
 //! `cargo test` on a machine without them skips the tests that need them, each with a line
 //! naming `scripts/test.sh`; under CI (`CI=true`, or `PHASETRACE_REQUIRE_TOOLS=1`, which
 //! `scripts/test.sh` sets) a missing tool fails the test instead, so that CI cannot go green
@@ -17,6 +18,10 @@ pub enum Tool {
     Prometheus,
     /// `promtool` (rule tests, TSDB backfill).
     Promtool,
+    /// Jaeger v2 (`jaeger`).
+    Jaeger,
+    /// The OpenTelemetry Collector built from tools/otelcol (`otelcol`).
+    Otelcol,
 }
 
 impl Tool {
@@ -26,6 +31,8 @@ impl Tool {
             Tool::Rotel => "rotel-agent",
             Tool::Prometheus => "prometheus",
             Tool::Promtool => "promtool",
+            Tool::Jaeger => "jaeger",
+            Tool::Otelcol => "otelcol",
         }
     }
 
@@ -35,6 +42,8 @@ impl Tool {
             Tool::Rotel => crate::rotel::find_rotel(),
             Tool::Prometheus => crate::prometheus::find_prometheus(),
             Tool::Promtool => crate::prometheus::find_promtool(),
+            Tool::Jaeger => crate::jaeger::find_jaeger(),
+            Tool::Otelcol => crate::otelcol::find_otelcol(),
         }
     }
 }

@@ -9,6 +9,8 @@ agree with each other and with the stack's rules; this script checks that:
                       admin password required from the environment with no default, anonymous
                       access off (or read-only Viewer), bind-mount sources exist, the mounts
                       that make prometheus.yml's relative rule paths resolve in the container;
+  tools/versions.env  the compose images are the releases scripts/install-tools.sh builds
+                      (Prometheus, Jaeger, collector-contrib), and jaeger.yaml is mounted;
   collector.yaml      every pipeline component defined, every defined component used, OTLP on
                       4317/4318, traces -> Jaeger over OTLP, metrics -> prometheus exporter on
                       8889 with resource_to_telemetry_conversion enabled;
@@ -112,9 +114,24 @@ def check_compose() -> dict:
 
 
 # ------------------------------------------------------------------ collector.yaml
+ENV_REFERENCE = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def compose_defaults(node):
+    """The config as compose runs it: each `${env:NAME:-default}` replaced by its default (the
+    compose services set none of those variables; the tests set them to loopback ports)."""
+    if isinstance(node, dict):
+        return {key: compose_defaults(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [compose_defaults(value) for value in node]
+    if isinstance(node, str):
+        return ENV_REFERENCE.sub(lambda m: m.group(2) or "", node)
+    return node
+
+
 def check_collector(compose: dict) -> None:
     where = "otel-config/collector.yaml"
-    cfg = load_yaml(where)
+    cfg = compose_defaults(load_yaml(where))
     defined = {kind: set((cfg.get(kind) or {}).keys()) for kind in ("receivers", "processors", "exporters", "extensions")}
     used = {kind: set() for kind in defined}
     service = cfg.get("service", {})
@@ -139,7 +156,7 @@ def check_collector(compose: dict) -> None:
         problem(where, "otlp receiver must listen on 0.0.0.0:4317 (grpc) and 0.0.0.0:4318 (http)")
     exporters = cfg.get("exporters") or {}
     traces = pipelines.get("traces", {}).get("exporters", [])
-    jaeger = [e for e in traces if e.split("/")[0] in ("otlp", "otlphttp") and "jaeger" in exporters.get(e, {}).get("endpoint", "")]
+    jaeger = [e for e in traces if e.split("/")[0] in ("otlp", "otlp_grpc", "otlphttp", "otlp_http") and "jaeger" in exporters.get(e, {}).get("endpoint", "")]
     if not jaeger:
         problem(where, "traces pipeline must export to Jaeger over OTLP")
     else:
@@ -365,8 +382,40 @@ def check_dashboards() -> set[str]:
     return uids
 
 
+# ------------------------------------------------------------------ tools/versions.env
+def check_pins(compose: dict) -> None:
+    """The images compose runs are the releases the tests ran (built from tools/versions.env)."""
+    where = "tools/versions.env"
+    path = os.path.join(ROOT, where)
+    if not os.path.exists(path):
+        problem(where, "missing")
+        return
+    pins = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                pins[key.strip()] = value.strip()
+    services = compose.get("services", {})
+    expect = {
+        "prometheus": "prom/prometheus:v" + pins.get("PROMETHEUS_VERSION", "?"),
+        "jaeger": "jaegertracing/jaeger:" + pins.get("JAEGER_VERSION", "?"),
+        "otel-collector": "otel/opentelemetry-collector-contrib:"
+        + pins.get("OTELCOL_CONTRIB_VERSION", "?").lstrip("v"),
+    }
+    for name, image in expect.items():
+        got = services.get(name, {}).get("image")
+        if got != image:
+            problem("docker-compose.yml", f"{name}: image {got!r}, but {where} pins {image!r} (what the tests ran)")
+    mounts = [str(v) for v in services.get("jaeger", {}).get("volumes", []) or []]
+    if not any(m.startswith("./otel-config/jaeger.yaml:") for m in mounts):
+        problem("docker-compose.yml", "jaeger: ./otel-config/jaeger.yaml must be mounted (the config the tests run)")
+
+
 def main() -> int:
     compose = check_compose()
+    check_pins(compose)
     check_collector(compose)
     check_prometheus()
     uids = check_dashboards()
@@ -377,7 +426,7 @@ def main() -> int:
         for line in PROBLEMS:
             print(f"  {line}")
         return 1
-    print("ok: compose, collector, prometheus, rules, grafana provisioning and dashboards agree")
+    print("ok: pins, compose, collector, prometheus, rules, grafana provisioning and dashboards agree")
     return 0
 
 

@@ -1,9 +1,9 @@
 //! The integration tests, one binary (one link, and `phasetrace-testkit` compiled once): each
 //! module is named for the behaviour it shows.
 
-mod cli;
 use phasetrace_testkit as support;
 
+mod cli;
 mod a_96_layer_model_stays_within_the_series_budget;
 mod a_changed_web_config_is_reread_and_a_broken_one_is_reported_once;
 mod a_hung_group_fires_the_hung_step_alert_for_every_rank;
@@ -19,8 +19,10 @@ mod exemplars_link_slow_steps_in_prometheus_to_their_traces;
 mod frontier_moe_models_export_expert_load_without_overflow;
 mod imported_logs_reach_a_collector_and_backfill_into_prometheus;
 mod imported_series_are_the_series_a_live_run_exports;
+mod prometheus_3_takes_the_demos_metrics_over_otlp_with_no_collector;
 mod the_default_prometheus_endpoint_follows_local_rank_and_a_taken_one_is_skipped;
 mod the_demo_reaches_a_collector_and_prometheus;
+mod the_demo_reaches_jaeger_and_prometheus_through_the_bundled_collector;
 mod the_demo_times_simulated_kernels_by_the_timing_setting;
 mod the_straggler_alert_names_the_rank_its_group_waits_for;
 mod the_tail_budget_caps_slow_traces_a_second_and_counts_the_rest;
