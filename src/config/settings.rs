@@ -25,7 +25,8 @@
 //! 4. `flag: Some("name")` gives the `phasetrace` command a `--name` flag (nothing to change in
 //!    the CLI). A typed setter on `ProfilerBuilder` is optional: `with(&settings::NAME, v)` and
 //!    `with_text(&settings::NAME, "text")` work for every setting.
-//! 5. Document it: a row in the README's configuration table (and its bad-input table).
+//! 5. Regenerate `docs/configuration.md` (`PHASETRACE_REGENERATE_DOCS=1 cargo test -p phasetrace
+//!    --test it the_generated_references`) and add a row to its bad-input table.
 //!
 //! The tests that walk the table (`config::tests::every_setting_prints_what_it_parses_and_says_where_it_came_from`,
 //! `the_settings_table_names_each_variable_and_flag_once`, and the CLI's

@@ -3,7 +3,6 @@
 
 use phasetrace_testkit as support;
 
-mod cli;
 mod a_96_layer_model_stays_within_the_series_budget;
 mod a_changed_web_config_is_reread_and_a_broken_one_is_reported_once;
 mod a_hung_group_fires_the_hung_step_alert_for_every_rank;
@@ -14,6 +13,7 @@ mod bad_flags_and_env_values_exit_nonzero_naming_the_variable;
 mod check_names_the_host_clock_source;
 mod check_prints_each_setting_as_its_variable_reads_it;
 mod check_probes_endpoints;
+mod cli;
 mod console_exporters_need_no_infrastructure;
 mod exemplars_link_slow_steps_in_prometheus_to_their_traces;
 mod frontier_moe_models_export_expert_load_without_overflow;
