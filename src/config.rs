@@ -407,7 +407,10 @@ impl Listen {
     /// The built-in default, `127.0.0.1:9464` (plus `LOCAL_RANK` when a launcher sets it), used
     /// when metrics are pushed nowhere else.
     pub const fn builtin() -> Listen {
-        Listen::At(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9464))
+        Listen::At(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            crate::names::default::PROMETHEUS_PORT,
+        ))
     }
 
     /// The address for `rank`, `None` when off; `Err` when the port plus the rank overflows.
@@ -578,6 +581,7 @@ impl Origin {
 
 /// A configuration error: names the input, the value (masked when secret) and what is accepted.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A value that does not parse.
     #[error("{var}={value:?}: expected {expected}")]
@@ -612,6 +616,7 @@ fn invalid(var: &str, value: &str, expected: &str) -> ConfigError {
 
 /// The resolved configuration of a profiler.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Config {
     /// Which sections are recorded.
     pub level: Level,
@@ -1691,14 +1696,6 @@ mod tests {
         assert!(
             err.contains("PHASETRACE_NOPE, which is not a phasetrace variable"),
             "{err}"
-        );
-    }
-
-    #[test]
-    fn the_builtin_prometheus_address_is_the_named_default() {
-        assert_eq!(
-            Listen::builtin().to_string(),
-            crate::names::default::PROMETHEUS_ADDR
         );
     }
 

@@ -440,48 +440,49 @@ pub mod env {
 }
 
 /// Defaults, beside the names they belong to; `config::settings` reads them.
-pub mod default {
+pub(crate) mod default {
     /// Service name when `OTEL_SERVICE_NAME` is unset.
-    pub const SERVICE_NAME: &str = "phasetrace";
-    /// The embedded Prometheus endpoint when no OTLP endpoint is configured.
-    pub const PROMETHEUS_ADDR: &str = "127.0.0.1:9464";
+    pub(crate) const SERVICE_NAME: &str = "phasetrace";
     /// Per-thread buffer capacity in records (24 bytes each: 1.5 MiB a thread; rounded up to a
     /// power of two).
-    pub const QUEUE: usize = 65_536;
+    pub(crate) const QUEUE: usize = 65_536;
+    /// The embedded Prometheus endpoint's port (on 127.0.0.1, plus `LOCAL_RANK` when set) when
+    /// metrics are pushed nowhere else.
+    pub(crate) const PROMETHEUS_PORT: u16 = 9464;
     /// The `group` attribute when `PHASETRACE_GROUP` is unset.
-    pub const GROUP: &str = "default";
+    pub(crate) const GROUP: &str = "default";
     /// Trace one step in this many.
-    pub const TRACE_EVERY: u64 = 100;
+    pub(crate) const TRACE_EVERY: u64 = 100;
     /// Trace the steps slower than this percentile of the rank's recent steps (`p99`).
-    pub const TRACE_SLOWER_THAN_PERCENTILE: f64 = 99.0;
+    pub(crate) const TRACE_SLOWER_THAN_PERCENTILE: f64 = 99.0;
     /// Most tail traces a second per rank.
-    pub const TRACE_SLOW_BUDGET: u32 = 5;
+    pub(crate) const TRACE_SLOW_BUDGET: u32 = 5;
     /// Steps of a rank per expert-load window.
-    pub const EXPERT_WINDOW: u32 = 64;
+    pub(crate) const EXPERT_WINDOW: u32 = 64;
     /// Hot experts exported per (layer, rank).
-    pub const EXPERT_TOP: u32 = 4;
+    pub(crate) const EXPERT_TOP: u32 = 4;
     /// Most hot experts per (layer, rank): keeps a 60-layer model under 1,000 expert series a
     /// rank (3 x 60 + 10 x 60 = 780).
-    pub const EXPERT_TOP_MAX: u32 = 10;
+    pub(crate) const EXPERT_TOP_MAX: u32 = 10;
     /// Read every CUDA-graph replay.
-    pub const GRAPH_READ_EVERY: u64 = 1;
+    pub(crate) const GRAPH_READ_EVERY: u64 = 1;
     /// OTLP export timeout.
-    pub const OTLP_TIMEOUT_MS: u64 = 10_000;
+    pub(crate) const OTLP_TIMEOUT_MS: u64 = 10_000;
     /// Metric export interval.
-    pub const METRIC_EXPORT_INTERVAL_MS: u64 = 10_000;
+    pub(crate) const METRIC_EXPORT_INTERVAL_MS: u64 = 10_000;
     /// How long `shutdown()` may take before it gives up.
-    pub const SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
+    pub(crate) const SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
     /// Connections the Prometheus endpoint serves at once; more are closed at accept.
-    pub const PROMETHEUS_MAX_CONNECTIONS: usize = 512;
+    pub(crate) const PROMETHEUS_MAX_CONNECTIONS: usize = 512;
     /// Largest request head (request line and headers) the Prometheus endpoint reads.
-    pub const PROMETHEUS_MAX_HEADER_BYTES: usize = 16 * 1024;
+    pub(crate) const PROMETHEUS_MAX_HEADER_BYTES: usize = 16 * 1024;
     /// Time a Prometheus request may take at each stage: the TLS handshake, reading the request
     /// head (an idle kept-alive connection included), answering, and each stalled write.
-    pub const PROMETHEUS_REQUEST_TIMEOUT_MS: u64 = 10_000;
+    pub(crate) const PROMETHEUS_REQUEST_TIMEOUT_MS: u64 = 10_000;
     /// Series each per-layer instrument may hold before new attribute sets fold into the SDK's
     /// overflow series (the SDK's default is 2,000): room for 4 ranks as threads of one process
     /// at 96 layers and 20 sections a layer.
-    pub const LAYER_SERIES_LIMIT: usize = 8_192;
+    pub(crate) const LAYER_SERIES_LIMIT: usize = 8_192;
 }
 
 /// How the Prometheus endpoint spells the names above: the rule its `/metrics` encoder applies,

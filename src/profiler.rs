@@ -19,6 +19,7 @@ use thiserror::Error;
 
 /// Why a profiler could not be built.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A configuration value is invalid.
     #[error(transparent)]

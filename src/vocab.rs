@@ -42,6 +42,7 @@ pub struct Site(u16);
 
 /// Errors from registering a section or site name.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum VocabError {
     /// The name is not `[a-z][a-z0-9_]*` of at most 48 bytes.
     #[error(

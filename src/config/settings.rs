@@ -11,7 +11,7 @@
 //!
 //! # Adding a setting
 //!
-//! 1. Name its variable in [`crate::names::env`] (and its default in [`crate::names::default`]
+//! 1. Name its variable in [`crate::names::env`] (and its default in `crate::names::default`
 //!    when other code needs it too).
 //! 2. Add a `pub static` [`Setting`] below and list it in [`SETTINGS`]. A closed set of values
 //!    is an enum with `FromStr` and `Display` (the `closed_set!` macro in `config.rs` writes

@@ -138,6 +138,7 @@ const SPAN_BATCH: usize = 512;
 
 /// An exporter that could not be set up.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ExportError {
     /// The Prometheus listen address could not be bound.
     #[error(

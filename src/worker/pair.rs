@@ -102,6 +102,7 @@ struct OpenPart {
 
 /// Records dropped, by reason: `stats.dropped[DropReason::QueueFull]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Dropped([u64; DropReason::COUNT]);
 
 impl Dropped {
@@ -135,6 +136,7 @@ impl std::ops::Index<DropReason> for Dropped {
 
 /// Counters of what the worker saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Marks taken from the buffers and processed.
     pub marks: u64,

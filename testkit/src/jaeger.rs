@@ -308,8 +308,9 @@ fn attributes_of(list: &serde_json::Value) -> Vec<(String, String)> {
 /// A trace or span id as lower-case hex: OTLP JSON writes hex, protobuf's JSON mapping base64.
 fn id_hex(value: &serde_json::Value) -> String {
     let text = value.as_str().unwrap_or_default();
-    let is_hex =
-        |s: &str| !s.is_empty() && s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let is_hex = |s: &str| {
+        !s.is_empty() && s.len().is_multiple_of(2) && s.bytes().all(|b| b.is_ascii_hexdigit())
+    };
     if text.is_empty() || is_hex(text) && (text.len() == 32 || text.len() == 16) {
         return text.to_ascii_lowercase();
     }

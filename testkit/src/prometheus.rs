@@ -42,6 +42,10 @@ pub(crate) fn find_promtool() -> Option<PathBuf> {
     )
 }
 
+/// One exemplar as `query_exemplars` returns it: the series' labels, the exemplar's labels
+/// (`trace_id`, `span_id`) and its value.
+pub type SeriesExemplar = (BTreeMap<String, String>, BTreeMap<String, String>, f64);
+
 /// What [`PrometheusBuilder::start`] runs.
 #[derive(Debug, Clone)]
 pub struct PrometheusBuilder {
@@ -429,11 +433,7 @@ impl Prometheus {
     /// Every exemplar of the series `query` selects, from `within` ago to now:
     /// `(series labels, exemplar labels, value)` (`/api/v1/query_exemplars`). Empty when
     /// there are none or the request fails.
-    pub fn exemplars(
-        &self,
-        query: &str,
-        within: Duration,
-    ) -> Vec<(BTreeMap<String, String>, BTreeMap<String, String>, f64)> {
+    pub fn exemplars(&self, query: &str, within: Duration) -> Vec<SeriesExemplar> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()

@@ -31,6 +31,7 @@ use crate::names::env;
 
 /// A web configuration file that cannot be used.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum WebConfigError {
     /// The file cannot be read.
     #[error("{var}={file}: cannot read the web configuration file ({source})", var = env::PROMETHEUS_WEB_CONFIG, file = file.display())]
