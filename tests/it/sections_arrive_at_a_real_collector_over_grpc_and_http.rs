@@ -133,7 +133,7 @@ fn assert_section(
         parent.name
     );
     let s = found[0];
-    let expected: BTreeMap<String, String> = [
+    let mut expected: BTreeMap<String, String> = [
         (attr::BUCKET, name.to_string()),
         (attr::LAYER, layer.to_string()),
         (attr::SITE, site.to_string()),
@@ -143,6 +143,15 @@ fn assert_section(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    // The rendezvous probe carries the route trace of its layer: the expert ids routed there.
+    if name == "reduce_attn_bar" {
+        let ids: Vec<String> = EXPERTS.iter().map(|e| format!("Int({e})")).collect();
+        expected.insert(
+            attr::EXPERT_IDS.to_owned(),
+            format!("Slice({})", ids.join(", ")),
+        );
+        expected.insert(attr::EXPERT_IDS_COUNT.to_owned(), EXPERTS.len().to_string());
+    }
     assert_eq!(s.attributes, expected, "{s:#?}");
     assert_within(parent, s);
     s.clone()

@@ -150,10 +150,11 @@ fn the_readme_snippet_records_and_serves_what_it_shows() {
             "{bucket}: 4 steps x 8 layers\n{body}"
         );
     }
-    let (tokens, series) = samples(&body, "phasetrace_moe_expert_tokens_total", &[]);
+    // Tokens routed per layer (one series a layer, whatever the number of experts).
+    let (tokens, series) = samples(&body, "phasetrace_moe_layer_tokens_total", &[]);
     assert_eq!(
         (tokens, series),
-        (128.0, 32),
+        (128.0, 8),
         "4 experts x 8 layers, one token each a step\n{body}"
     );
     assert_eq!(
