@@ -3,8 +3,9 @@
 //! unchanged (its `otlp:` block: underscore names with their suffixes, the resource attributes
 //! promoted to labels; the bundled rules at its 15 s evaluation interval). What arrives has the
 //! names and labels the rules and dashboards read: every rank's steps under job = service.name,
-//! the recording rules' per-rank series, and `PhasetraceRankStraggler` firing for the 3x
-//! straggler and no other rank.
+//! the recording rules' per-rank series, `PhasetraceRankStraggler` firing for the 3x straggler
+//! and no other rank, and every dashboard and rule expression returning data
+//! (`scripts/promql-live-check.py`, as the live check runs it on the scrape path).
 
 use crate::cli::Demo;
 use crate::support::{self, Prometheus, poll, repo_root};
@@ -50,6 +51,11 @@ fn otlp_metrics_pushed_to_prometheus_3_feed_the_bundled_rules() {
             STRAGGLER_RANK,
             "--straggler-factor",
             "3",
+            // What the speculative-decoding dashboard and the MoE panels read.
+            "--spec",
+            "4",
+            "--expert-counter",
+            "on",
         ],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
@@ -110,5 +116,18 @@ fn otlp_metrics_pushed_to_prometheus_3_feed_the_bundled_rules() {
     });
     assert_eq!(fired.label("job"), SERVICE, "{fired:#?}");
     assert_eq!(fired.label("group"), GROUP, "{fired:#?}");
+
+    // Every dashboard panel, template variable and rule expression returns data on what arrived
+    // over OTLP (the built-in allow-list: alert conditions, silent ranks, opt-in series).
+    let check = std::process::Command::new("python3")
+        .arg(repo_root().join("scripts/promql-live-check.py"))
+        .args(["--prometheus", prometheus.base_url()])
+        .args(["--retry-for", "60", "--retry-interval", "5"])
+        .output()
+        .expect("running scripts/promql-live-check.py");
+    let out = String::from_utf8_lossy(&check.stdout);
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{out}\n{err}");
+    assert!(out.contains(" passed, 0 failed"), "{out}\n{err}");
     demo.kill();
 }
