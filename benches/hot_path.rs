@@ -423,7 +423,7 @@ fn moe_profiler(level: Level, experts: bool) -> Profiler {
         .without_env()
         .with_level(level)
         .with_expert_counter(experts)
-        .with(&phasetrace::config::settings::MOE_EXPERTS, EXPERTS)
+        .with_moe_experts(EXPERTS)
         .without_prometheus()
         .with_trace_every(0)
         .with_queue(1 << 22)

@@ -2,7 +2,6 @@
 // to every (rank, layer, expert), here for a Kimi-K2-shaped model (60 MoE layers of 384
 // experts, top-8) whose router favours a few experts; the program prints the hottest ones and
 // what was routed between two snapshots. `cargo run --example hot_experts`.
-use phasetrace::config::settings;
 use phasetrace::{Level, Profiler};
 
 const LAYERS: u32 = 60;
@@ -28,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .without_env()
         .with_level(Level::Full)
         .with_expert_counter(true)
-        .with(&settings::MOE_EXPERTS, EXPERTS)
+        .with_moe_experts(EXPERTS)
         .without_prometheus()
         // 20 steps of 3,840 route records each, recorded faster than the worker drains them.
         .with_queue(1 << 17)

@@ -1,6 +1,6 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
-use crate::config::settings::{self, AnySetting, Setting, SettingValue};
+use crate::config::settings::{self, Setting, SettingValue};
 use crate::config::{
     Compression, Config, ConfigBuilder, ConfigError, Level, Listen, Origin, Protocol, SpecLevel,
     Timing,
@@ -220,22 +220,75 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Sets any setting in code, typed: `with(&settings::TRACE_EVERY, 10)`. Every setting of
-    /// [`settings::SETTINGS`] can be set this way; the `with_*` setters are shorthands.
-    pub fn with<T: SettingValue>(mut self, setting: &Setting<T>, value: T) -> Self {
+    /// Sets any setting in code, typed (the `with_*` setters are shorthands for this).
+    #[allow(dead_code)]
+    pub(crate) fn with<T: SettingValue>(mut self, setting: &Setting<T>, value: T) -> Self {
         self.cfg.set(setting, value);
         self
     }
 
-    /// Sets a setting in code from text, as its variable would read it (a CLI flag, a config
-    /// file): the same parser and the same error as the environment.
-    pub fn with_text(
-        mut self,
-        setting: &'static dyn AnySetting,
-        text: &str,
-    ) -> Result<Self, ConfigError> {
+    /// Sets any setting of [`settings::SETTINGS`] in code by its variable, from text as the
+    /// variable would read it (an engine's own config file, a CLI flag): the same parser and the
+    /// same error as the environment, and code wins over the environment as with every setter:
+    /// `with_text("PHASETRACE_EXPERT_WINDOW", "128")?`. An unknown variable is an error naming
+    /// it.
+    pub fn with_text(mut self, var: &str, text: &str) -> Result<Self, ConfigError> {
+        let setting = settings::find(var).ok_or_else(|| ConfigError::Invalid {
+            var: var.to_owned(),
+            value: text.to_owned(),
+            expected: "a setting's variable (phasetrace::config::settings::SETTINGS lists them: \
+                       PHASETRACE_*, OTEL_*)"
+                .to_owned(),
+        })?;
         self.cfg.set_text(setting, text)?;
         Ok(self)
+    }
+
+    /// Routed experts per MoE layer: ids at or above it are dropped and counted (0: the
+    /// highest id seen + 1). Env: `PHASETRACE_MOE_EXPERTS`; default 0.
+    pub fn with_moe_experts(mut self, experts: u32) -> Self {
+        self.cfg.set(&settings::MOE_EXPERTS, experts);
+        self
+    }
+
+    /// Steps of a rank per expert-load window (imbalance and hot experts read the last complete
+    /// one). Env: `PHASETRACE_EXPERT_WINDOW`; default 64.
+    pub fn with_expert_window(mut self, steps: u32) -> Self {
+        self.cfg.set(&settings::EXPERT_WINDOW, steps);
+        self
+    }
+
+    /// Hot experts exported per (layer, rank), 0 to 10. Env: `PHASETRACE_EXPERT_TOP`; default 4.
+    pub fn with_expert_top(mut self, n: u32) -> Self {
+        self.cfg.set(&settings::EXPERT_TOP, n);
+        self
+    }
+
+    /// Expert-parallel ranks hosting each layer's experts in contiguous blocks (the `ep_rank`
+    /// attribute of hot experts; 0: none). Env: `PHASETRACE_EXPERT_PARALLEL`; default 0.
+    pub fn with_expert_parallel(mut self, ranks: u32) -> Self {
+        self.cfg.set(&settings::EXPERT_PARALLEL, ranks);
+        self
+    }
+
+    /// Where the host clock reads: `auto` (the TSC where usable), `tsc` or `monotonic`.
+    /// Env: `PHASETRACE_HOST_CLOCK`; default `auto`.
+    pub fn with_host_clock(mut self, choice: crate::config::HostSourceChoice) -> Self {
+        self.cfg.set(&settings::HOST_CLOCK, choice);
+        self
+    }
+
+    /// Where spans go when phasetrace builds its own pipeline: OTLP, the console or nowhere.
+    /// Env: `OTEL_TRACES_EXPORTER`; default `otlp` when an OTLP endpoint is set, else none.
+    pub fn with_traces_exporter(mut self, exporter: crate::config::TracesExporter) -> Self {
+        self.cfg.set(&settings::TRACES_EXPORTER, exporter);
+        self
+    }
+
+    /// The OTLP export timeout. Env: `OTEL_EXPORTER_OTLP_TIMEOUT` (ms); default 10 s.
+    pub fn with_otlp_timeout(mut self, timeout: Duration) -> Self {
+        self.cfg.set(&settings::OTLP_TIMEOUT, timeout);
+        self
     }
 
     /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
@@ -265,9 +318,9 @@ impl ProfilerBuilder {
     /// experts per (layer, rank), at most `(3 + PHASETRACE_EXPERT_TOP) x layers` series a rank
     /// whatever the number of experts, and the full counts in process
     /// ([`Profiler::expert_load`]). Env: `PHASETRACE_EXPERT_COUNTER`; default off. The window,
-    /// the number of experts and of hot experts, and the expert-parallel placement are the
-    /// `settings::EXPERT_WINDOW`, `MOE_EXPERTS`, `EXPERT_TOP` and `EXPERT_PARALLEL` settings
-    /// (set them with [`ProfilerBuilder::with`]); see `docs/moe.md`.
+    /// the number of experts and of hot experts, and the expert-parallel placement are
+    /// [`Self::with_expert_window`], [`Self::with_moe_experts`], [`Self::with_expert_top`] and
+    /// [`Self::with_expert_parallel`]; see `docs/moe.md`.
     pub fn with_expert_counter(mut self, on: bool) -> Self {
         self.cfg.set(&settings::EXPERT_COUNTER, on);
         self

@@ -5,8 +5,8 @@ use crate::Failure;
 use crate::flags::ProfilerFlags;
 use clap::Args;
 use phasetrace::config::settings::SETTINGS;
-use phasetrace::names::env;
 use phasetrace::{Config, Origin, Profiler};
+use phasetrace_names::env;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ fn origin(cfg: &Config, var: &str) -> &'static str {
 fn host_clock_lines(info: &phasetrace::timing::HostClockInfo) -> String {
     let mut out = format!(
         "\nhost clock\n  {:<57} {}\n  {:<57} {}\n",
-        phasetrace::names::attr::HOST_CLOCK,
+        phasetrace_names::attr::HOST_CLOCK,
         info.source,
         "why",
         info.reason

@@ -20,7 +20,6 @@ use crate::Failure;
 use crate::flags::ProfilerFlags;
 use crate::rendezvous::{RendezvousError, TcpRendezvous};
 use clap::Args;
-use phasetrace::config::settings;
 use phasetrace::{
     Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
 };
@@ -796,9 +795,9 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         builder = builder.with_rank(r);
     }
     // The demo knows its experts: the imbalance's mean counts the ones that got nothing.
-    builder = builder.with(&settings::MOE_EXPERTS, a.experts);
+    builder = builder.with_moe_experts(a.experts);
     if let Some(n) = a.expert_parallel {
-        builder = builder.with(&settings::EXPERT_PARALLEL, n);
+        builder = builder.with_expert_parallel(n);
     }
     if a.spec.is_some() {
         builder = builder.with_spec_level(SpecLevel::VerifySplit);
@@ -1041,7 +1040,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             n - 1,
             (steps / n * n).saturating_sub(1),
             stats.tail_traces,
-            stats.dropped[phasetrace::names::DropReason::TailBudget],
+            stats.dropped[phasetrace::DropReason::TailBudget],
         );
     }
     if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {

@@ -90,7 +90,7 @@ impl<S: FlagSet> ProfilerFlags<S> {
     /// Applies the flags given on top of the builder (flags beat the environment).
     pub(crate) fn apply(&self, mut b: ProfilerBuilder) -> Result<ProfilerBuilder, ConfigError> {
         for (s, text) in &self.given {
-            b = b.with_text(*s, text)?;
+            b = b.with_text(s.var(), text)?;
         }
         Ok(b)
     }

@@ -11,6 +11,7 @@ use phasetrace::config::settings;
 use phasetrace_import::openmetrics::{OpenMetricsOptions, write_openmetrics};
 use phasetrace_import::otlp::{self, OtlpOptions};
 use phasetrace_import::{ImportError, ImportOptions, ImportedFile, Summary};
+use phasetrace_names::env;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -53,8 +54,8 @@ pub(crate) struct ImportArgs {
     /// is a live process's without PHASETRACE_RANK).
     #[arg(
         long,
-        default_value_t = settings::RANK.default_value(),
-        value_parser = |text: &str| settings::RANK.parse(text).map_err(|e| e.to_string()),
+        default_value_t = setting_default::<u32>(env::RANK),
+        value_parser = |text: &str| setting_value::<u32>(env::RANK, text),
     )]
     rank: u32,
     /// The `group` attribute of everything imported: the collective group of the rank that
@@ -62,8 +63,8 @@ pub(crate) struct ImportArgs {
     /// a live process's without PHASETRACE_GROUP).
     #[arg(
         long,
-        default_value_t = settings::GROUP.default_value(),
-        value_parser = |text: &str| settings::GROUP.parse(text).map_err(|e| e.to_string()),
+        default_value_t = setting_default::<String>(env::GROUP),
+        value_parser = |text: &str| setting_value::<String>(env::GROUP, text),
     )]
     group: String,
     /// The OTLP connection of --format otlp, as the live exporters take it (headers, timeout,
@@ -290,4 +291,21 @@ pub(crate) fn run(a: ImportArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The default of the library's setting of `var` (the settings table is the one home of
+/// defaults), read as `T`.
+fn setting_default<T: std::str::FromStr + Default>(var: &str) -> T {
+    settings::find(var)
+        .and_then(|s| s.default_text().parse().ok())
+        .unwrap_or_default()
+}
+
+/// `text` checked by the library's parser of `var` (the same error as the variable), then read.
+fn setting_value<T: std::str::FromStr>(var: &str, text: &str) -> Result<T, String> {
+    let setting = settings::find(var).ok_or_else(|| format!("{var}: no such setting"))?;
+    setting.check(text).map_err(|e| e.to_string())?;
+    text.trim()
+        .parse()
+        .map_err(|_| format!("expected {}", setting.expected()))
 }

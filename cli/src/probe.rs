@@ -12,8 +12,9 @@
 //!
 //! Only the core's public API: the settings, `Profiler`, `Config`.
 
-use phasetrace::config::{OtlpConfig, Protocol, settings};
+use phasetrace::config::{OtlpConfig, Protocol};
 use phasetrace::{Config, HostSourceChoice, Level, ProfilerBuilder, SpecLevel, Timing};
+use phasetrace_names::env;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -122,7 +123,7 @@ fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, String> {
         let err = |detail: String| {
             format!(
                 "{}={}: cannot read the CA certificate ({detail})",
-                phasetrace::names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+                phasetrace_names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
                 path.display()
             )
         };
@@ -229,13 +230,13 @@ pub(crate) fn prometheus(
             .with_spec_level(SpecLevel::Off)
             .with_otlp_endpoint(None)
             .with_timing(Timing::Host)
-            .with(&settings::HOST_CLOCK, HostSourceChoice::Auto)
+            .with_host_clock(HostSourceChoice::Auto)
             .with_summary_every(0)
             .with_spec_summary_every(0)
             .with_trace_every(0)
             .with_trace_slower_than(phasetrace::TraceSlowerThan::Off);
-        b.with_text(&settings::METRICS_EXPORTER, "prometheus")
-            .and_then(|b| b.with_text(&settings::TRACES_EXPORTER, "none"))
+        b.with_text(env::OTEL_METRICS_EXPORTER, "prometheus")
+            .and_then(|b| b.with_text(env::OTEL_TRACES_EXPORTER, "none"))
             .map_err(|e| e.to_string())
     };
     // Built off, a profiler starts nothing, and still reads the web configuration file.
@@ -277,11 +278,11 @@ pub(crate) fn prometheus(
         Ok(what) => Ok(format!("{where_} as configured ({described}): {what}")),
         Err(why) if free => Err(format!(
             "{}={addr}: the endpoint does not answer as configured ({described}): {why}",
-            phasetrace::names::env::PROMETHEUS
+            phasetrace_names::env::PROMETHEUS
         )),
         Err(why) => Err(format!(
             "{}={addr}: cannot listen there (in use), and what listens does not answer as configured ({described}): {why}",
-            phasetrace::names::env::PROMETHEUS
+            phasetrace_names::env::PROMETHEUS
         )),
     }
 }
@@ -302,14 +303,14 @@ impl WebConfig {
         let text = std::fs::read_to_string(path).map_err(|e| {
             format!(
                 "{}={}: {e}",
-                phasetrace::names::env::PROMETHEUS_WEB_CONFIG,
+                phasetrace_names::env::PROMETHEUS_WEB_CONFIG,
                 path.display()
             )
         })?;
         let doc: Value = serde_yaml_ng::from_str(&text).map_err(|e| {
             format!(
                 "{}={}: {e}",
-                phasetrace::names::env::PROMETHEUS_WEB_CONFIG,
+                phasetrace_names::env::PROMETHEUS_WEB_CONFIG,
                 path.display()
             )
         })?;

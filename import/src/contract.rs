@@ -1,16 +1,16 @@
 //! The telemetry contract as the import writers use it: the families, units, keys and span names
-//! of [`phasetrace::names`], with their Prometheus spellings derived by the live `/metrics` encoder's
+//! of [`phasetrace_names`], with their Prometheus spellings derived by the live `/metrics` encoder's
 //! own functions (dots to underscores, `_seconds` for the unit `s`, `_total` on counter
 //! samples), so that a live run and an imported log land in the same series and traces look
 //! alike. `cli/tests/it/imported_series_are_the_series_a_live_run_exports.rs` compares the two.
 //!
 //! Keys that only an import has (`tag`, `source.file`, `source.run`) are defined in
-//! [`phasetrace::names::attr`] too.
+//! [`phasetrace_names::attr`] too.
 
 use phasetrace::config::Timing;
-use phasetrace::names::prometheus;
-use phasetrace::names::{attr, metric, span};
 use phasetrace::vocab::{Section, Site};
+use phasetrace_names::prometheus;
+use phasetrace_names::{attr, metric, span};
 use std::borrow::Cow;
 
 /// `service.name` of every imported resource.
@@ -160,7 +160,7 @@ impl Family {
     }
 
     /// The Prometheus family name (`# TYPE` line; counters without `_total`), by the live
-    /// endpoint's own rule ([`phasetrace::names::prometheus::metric_name`]).
+    /// endpoint's own rule ([`phasetrace_names::prometheus::metric_name`]).
     pub(crate) fn prom_family(self) -> String {
         let base = prometheus::metric_name(self.otel_name(), self.unit());
         match base.strip_suffix("_total") {

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! The series are those a live run exports (names, units and attribute keys of
-//! [`phasetrace::names`]; see `series` for which record feeds which): section durations by bucket,
+//! [`phasetrace_names`]; see `series` for which record feeds which): section durations by bucket,
 //! rendezvous waits by site, the per-layer counters of each route-trace probe by (bucket,
 //! site, layer), and `rank` and `group` on all of them.
 //!
@@ -73,7 +73,7 @@
 //! ```
 //!
 //! The `phasetrace import` command (`phasetrace-cli`) is its user. It reads the telemetry contract
-//! (`phasetrace::names`, `phasetrace::vocab`), the settings (`phasetrace::config::settings`) and
+//! (`phasetrace_names`, `phasetrace::vocab`), the settings (`phasetrace::config::settings`) and
 //! the OTLP settings (`phasetrace::config::OtlpConfig`) through the core's public API only.
 
 mod contract;
@@ -1017,3 +1017,12 @@ pub fn import_path_with_progress(
 
 #[cfg(test)]
 mod tests;
+
+/// The default a live process takes for the setting of `var` when nothing sets it (the
+/// library's settings table is the one home of defaults), parsed; `T::default()` only if the
+/// table has no such setting.
+pub(crate) fn live_default<T: std::str::FromStr + Default>(var: &str) -> T {
+    phasetrace::config::settings::find(var)
+        .and_then(|s| s.default_text().parse().ok())
+        .unwrap_or_default()
+}

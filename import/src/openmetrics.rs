@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The names are the Prometheus names of the live exporter (derived by its encoder's rule from
-//! [`phasetrace::names`]), so backfilled and live data share series, dashboards and rules. Labels:
+//! [`phasetrace_names`]), so backfilled and live data share series, dashboards and rules. Labels:
 //! the live ones (`bucket`, `site` of a probe bucket, `rank`, `group` on section times; `site`,
 //! `rank`, `group` on waits; `layer` on the per-layer counters only; `tag` and `phase` or `part`
 //! on speculative ones), plus `source_file` and `source_run`.
@@ -33,7 +33,6 @@ use std::io::Write;
 use super::contract::{Family, Key, Shape};
 use super::series::{self, Point, Series, SeriesSet};
 use super::{ImportError, ImportedFile};
-use phasetrace::config::settings;
 
 /// Options of the OpenMetrics writer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,8 +52,8 @@ impl Default for OpenMetricsOptions {
     fn default() -> Self {
         Self {
             sample_interval_ns: 1_000_000,
-            rank: settings::RANK.default_value(),
-            group: settings::GROUP.default_value(),
+            rank: crate::live_default(phasetrace_names::env::RANK),
+            group: crate::live_default(phasetrace_names::env::GROUP),
         }
     }
 }

@@ -45,8 +45,7 @@ use super::contract::{
 };
 use super::series::{self, Resource};
 use super::{ImportError, ImportRecord, ImportedFile};
-use phasetrace::config::settings;
-use phasetrace::names::resource;
+use phasetrace_names::resource;
 
 /// The default [`OtlpOptions::max_request_bytes`]: 4,000,000 bytes, under the 4 MiB
 /// (4,194,304-byte) message limit that OTLP/gRPC receivers apply by default.
@@ -77,8 +76,8 @@ impl Default for OtlpOptions {
             max_items_per_request: 5000,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             sample_interval_ns: 1_000_000,
-            rank: settings::RANK.default_value(),
-            group: settings::GROUP.default_value(),
+            rank: crate::live_default(phasetrace_names::env::RANK),
+            group: crate::live_default(phasetrace_names::env::GROUP),
         }
     }
 }
@@ -723,7 +722,7 @@ pub fn write_json_line<W: Write, M: serde::Serialize>(
 mod tests {
     use super::*;
     use crate::{ImportOptions, import_reader};
-    use phasetrace::names::{attr, metric};
+    use phasetrace_names::{attr, metric};
     use serde_json::{Value, json};
 
     fn sample() -> ImportedFile {

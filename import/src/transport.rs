@@ -181,7 +181,7 @@ pub(crate) const TRACES_PATH: &str = "/v1/traces";
 fn certificate_err(path: &std::path::Path, detail: impl std::fmt::Display) -> String {
     format!(
         "{}={}: cannot read the CA certificate ({detail})",
-        phasetrace::names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+        phasetrace_names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
         path.display()
     )
 }

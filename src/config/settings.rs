@@ -11,9 +11,9 @@
 //!
 //! # Adding a setting
 //!
-//! 1. Name its variable in [`crate::names::env`] (and its default in `crate::names::default`
+//! 1. Name its variable in [`phasetrace_names::env`] (the `phasetrace-names` crate) (and its default in `crate::names::default`
 //!    when other code needs it too).
-//! 2. Add a `pub static` [`Setting`] below and list it in [`SETTINGS`]. A closed set of values
+//! 2. Add a `pub(crate) static` `Setting` below and list it in [`SETTINGS`]. A closed set of values
 //!    is an enum with `FromStr` and `Display` (the `closed_set!` macro in `config.rs` writes
 //!    both, plus `as_str`, `ALL` and `EXPECTED`); `show` must print what `parse` reads back, and
 //!    `example` is a valid non-default value that works together with every other example (the
@@ -45,28 +45,31 @@ use std::time::Duration;
 
 /// What a setting's value may be: cloned out of the builder, compared in tests, shared between
 /// threads.
-pub trait SettingValue: Clone + PartialEq + fmt::Debug + Send + Sync + 'static {}
+pub(crate) trait SettingValue:
+    Clone + PartialEq + fmt::Debug + Send + Sync + 'static
+{
+}
 impl<T: Clone + PartialEq + fmt::Debug + Send + Sync + 'static> SettingValue for T {}
 
 /// One setting: everything about it that is not its use.
-pub struct Setting<T: 'static> {
+pub(crate) struct Setting<T: 'static> {
     /// The environment variable.
-    pub var: &'static str,
+    pub(crate) var: &'static str,
     /// Variables read, in order, when `var` is unset (launchers' `RANK`, ...).
-    pub fallbacks: &'static [&'static str],
+    pub(crate) fallbacks: &'static [&'static str],
     /// The CLI flag (`level` for `--level`), when the `phasetrace` command has one.
-    pub flag: Option<&'static str>,
+    pub(crate) flag: Option<&'static str>,
     /// One line: what it does.
-    pub doc: &'static str,
+    pub(crate) doc: &'static str,
     /// What is accepted, as errors and `--help` say it (`off, 0, full, 1, collectives or 2`).
-    pub expected: &'static str,
+    pub(crate) expected: &'static str,
     /// A valid value other than the default, for `--help`, docs and the tests that walk the
     /// table.
-    pub example: &'static str,
+    pub(crate) example: &'static str,
     /// When the default depends on other settings, the words that say how (else empty).
-    pub default_note: &'static str,
+    pub(crate) default_note: &'static str,
     /// Values are secrets: never printed (`key=****`).
-    pub secret: bool,
+    pub(crate) secret: bool,
     default: fn() -> T,
     /// Parses one trimmed, non-empty value; `Err` carries a detail for the message (or "").
     parse: fn(&str) -> Result<T, String>,
@@ -80,7 +83,7 @@ pub struct Setting<T: 'static> {
 
 impl<T: SettingValue> Setting<T> {
     /// Parses a value as the variable reads it (trimmed; case-insensitive for closed sets).
-    pub fn parse(&self, text: &str) -> Result<T, Expected> {
+    pub(crate) fn parse(&self, text: &str) -> Result<T, Expected> {
         (self.parse)(text.trim()).map_err(|detail| {
             Expected(if detail.is_empty() {
                 self.expected.to_owned()
@@ -91,13 +94,13 @@ impl<T: SettingValue> Setting<T> {
     }
 
     /// The default value (see [`Setting::default_note`] for defaults that depend on others).
-    pub fn default_value(&self) -> T {
+    pub(crate) fn default_value(&self) -> T {
         (self.default)()
     }
 
     /// The value as `check` prints it: the variable's spelling, masked when secret, `(none)`
     /// when unset.
-    pub fn show(&self, value: &T) -> String {
+    pub(crate) fn show(&self, value: &T) -> String {
         match (self.show)(value) {
             None => "(none)".to_owned(),
             Some(s) if self.secret => mask(&s),
@@ -119,7 +122,7 @@ impl<T: SettingValue> Setting<T> {
     }
 
     /// The value `cfg` holds, `None` where the setting does not apply.
-    pub fn get(&self, cfg: &Config) -> Option<T> {
+    pub(crate) fn get(&self, cfg: &Config) -> Option<T> {
         (self.get)(cfg)
     }
 }
@@ -141,7 +144,8 @@ impl<T> fmt::Debug for Setting<T> {
     }
 }
 
-/// A [`Setting`] of any value type: what the table, `check` and the CLI flags walk.
+/// A setting of any value type: what the table, `check`, the CLI flags and
+/// [`crate::ProfilerBuilder::with_text`] walk.
 pub trait AnySetting: Sync + Send + fmt::Debug {
     /// The environment variable.
     fn var(&self) -> &'static str;
@@ -317,7 +321,7 @@ fn show_kv(list: &Vec<(String, String)>) -> Option<String> {
 }
 
 /// Which sections are recorded.
-pub static LEVEL: Setting<Level> = Setting {
+pub(crate) static LEVEL: Setting<Level> = Setting {
     var: env::LEVEL,
     fallbacks: &[],
     flag: Some("level"),
@@ -333,7 +337,7 @@ pub static LEVEL: Setting<Level> = Setting {
 };
 
 /// Speculative-decoding detail.
-pub static SPEC_LEVEL: Setting<SpecLevel> = Setting {
+pub(crate) static SPEC_LEVEL: Setting<SpecLevel> = Setting {
     var: env::SPEC_LEVEL,
     fallbacks: &[],
     flag: Some("spec-level"),
@@ -349,7 +353,7 @@ pub static SPEC_LEVEL: Setting<SpecLevel> = Setting {
 };
 
 /// Spans for one step (and round) in N.
-pub static TRACE_EVERY: Setting<u64> = Setting {
+pub(crate) static TRACE_EVERY: Setting<u64> = Setting {
     var: env::TRACE_EVERY,
     fallbacks: &[],
     flag: Some("trace-every"),
@@ -365,7 +369,7 @@ pub static TRACE_EVERY: Setting<u64> = Setting {
 };
 
 /// Tail-based tracing: also trace the steps (and rounds) slower than this.
-pub static TRACE_SLOWER_THAN: Setting<TraceSlowerThan> = Setting {
+pub(crate) static TRACE_SLOWER_THAN: Setting<TraceSlowerThan> = Setting {
     var: env::TRACE_SLOWER_THAN,
     fallbacks: &[],
     flag: Some("trace-slower-than"),
@@ -381,7 +385,7 @@ pub static TRACE_SLOWER_THAN: Setting<TraceSlowerThan> = Setting {
 };
 
 /// Most tail traces a second per rank.
-pub static TRACE_SLOW_BUDGET: Setting<u32> = Setting {
+pub(crate) static TRACE_SLOW_BUDGET: Setting<u32> = Setting {
     var: env::TRACE_SLOW_BUDGET,
     fallbacks: &[],
     flag: Some("trace-slow-budget"),
@@ -400,7 +404,7 @@ pub static TRACE_SLOW_BUDGET: Setting<u32> = Setting {
 };
 
 /// Read one CUDA-graph replay in N.
-pub static GRAPH_READ_EVERY: Setting<u64> = Setting {
+pub(crate) static GRAPH_READ_EVERY: Setting<u64> = Setting {
     var: env::GRAPH_READ_EVERY,
     fallbacks: &[],
     flag: Some("graph-read-every"),
@@ -416,7 +420,7 @@ pub static GRAPH_READ_EVERY: Setting<u64> = Setting {
 };
 
 /// The `layer` attribute on section metrics.
-pub static LAYER_ATTR: Setting<bool> = Setting {
+pub(crate) static LAYER_ATTR: Setting<bool> = Setting {
     var: env::LAYER_ATTR,
     fallbacks: &[],
     flag: Some("layer-attr"),
@@ -432,7 +436,7 @@ pub static LAYER_ATTR: Setting<bool> = Setting {
 };
 
 /// Console summary every N steps.
-pub static SUMMARY_EVERY: Setting<u64> = Setting {
+pub(crate) static SUMMARY_EVERY: Setting<u64> = Setting {
     var: env::SUMMARY_EVERY,
     fallbacks: &[],
     flag: Some("summary-every"),
@@ -448,7 +452,7 @@ pub static SUMMARY_EVERY: Setting<u64> = Setting {
 };
 
 /// Console speculative line every N rounds.
-pub static SPEC_SUMMARY_EVERY: Setting<u64> = Setting {
+pub(crate) static SPEC_SUMMARY_EVERY: Setting<u64> = Setting {
     var: env::SPEC_SUMMARY_EVERY,
     fallbacks: &[],
     flag: Some("spec-summary-every"),
@@ -464,7 +468,7 @@ pub static SPEC_SUMMARY_EVERY: Setting<u64> = Setting {
 };
 
 /// The embedded Prometheus endpoint.
-pub static PROMETHEUS: Setting<Listen> = Setting {
+pub(crate) static PROMETHEUS: Setting<Listen> = Setting {
     var: env::PROMETHEUS,
     fallbacks: &[],
     flag: Some("prometheus"),
@@ -480,7 +484,7 @@ pub static PROMETHEUS: Setting<Listen> = Setting {
 };
 
 /// The Prometheus endpoint's web configuration file.
-pub static PROMETHEUS_WEB_CONFIG: Setting<Option<PathBuf>> = Setting {
+pub(crate) static PROMETHEUS_WEB_CONFIG: Setting<Option<PathBuf>> = Setting {
     var: env::PROMETHEUS_WEB_CONFIG,
     fallbacks: &[],
     flag: Some("prometheus-web-config"),
@@ -496,7 +500,7 @@ pub static PROMETHEUS_WEB_CONFIG: Setting<Option<PathBuf>> = Setting {
 };
 
 /// Per-recorder buffer capacity.
-pub static QUEUE: Setting<usize> = Setting {
+pub(crate) static QUEUE: Setting<usize> = Setting {
     var: env::QUEUE,
     fallbacks: &[],
     flag: Some("queue"),
@@ -515,7 +519,7 @@ pub static QUEUE: Setting<usize> = Setting {
 };
 
 /// This process's rank.
-pub static RANK: Setting<u32> = Setting {
+pub(crate) static RANK: Setting<u32> = Setting {
     var: env::RANK,
     fallbacks: &env::RANK_FALLBACKS,
     flag: None,
@@ -532,7 +536,7 @@ pub static RANK: Setting<u32> = Setting {
 
 /// The collective group of this process's ranks: the `group` attribute on every series and
 /// span, so that ranks are compared only within their group.
-pub static GROUP: Setting<String> = Setting {
+pub(crate) static GROUP: Setting<String> = Setting {
     var: env::GROUP,
     fallbacks: &[],
     flag: Some("group"),
@@ -560,7 +564,7 @@ pub static GROUP: Setting<String> = Setting {
 
 /// The MoE expert-load telemetry: tokens per layer, imbalance, hot experts, and the in-process
 /// per-(layer, expert) counts (`Profiler::expert_load`).
-pub static EXPERT_COUNTER: Setting<bool> = Setting {
+pub(crate) static EXPERT_COUNTER: Setting<bool> = Setting {
     var: env::EXPERT_COUNTER,
     fallbacks: &[],
     flag: Some("expert-counter"),
@@ -576,7 +580,7 @@ pub static EXPERT_COUNTER: Setting<bool> = Setting {
 };
 
 /// Routed experts per MoE layer (the mean of the imbalance counts experts that got nothing).
-pub static MOE_EXPERTS: Setting<u32> = Setting {
+pub(crate) static MOE_EXPERTS: Setting<u32> = Setting {
     var: env::MOE_EXPERTS,
     fallbacks: &[],
     flag: Some("moe-experts"),
@@ -595,7 +599,7 @@ pub static MOE_EXPERTS: Setting<u32> = Setting {
 };
 
 /// Steps of a rank per expert-load window.
-pub static EXPERT_WINDOW: Setting<u32> = Setting {
+pub(crate) static EXPERT_WINDOW: Setting<u32> = Setting {
     var: env::EXPERT_WINDOW,
     fallbacks: &[],
     flag: Some("expert-window"),
@@ -614,7 +618,7 @@ pub static EXPERT_WINDOW: Setting<u32> = Setting {
 };
 
 /// Hot experts exported per (layer, rank).
-pub static EXPERT_TOP: Setting<u32> = Setting {
+pub(crate) static EXPERT_TOP: Setting<u32> = Setting {
     var: env::EXPERT_TOP,
     fallbacks: &[],
     flag: Some("expert-top"),
@@ -633,7 +637,7 @@ pub static EXPERT_TOP: Setting<u32> = Setting {
 };
 
 /// Expert-parallel placement: the group's first N ranks host the experts in contiguous blocks.
-pub static EXPERT_PARALLEL: Setting<u32> = Setting {
+pub(crate) static EXPERT_PARALLEL: Setting<u32> = Setting {
     var: env::EXPERT_PARALLEL,
     fallbacks: &[],
     flag: None,
@@ -652,7 +656,7 @@ pub static EXPERT_PARALLEL: Setting<u32> = Setting {
 };
 
 /// The timing backend.
-pub static TIMING: Setting<Timing> = Setting {
+pub(crate) static TIMING: Setting<Timing> = Setting {
     var: env::TIMING,
     fallbacks: &[],
     flag: Some("timing"),
@@ -668,7 +672,7 @@ pub static TIMING: Setting<Timing> = Setting {
 };
 
 /// Where host-clock boundaries are read from.
-pub static HOST_CLOCK: Setting<HostSourceChoice> = Setting {
+pub(crate) static HOST_CLOCK: Setting<HostSourceChoice> = Setting {
     var: env::HOST_CLOCK,
     fallbacks: &[],
     flag: Some("host-clock"),
@@ -684,7 +688,7 @@ pub static HOST_CLOCK: Setting<HostSourceChoice> = Setting {
 };
 
 /// Turns phasetrace off entirely.
-pub static SDK_DISABLED: Setting<bool> = Setting {
+pub(crate) static SDK_DISABLED: Setting<bool> = Setting {
     var: env::OTEL_SDK_DISABLED,
     fallbacks: &[],
     flag: None,
@@ -704,7 +708,7 @@ pub static SDK_DISABLED: Setting<bool> = Setting {
 };
 
 /// Resource `service.name`.
-pub static SERVICE_NAME: Setting<String> = Setting {
+pub(crate) static SERVICE_NAME: Setting<String> = Setting {
     var: env::OTEL_SERVICE_NAME,
     fallbacks: &[],
     flag: Some("service-name"),
@@ -720,7 +724,7 @@ pub static SERVICE_NAME: Setting<String> = Setting {
 };
 
 /// Extra resource attributes.
-pub static RESOURCE_ATTRIBUTES: Setting<Vec<(String, String)>> = Setting {
+pub(crate) static RESOURCE_ATTRIBUTES: Setting<Vec<(String, String)>> = Setting {
     var: env::OTEL_RESOURCE_ATTRIBUTES,
     fallbacks: &[],
     flag: None,
@@ -736,7 +740,7 @@ pub static RESOURCE_ATTRIBUTES: Setting<Vec<(String, String)>> = Setting {
 };
 
 /// The OTLP endpoint.
-pub static OTLP_ENDPOINT: Setting<Option<String>> = Setting {
+pub(crate) static OTLP_ENDPOINT: Setting<Option<String>> = Setting {
     var: env::OTEL_EXPORTER_OTLP_ENDPOINT,
     fallbacks: &[],
     flag: Some("otlp-endpoint"),
@@ -752,7 +756,7 @@ pub static OTLP_ENDPOINT: Setting<Option<String>> = Setting {
 };
 
 /// The OTLP transport.
-pub static OTLP_PROTOCOL: Setting<Protocol> = Setting {
+pub(crate) static OTLP_PROTOCOL: Setting<Protocol> = Setting {
     var: env::OTEL_EXPORTER_OTLP_PROTOCOL,
     fallbacks: &[],
     flag: Some("otlp-protocol"),
@@ -775,7 +779,7 @@ pub static OTLP_PROTOCOL: Setting<Protocol> = Setting {
 };
 
 /// OTLP request headers.
-pub static OTLP_HEADERS: Setting<Vec<(String, String)>> = Setting {
+pub(crate) static OTLP_HEADERS: Setting<Vec<(String, String)>> = Setting {
     var: env::OTEL_EXPORTER_OTLP_HEADERS,
     fallbacks: &[],
     flag: None,
@@ -791,7 +795,7 @@ pub static OTLP_HEADERS: Setting<Vec<(String, String)>> = Setting {
 };
 
 /// OTLP export timeout.
-pub static OTLP_TIMEOUT: Setting<Duration> = Setting {
+pub(crate) static OTLP_TIMEOUT: Setting<Duration> = Setting {
     var: env::OTEL_EXPORTER_OTLP_TIMEOUT,
     fallbacks: &[],
     flag: None,
@@ -807,7 +811,7 @@ pub static OTLP_TIMEOUT: Setting<Duration> = Setting {
 };
 
 /// gzip compression of OTLP requests.
-pub static OTLP_COMPRESSION: Setting<super::Compression> = Setting {
+pub(crate) static OTLP_COMPRESSION: Setting<super::Compression> = Setting {
     var: env::OTEL_EXPORTER_OTLP_COMPRESSION,
     fallbacks: &[],
     flag: None,
@@ -827,7 +831,7 @@ pub static OTLP_COMPRESSION: Setting<super::Compression> = Setting {
 };
 
 /// A custom CA for `https://` endpoints.
-pub static OTLP_CERTIFICATE: Setting<Option<PathBuf>> = Setting {
+pub(crate) static OTLP_CERTIFICATE: Setting<Option<PathBuf>> = Setting {
     var: env::OTEL_EXPORTER_OTLP_CERTIFICATE,
     fallbacks: &[],
     flag: None,
@@ -843,7 +847,7 @@ pub static OTLP_CERTIFICATE: Setting<Option<PathBuf>> = Setting {
 };
 
 /// Histogram aggregation of OTLP metrics.
-pub static OTLP_HISTOGRAM: Setting<HistogramAggregation> = Setting {
+pub(crate) static OTLP_HISTOGRAM: Setting<HistogramAggregation> = Setting {
     var: env::OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
     fallbacks: &[],
     flag: None,
@@ -859,7 +863,7 @@ pub static OTLP_HISTOGRAM: Setting<HistogramAggregation> = Setting {
 };
 
 /// How often metrics are pushed over OTLP.
-pub static METRIC_EXPORT_INTERVAL: Setting<Duration> = Setting {
+pub(crate) static METRIC_EXPORT_INTERVAL: Setting<Duration> = Setting {
     var: env::OTEL_METRIC_EXPORT_INTERVAL,
     fallbacks: &[],
     flag: None,
@@ -875,7 +879,7 @@ pub static METRIC_EXPORT_INTERVAL: Setting<Duration> = Setting {
 };
 
 /// Where spans go.
-pub static TRACES_EXPORTER: Setting<TracesExporter> = Setting {
+pub(crate) static TRACES_EXPORTER: Setting<TracesExporter> = Setting {
     var: env::OTEL_TRACES_EXPORTER,
     fallbacks: &[],
     flag: None,
@@ -899,7 +903,7 @@ pub static TRACES_EXPORTER: Setting<TracesExporter> = Setting {
 };
 
 /// Where metrics go.
-pub static METRICS_EXPORTER: Setting<MetricsExporters> = Setting {
+pub(crate) static METRICS_EXPORTER: Setting<MetricsExporters> = Setting {
     var: env::OTEL_METRICS_EXPORTER,
     fallbacks: &[],
     flag: None,
@@ -925,7 +929,7 @@ pub static METRICS_EXPORTER: Setting<MetricsExporters> = Setting {
 macro_rules! per_signal {
     ($(#[$m:meta])* $name:ident: $t:ty = $base:ident, $var:expr, $signal:literal, $field:ident.$part:ident, $doc:literal, $example:literal) => {
         $(#[$m])*
-        pub static $name: Setting<Option<$t>> = Setting {
+        pub(crate) static $name: Setting<Option<$t>> = Setting {
             var: $var,
             fallbacks: &[],
             flag: None,

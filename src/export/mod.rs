@@ -634,14 +634,13 @@ impl Exporters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::settings;
 
     /// A configuration with OTLP traces and metrics and the Prometheus endpoint all asked for.
     fn everything() -> Config {
         crate::Profiler::builder()
             .without_env()
             .with_otlp_endpoint(Some("http://127.0.0.1:9"))
-            .with_text(&settings::METRICS_EXPORTER, "otlp,prometheus")
+            .with_text(crate::names::env::OTEL_METRICS_EXPORTER, "otlp,prometheus")
             .expect("exporters")
             .with_prometheus_at(([127, 0, 0, 1], 0))
             .config()

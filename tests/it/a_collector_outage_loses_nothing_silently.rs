@@ -77,7 +77,7 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
     // Metrics are cumulative: nothing recorded during the outage is missing from the counts.
     let norm = out
         .latest_point(
-            phasetrace::names::metric::SECTION_LAYER_CALLS,
+            phasetrace_names::metric::SECTION_LAYER_CALLS,
             &[("bucket", "norm"), ("layer", "0")],
         )
         .expect("norm point");
@@ -86,8 +86,8 @@ fn export_resumes_after_a_restart_and_lost_spans_are_counted() {
     // first export that works (exports run every 300 ms: the outage spans several).
     let exports = |o: &support::ParsedOutput, result: &str| {
         o.latest_point(
-            phasetrace::names::metric::METRIC_EXPORTS,
-            &[(phasetrace::names::attr::RESULT, result)],
+            phasetrace_names::metric::METRIC_EXPORTS,
+            &[(phasetrace_names::attr::RESULT, result)],
         )
         .and_then(|pt| pt.value)
         .unwrap_or(0.0)

@@ -9,7 +9,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use phasetrace::config::{TracesExporter, settings};
+use phasetrace::config::TracesExporter;
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
 
 /// What one case turns on.
@@ -29,7 +29,7 @@ fn case(endpoint: &str, protocol: Protocol, exporters: Exporters) {
         .with_level(Level::Full)
         .with_trace_every(1)
         .with_shutdown_timeout(Duration::from_secs(2))
-        .with(&settings::OTLP_TIMEOUT, Duration::from_millis(500));
+        .with_otlp_timeout(Duration::from_millis(500));
     let b = match exporters {
         Exporters::OtlpBoth => b
             .without_prometheus()
@@ -39,10 +39,10 @@ fn case(endpoint: &str, protocol: Protocol, exporters: Exporters) {
             .without_prometheus()
             .with_otlp_endpoint(Some(endpoint))
             .with_otlp_protocol(protocol)
-            .with(&settings::TRACES_EXPORTER, TracesExporter::None),
+            .with_traces_exporter(TracesExporter::None),
         Exporters::PrometheusAndConsole => b
             .with_prometheus_at(([127, 0, 0, 1], 0))
-            .with(&settings::TRACES_EXPORTER, TracesExporter::Console),
+            .with_traces_exporter(TracesExporter::Console),
     };
     let profiler = b
         .build()

@@ -7,7 +7,7 @@
 //! readable until the next launch of the same graph re-records its events, so the tests that
 //! expect every replay read flush before the next launch, as the background worker must.
 
-use phasetrace::names::DropReason;
+use phasetrace::DropReason;
 use phasetrace::timing::Clock;
 use phasetrace::{CapturedGraph, Level, Profiler, Recorder, Section, Site, Stats, Timing};
 use phasetrace_sim::{SimCaptureError, SimEventClock, SimGraph, SimStream};

@@ -6,9 +6,9 @@
 
 use crate::support;
 
-use phasetrace::names::{attr, span};
 use phasetrace::timing::{host_source, monotonic_ns, to_system_time};
 use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace_names::{attr, span};
 use phasetrace_sim::SimStream;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, UNIX_EPOCH};

@@ -9,8 +9,8 @@
 
 use std::process::Command;
 
-use phasetrace::names::env;
 use phasetrace::{Level, Profiler, Section, Site, SpecLevel};
+use phasetrace_names::env;
 
 const CHILD: &str = "PHASETRACE_TEST_ALIAS_CHILD";
 /// This test's path in the test binary (module, then function), for `--exact`.

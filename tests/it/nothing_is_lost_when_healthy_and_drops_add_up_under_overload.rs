@@ -47,7 +47,7 @@ fn a_million_sections_arrive_exactly() {
     assert!(recorded >= 1_000_000);
     assert_eq!(s.sections, recorded);
     // Slow steps over the tail budget are counted too, but nothing recorded is lost.
-    let tail = s.dropped[phasetrace::names::DropReason::TailBudget];
+    let tail = s.dropped[phasetrace::DropReason::TailBudget];
     assert_eq!(s.dropped.total() - tail, 0, "{s:?}");
     // 25 sampled steps, and the slow ones (`p99` by default, within the budget): 1 step span +
     // 10 layer spans + 40 section spans each.
@@ -74,7 +74,7 @@ fn a_million_sections_arrive_exactly() {
             after.sections,
             after.steps,
             after.spans,
-            after.dropped.total() - after.dropped[phasetrace::names::DropReason::TailBudget]
+            after.dropped.total() - after.dropped[phasetrace::DropReason::TailBudget]
         ),
         (recorded, steps, s.spans, 0),
         "stats after shutdown keep the final figures: {after:?}"

@@ -7,7 +7,6 @@
 use crate::support;
 
 use crate::manual_clock::Manual;
-use phasetrace::config::settings;
 use phasetrace::{Level, Profiler, RecorderOptions, Section, Site};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,9 +35,12 @@ fn a_scrape_and_an_otlp_export_read_the_same_totals() {
         .with_trace_every(0)
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_prometheus_at(([127, 0, 0, 1], 0))
-        .with_text(&settings::METRICS_EXPORTER, "otlp,prometheus")
+        .with_text(
+            phasetrace_names::env::OTEL_METRICS_EXPORTER,
+            "otlp,prometheus",
+        )
         .expect("metrics exporters")
-        .with_text(&settings::METRIC_EXPORT_INTERVAL, "500")
+        .with_text(phasetrace_names::env::OTEL_METRIC_EXPORT_INTERVAL, "500")
         .expect("interval")
         .build()
         .expect("profiler");

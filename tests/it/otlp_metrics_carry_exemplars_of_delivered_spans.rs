@@ -8,8 +8,8 @@
 use crate::support;
 
 use phasetrace::config::{HistogramAggregation, TraceSlowerThan};
-use phasetrace::names::{attr, metric, span};
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace_names::{attr, metric, span};
 use std::time::Duration;
 use support::{MetricKind, ParsedOutput, Rotel};
 

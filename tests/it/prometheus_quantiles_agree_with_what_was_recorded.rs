@@ -55,7 +55,7 @@ fn durations_us(bucket: &str) -> Vec<u64> {
 /// Prometheus' `histogram_quantile` on a histogram with the contract's boundaries, computed the
 /// way Prometheus does: find the bucket holding rank `q * count` and interpolate linearly.
 fn expected_quantile(q: f64, values_s: &[f64]) -> f64 {
-    let bounds = phasetrace::names::metric::DURATION_BOUNDARIES;
+    let bounds = phasetrace_names::metric::DURATION_BOUNDARIES;
     let cumulative: Vec<f64> = bounds
         .iter()
         .map(|b| values_s.iter().filter(|v| **v <= *b).count() as f64)
@@ -73,7 +73,7 @@ fn expected_quantile(q: f64, values_s: &[f64]) -> f64 {
 
 /// The bucket `(lower, upper]` that holds `v`.
 fn bucket_of(v: f64) -> (f64, f64) {
-    let bounds = phasetrace::names::metric::DURATION_BOUNDARIES;
+    let bounds = phasetrace_names::metric::DURATION_BOUNDARIES;
     let i = bounds.iter().position(|b| v <= *b).unwrap();
     (if i == 0 { 0.0 } else { bounds[i - 1] }, bounds[i])
 }

@@ -7,7 +7,6 @@
 
 use crate::support;
 
-use phasetrace::config::settings;
 use phasetrace::{DropReason, Layer, Level, Profiler};
 
 /// The value of the one sample `name{labels...}` on the page (labels in any order).
@@ -30,10 +29,10 @@ fn routed_tokens_add_up_per_layer_and_out_of_range_ids_are_counted() {
         .without_env()
         .with_level(Level::Full)
         .with_expert_counter(true)
-        .with(&settings::MOE_EXPERTS, EXPERTS)
-        .with(&settings::EXPERT_WINDOW, STEPS)
-        .with(&settings::EXPERT_TOP, 2)
-        .with(&settings::EXPERT_PARALLEL, 4)
+        .with_moe_experts(EXPERTS)
+        .with_expert_window(STEPS)
+        .with_expert_top(2)
+        .with_expert_parallel(4)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_summary_every(0)
         .build()

@@ -8,8 +8,8 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phasetrace::names::{attr, metric, resource, span};
 use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace_names::{attr, metric, resource, span};
 use support::{MetricKind, ParsedOutput, ReceivedSpan, Rotel};
 
 const WAIT: Duration = Duration::from_secs(20);

@@ -12,9 +12,9 @@ use std::time::Duration;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use phasetrace::config::settings;
-use phasetrace::names::{metric, span};
 use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace_names::env;
+use phasetrace_names::{metric, span};
 use support::Rotel;
 
 const STEPS: u64 = 5;
@@ -47,7 +47,7 @@ fn drive(profiler: &Profiler) {
 fn histogram_count(rm: &ResourceMetrics, name: &str) -> Option<u64> {
     let scope = rm
         .scope_metrics()
-        .find(|s| s.scope().name() == phasetrace::names::SCOPE)?;
+        .find(|s| s.scope().name() == phasetrace_names::SCOPE)?;
     assert_eq!(scope.scope().version(), Some(env!("CARGO_PKG_VERSION")));
     let m = scope.metrics().find(|m| m.name() == name)?;
     match m.data() {
@@ -177,11 +177,11 @@ fn the_metrics_endpoint_variable_wins_over_the_general_endpoint() {
         .without_prometheus()
         .with_otlp_endpoint(Some("http://127.0.0.1:9"))
         .with_text(
-            &settings::METRICS_ENDPOINT,
+            env::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
             &format!("{}/v1/metrics", rotel.http_endpoint()),
         )
-        .and_then(|b| b.with_text(&settings::METRICS_PROTOCOL, "http/protobuf"))
-        .and_then(|b| b.with_text(&settings::TRACES_EXPORTER, "none"))
+        .and_then(|b| b.with_text(env::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, "http/protobuf"))
+        .and_then(|b| b.with_text(env::OTEL_TRACES_EXPORTER, "none"))
         .expect("settings")
         .build()
         .expect("building the profiler");

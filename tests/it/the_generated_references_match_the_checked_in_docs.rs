@@ -1,6 +1,6 @@
 //! `docs/configuration.md` and `docs/telemetry.md` hold generated references: the settings
 //! table (`phasetrace::config::settings::SETTINGS`, through the crate's public API) and the
-//! telemetry contract (`src/names.rs`: every constant with its doc comment, and the values of its
+//! telemetry contract (`names/src/lib.rs` and `src/names.rs`: every constant with its doc comment, and the values of its
 //! enums). The generated text sits between two markers in each file; the prose around it is
 //! written by hand. The test fails when the checked-in text differs from what the sources give,
 //! and regenerates the files when asked:
@@ -273,7 +273,7 @@ fn telemetry(source: &str) -> Result<String, String> {
                 doc,
                 constants,
             } => {
-                let _ = writeln!(out, "### `names::{name}`\n");
+                let _ = writeln!(out, "### `phasetrace_names::{name}`\n");
                 if !doc.is_empty() {
                     let _ = writeln!(out, "{doc}\n");
                 }
@@ -294,7 +294,7 @@ fn telemetry(source: &str) -> Result<String, String> {
                 doc,
                 variants,
             } => {
-                let _ = writeln!(out, "### `names::{name}`\n");
+                let _ = writeln!(out, "### `phasetrace::names::{name}`\n");
                 if !doc.is_empty() {
                     let _ = writeln!(out, "{doc}\n");
                 }
@@ -359,9 +359,19 @@ fn check_or_regenerate(relative: &str, generated: &str) -> Option<String> {
     ))
 }
 
+/// The telemetry contract's source: the names (`names/src/lib.rs`, the `phasetrace-names`
+/// crate) and the values the library's API carries (`src/names.rs`: drop reasons, outcomes).
+fn contract_source() -> String {
+    ["names/src/lib.rs", "src/names.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root().join(f)).unwrap_or_else(|e| panic!("{f}: {e}")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn the_generated_references_match_the_checked_in_docs() {
-    let names = std::fs::read_to_string(root().join("src/names.rs")).expect("src/names.rs");
+    let names = contract_source();
     let telemetry = telemetry(&names).unwrap_or_else(|e| panic!("{e}"));
     let stale: Vec<String> = [
         check_or_regenerate("docs/configuration.md", &configuration()),
@@ -382,7 +392,7 @@ fn the_generated_references_match_the_checked_in_docs() {
 /// rather than leaving the reference short.
 #[test]
 fn the_names_reader_finds_every_drop_reason_and_metric() {
-    let names = std::fs::read_to_string(root().join("src/names.rs")).expect("src/names.rs");
+    let names = contract_source();
     let items = parse_names(&names).unwrap_or_else(|e| panic!("{e}"));
     let reasons: Vec<String> = items
         .iter()
@@ -409,11 +419,11 @@ fn the_names_reader_finds_every_drop_reason_and_metric() {
         })
         .expect("names.rs has mod metric");
     for name in [
-        phasetrace::names::metric::SECTION_DURATION,
-        phasetrace::names::metric::RECORDS_DROPPED,
-        phasetrace::names::metric::METRIC_EXPORTS,
-        phasetrace::names::metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
-        phasetrace::names::metric::UNIT_SECONDS,
+        phasetrace_names::metric::SECTION_DURATION,
+        phasetrace_names::metric::RECORDS_DROPPED,
+        phasetrace_names::metric::METRIC_EXPORTS,
+        phasetrace_names::metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
+        phasetrace_names::metric::UNIT_SECONDS,
     ] {
         assert!(metrics.contains(&name), "the reader missed {name}");
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use phasetrace::names::{attr, span};
 use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace_names::{attr, span};
 use support::Rotel;
 use tracing_subscriber::layer::SubscriberExt as _;
 

@@ -77,7 +77,7 @@ fn a_96_layer_model_serves_at_most_5000_series_and_600_kb_and_otlp_keeps_the_bud
     // OTLP: the same instruments, none overflowing, the same series count.
     let parsed = rotel.wait_for(
         |p| {
-            p.last_metric(phasetrace::names::metric::SECTION_LAYER_CALLS)
+            p.last_metric(phasetrace_names::metric::SECTION_LAYER_CALLS)
                 .is_some_and(|m| m.points.len() >= 1_500)
         },
         RUN,

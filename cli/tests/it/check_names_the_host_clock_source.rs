@@ -6,8 +6,8 @@ use crate::cli;
 use std::time::Duration;
 
 use cli::phasetrace;
-use phasetrace::names::attr;
 use phasetrace::timing::{HostSource, HostSourceReason, host_source};
+use phasetrace_names::attr;
 
 #[test]
 fn check_prints_the_host_clock_source_and_why() {
@@ -54,7 +54,7 @@ fn line_value(stdout: &str, key: &str) -> Option<String> {
 
 #[test]
 fn the_host_clock_setting_forces_the_monotonic_clock_or_insists_on_the_tsc() {
-    use phasetrace::names::env;
+    use phasetrace_names::env;
     // Forced monotonic, by flag and by variable: used whatever this machine's TSC is, and why.
     for (args, envs) in [
         (&["check", "--host-clock", "monotonic"][..], &[][..]),

@@ -8,7 +8,7 @@ use crate::cli;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use phasetrace::names::{attr, span};
+use phasetrace_names::{attr, span};
 use phasetrace_testkit::{Prometheus, Rotel, free_port, poll, url_encode};
 
 const WAIT: Duration = Duration::from_secs(60);

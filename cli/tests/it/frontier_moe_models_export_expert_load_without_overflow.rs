@@ -173,7 +173,7 @@ fn deepseek_and_kimi_shaped_models_export_no_overflow_and_route_steps_times_top_
     // OTLP: no instrument overflows, and the per-layer token counters arrive per rank.
     let parsed = rotel.wait_for(
         |p| {
-            p.metrics_named(phasetrace::names::metric::MOE_LAYER_TOKENS)
+            p.metrics_named(phasetrace_names::metric::MOE_LAYER_TOKENS)
                 .iter()
                 .flat_map(|m| &m.points)
                 .filter_map(|pt| pt.attr("group"))
@@ -193,7 +193,7 @@ fn deepseek_and_kimi_shaped_models_export_no_overflow_and_route_steps_times_top_
         }
     }
     let layers_384: BTreeSet<(&str, &str)> = parsed
-        .metrics_named(phasetrace::names::metric::MOE_LAYER_TOKENS)
+        .metrics_named(phasetrace_names::metric::MOE_LAYER_TOKENS)
         .iter()
         .flat_map(|m| &m.points)
         .filter(|pt| pt.attr("group") == Some("moe384"))

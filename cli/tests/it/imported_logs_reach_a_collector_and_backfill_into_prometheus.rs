@@ -6,8 +6,8 @@
 use crate::cli;
 use crate::support;
 
-use phasetrace::names::metric;
 use phasetrace_import::ImportRecord;
+use phasetrace_names::metric;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{Prometheus, Rotel, TempDir};

@@ -11,12 +11,12 @@
 use crate::cli;
 use crate::support;
 
-use phasetrace::names::{attr, metric};
 use phasetrace::{
     Layer, Level, Phase, Profiler, Protocol, Recorder, Section, SectionKind, Site, SpecLevel,
     VerifyPart,
 };
 use phasetrace_import::{ImportOptions, ImportRecord, ImportedFile, import_path, parse_time};
+use phasetrace_names::{attr, metric};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::{Rotel, TempDir};

@@ -8,7 +8,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phasetrace::names::{attr, metric, span};
+use phasetrace_names::{attr, metric, span};
 use support::{Prometheus, Rotel, free_port};
 
 const STEPS: u64 = 300;

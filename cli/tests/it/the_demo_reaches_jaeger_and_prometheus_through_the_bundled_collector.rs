@@ -19,7 +19,7 @@ use crate::the_straggler_alert_names_the_rank_its_group_waits_for::{RULES, alert
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use phasetrace::names::{attr, span};
+use phasetrace_names::{attr, span};
 
 const SERVICE: &str = "phasetrace-stack-e2e";
 const GROUP: &str = "e2e";

@@ -6,7 +6,8 @@ use crate::cli;
 
 use std::time::Duration;
 
-use phasetrace::names::{DropReason, attr, metric, span};
+use phasetrace::DropReason;
+use phasetrace_names::{attr, metric, span};
 use phasetrace_testkit::Rotel;
 
 const BUDGET: usize = 4;

@@ -7,7 +7,7 @@ use crate::cli;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use phasetrace::names::{attr, span};
+use phasetrace_names::{attr, span};
 use phasetrace_testkit::Rotel;
 
 const STEPS: u64 = 200;
