@@ -13,6 +13,9 @@ COPY cli ./cli
 COPY testkit ./testkit
 COPY import ./import
 COPY sim ./sim
+COPY names ./names
+COPY gpu-bench ./gpu-bench
+COPY examples ./examples
 RUN cargo build --release --locked --bin phasetrace \
     && install -m 0755 target/release/phasetrace /usr/local/bin/phasetrace
 
