@@ -22,6 +22,9 @@ pub(crate) struct Instruments {
     step: Histogram<f64>,
     steps: Counter<u64>,
     wait: Histogram<f64>,
+    /// The per-layer distributions (exponential on every provider: see `export::views`).
+    section_layer: Histogram<f64>,
+    wait_layer: Histogram<f64>,
     step_wait: Histogram<f64>,
     /// The expert-load instruments (`PHASETRACE_EXPERT_COUNTER=on`), registered callbacks.
     _expert_tokens: Option<ObservableCounter<u64>>,
@@ -163,7 +166,22 @@ impl Instruments {
                 &[KeyValue::new(attr::REASON, reason.as_str()), group.clone()],
             );
         }
+        let layer_dist = |name: &'static str, desc: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .build()
+        };
         Instruments {
+            section_layer: layer_dist(
+                metric::SECTION_LAYER_DURATION,
+                "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
+            ),
+            wait_layer: layer_dist(
+                metric::COLLECTIVE_LAYER_WAIT_DURATION,
+                "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
+            ),
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
@@ -232,6 +250,24 @@ impl Instruments {
     pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::COLLECTIVE_WAIT, kv, secs);
         self.wait.record(secs, kv);
+    }
+
+    /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
+    #[inline]
+    pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
+        with_layer(kv, layer, |kv| {
+            self.note(metric::SECTION_LAYER_DURATION, kv, secs);
+            self.section_layer.record(secs, kv);
+        });
+    }
+
+    /// One rendezvous wait in `layer`: `kv` as for [`Instruments::wait`], `layer` added.
+    #[inline]
+    pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
+        with_layer(kv, layer, |kv| {
+            self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
+            self.wait_layer.record(secs, kv);
+        });
     }
 
     /// One decode step: its duration and the time it spent waiting at rendezvous probes.
@@ -339,6 +375,15 @@ impl Instruments {
             self.accepted_length.record(u64::from(a), &kv);
         }
     }
+}
+
+/// `kv` (at most 4) and `layer`, on the stack: no allocation per measurement.
+#[inline]
+fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
+    let l = KeyValue::new(attr::LAYER, i64::from(layer));
+    let n = kv.len().min(4);
+    let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
+    f(&all[..=n]);
 }
 
 /// One section's totals for the console summary.
