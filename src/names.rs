@@ -155,6 +155,12 @@ pub mod metric {
     /// encoders.
     pub const LAYER_DISTRIBUTIONS: [&str; 2] =
         [SECTION_LAYER_DURATION, COLLECTIVE_LAYER_WAIT_DURATION];
+    /// The per-layer section counters that the protobuf scrape leaves out when it serves
+    /// [`SECTION_LAYER_DURATION`]: each native histogram carries its own sum and count
+    /// (`histogram_sum`/`histogram_count` of it are these counters' `rate`s), and serving both
+    /// would not fit a 96-layer rank in the series budget. The text scrapes keep them.
+    pub const LAYER_COUNTERS_IN_DISTRIBUTIONS: [&str; 2] =
+        [SECTION_LAYER_TIME, SECTION_LAYER_CALLS];
     /// The most buckets of one per-layer distribution (the SDK lowers the scale to fit).
     pub const LAYER_DISTRIBUTION_MAX_BUCKETS: u32 = 160;
 

@@ -17,6 +17,7 @@
 //! `otel_scope_name` label on every line.
 
 use super::proto;
+use crate::names::metric;
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::metrics::data::{
     AggregatedMetrics, Gauge, Histogram, HistogramDataPoint, Metric, MetricData, ResourceMetrics,
@@ -431,7 +432,9 @@ fn write_exemplar(out: &mut String, e: &Exemplar) {
 /// Writes `rm` as delimited `MetricFamily` messages to `out`: counters, gauges, explicit-bucket
 /// histograms as classic histograms, and base-2 exponential histograms as native histograms
 /// (schema, zero bucket, spans and deltas); `exemplars` may add exemplars to classic buckets.
-/// Names and labels as in the text formats.
+/// Names and labels as in the text formats. With the per-layer section distribution present,
+/// the per-layer section counters it carries are left out
+/// ([`metric::LAYER_COUNTERS_IN_DISTRIBUTIONS`]).
 pub(crate) fn encode_protobuf(
     rm: &ResourceMetrics,
     exemplars: Option<ExemplarSource<'_>>,
@@ -488,8 +491,16 @@ pub(crate) fn encode_protobuf(
         ),
         out,
     );
+    // The per-layer section counters are in the per-layer distributions' sums and counts.
+    let has_distribution = rm
+        .scope_metrics()
+        .flat_map(|sm| sm.metrics())
+        .any(|m| m.name() == metric::SECTION_LAYER_DURATION);
     for sm in rm.scope_metrics() {
         for m in sm.metrics() {
+            if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
+                continue;
+            }
             let base = base_name(m.name(), m.unit());
             let f = match m.data() {
                 AggregatedMetrics::F64(d) => proto_family(&base, m, d, exemplars),
@@ -983,6 +994,11 @@ mod tests {
             classic.record(v, &kv[..1]);
         }
         meter.u64_counter("phasetrace.steps").build().add(3, &[]);
+        let layer_time = meter
+            .f64_counter(crate::names::metric::SECTION_LAYER_TIME)
+            .with_unit("s")
+            .build();
+        layer_time.add(0.0111, &kv);
         let mut rm = ResourceMetrics::default();
         opentelemetry_sdk::metrics::reader::MetricReader::collect(&reader, &mut rm).unwrap();
         let mut out = Vec::new();
@@ -1048,10 +1064,16 @@ mod tests {
         assert!(c.positive_span.is_empty() && c.schema == 0);
         let steps = &get("phasetrace_steps_total").metric[0];
         assert_eq!(steps.counter.as_ref().map(|c| c.value), Some(3.0));
-        // The text scrapes leave the per-layer distribution out.
+        // The per-layer counter is in the distribution's sum: left out of the protobuf scrape.
+        assert!(
+            !families.iter().any(|f| f.name.contains("layer_time")),
+            "{families:?}"
+        );
+        // The text scrapes leave the per-layer distribution out and keep the counter.
         let mut text = String::new();
         encode(&rm, Format::Classic, None, &mut text);
         assert!(!text.contains("layer_duration"), "{text}");
+        assert!(text.contains("phasetrace_section_layer_time_seconds_total{"));
         assert!(text.contains("phasetrace_section_duration_seconds_bucket"));
     }
 
