@@ -22,9 +22,10 @@ pub(crate) struct Instruments {
     step: Histogram<f64>,
     steps: Counter<u64>,
     wait: Histogram<f64>,
-    /// The per-layer distributions (exponential on every provider: see `export::views`).
-    section_layer: Histogram<f64>,
-    wait_layer: Histogram<f64>,
+    /// The per-layer distributions (exponential on every provider: see `export::views`), on
+    /// the meter `export::build` chose for this provider; none where nothing exports them.
+    section_layer: Option<Histogram<f64>>,
+    wait_layer: Option<Histogram<f64>>,
     step_wait: Histogram<f64>,
     /// The expert-load instruments (`PHASETRACE_EXPERT_COUNTER=on`), registered callbacks.
     _expert_tokens: Option<ObservableCounter<u64>>,
@@ -166,22 +167,9 @@ impl Instruments {
                 &[KeyValue::new(attr::REASON, reason.as_str()), group.clone()],
             );
         }
-        let layer_dist = |name: &'static str, desc: &'static str| {
-            meter
-                .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
-                .build()
-        };
         Instruments {
-            section_layer: layer_dist(
-                metric::SECTION_LAYER_DURATION,
-                "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
-            ),
-            wait_layer: layer_dist(
-                metric::COLLECTIVE_LAYER_WAIT_DURATION,
-                "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
-            ),
+            section_layer: None,
+            wait_layer: None,
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
@@ -252,22 +240,53 @@ impl Instruments {
         self.wait.record(secs, kv);
     }
 
+    /// The per-layer distributions, created on `meter` (the provider's own, or the one that
+    /// carries them to the Prometheus endpoint); `None`: not recorded.
+    pub(crate) fn with_distributions(mut self, meter: Option<&Meter>) -> Self {
+        let dist = |meter: &Meter, name: &'static str, desc: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .build()
+        };
+        self.section_layer = meter.map(|m| {
+            dist(
+                m,
+                metric::SECTION_LAYER_DURATION,
+                "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
+            )
+        });
+        self.wait_layer = meter.map(|m| {
+            dist(
+                m,
+                metric::COLLECTIVE_LAYER_WAIT_DURATION,
+                "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
+            )
+        });
+        self
+    }
+
     /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
     #[inline]
     pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        with_layer(kv, layer, |kv| {
-            self.note(metric::SECTION_LAYER_DURATION, kv, secs);
-            self.section_layer.record(secs, kv);
-        });
+        if let Some(h) = &self.section_layer {
+            with_layer(kv, layer, |kv| {
+                self.note(metric::SECTION_LAYER_DURATION, kv, secs);
+                h.record(secs, kv);
+            });
+        }
     }
 
     /// One rendezvous wait in `layer`: `kv` as for [`Instruments::wait`], `layer` added.
     #[inline]
     pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        with_layer(kv, layer, |kv| {
-            self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
-            self.wait_layer.record(secs, kv);
-        });
+        if let Some(h) = &self.wait_layer {
+            with_layer(kv, layer, |kv| {
+                self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
+                h.record(secs, kv);
+            });
+        }
     }
 
     /// One decode step: its duration and the time it spent waiting at rendezvous probes.

@@ -196,7 +196,8 @@ fn pipeline(
     let provider = SdkMeterProvider::builder().build();
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
-    let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
+    let meter = provider.meter("test");
+    let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter));
     Pipeline::new(
         shared.clone(),
         vec![inst],

@@ -437,6 +437,7 @@ fn write_exemplar(out: &mut String, e: &Exemplar) {
 /// ([`metric::LAYER_COUNTERS_IN_DISTRIBUTIONS`]).
 pub(crate) fn encode_protobuf(
     rm: &ResourceMetrics,
+    more: Option<&ResourceMetrics>,
     exemplars: Option<ExemplarSource<'_>>,
     out: &mut Vec<u8>,
 ) -> Encoded {
@@ -492,11 +493,14 @@ pub(crate) fn encode_protobuf(
         out,
     );
     // The per-layer section counters are in the per-layer distributions' sums and counts.
-    let has_distribution = rm
-        .scope_metrics()
+    let all = || {
+        rm.scope_metrics()
+            .chain(more.into_iter().flat_map(|m| m.scope_metrics()))
+    };
+    let has_distribution = all()
         .flat_map(|sm| sm.metrics())
         .any(|m| m.name() == metric::SECTION_LAYER_DURATION);
-    for sm in rm.scope_metrics() {
+    for sm in all() {
         for m in sm.metrics() {
             if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
                 continue;
@@ -1002,7 +1006,7 @@ mod tests {
         let mut rm = ResourceMetrics::default();
         opentelemetry_sdk::metrics::reader::MetricReader::collect(&reader, &mut rm).unwrap();
         let mut out = Vec::new();
-        let enc = encode_protobuf(&rm, None, &mut out);
+        let enc = encode_protobuf(&rm, None, None, &mut out);
         let mut buf = &out[..];
         let mut families = Vec::new();
         while !buf.is_empty() {

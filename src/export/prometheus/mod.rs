@@ -60,6 +60,13 @@ const TIMEOUT: Duration = Duration::from_millis(default::PROMETHEUS_REQUEST_TIME
 #[derive(Clone, Debug)]
 pub(crate) struct PrometheusReader(pub(super) Arc<ManualReader>);
 
+impl PrometheusReader {
+    /// A reader of the endpoint's own.
+    pub(crate) fn manual() -> PrometheusReader {
+        PrometheusReader(Arc::new(ManualReader::builder().build()))
+    }
+}
+
 impl MetricReader for PrometheusReader {
     fn register_pipeline(&self, pipeline: std::sync::Weak<Pipeline>) {
         self.0.register_pipeline(pipeline);
@@ -144,6 +151,9 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: Source,
+    /// The per-layer distributions' own reader, when `reader` is the OTLP one (protobuf
+    /// scrapes only).
+    distributions: Option<PrometheusReader>,
     /// TLS and basic auth, re-read when the file changed.
     web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
@@ -168,6 +178,7 @@ pub(super) fn start(
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
     otlp: Option<SharedReader>,
+    distributions: Option<PrometheusReader>,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         #[cfg(feature = "otlp")]
@@ -196,6 +207,7 @@ pub(super) fn start(
     let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
     let endpoint = Arc::new(Endpoint {
         reader: source,
+        distributions,
         web,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
@@ -377,6 +389,7 @@ impl Endpoint {
     fn render(&self, format: Format, gzip: bool) -> Result<Vec<u8>, String> {
         let body = scrape(
             &self.reader,
+            self.distributions.as_ref(),
             format,
             self.last_size.load(Ordering::Relaxed),
             self.exemplars.as_deref(),
@@ -406,7 +419,7 @@ pub(crate) fn scrape_text(
     capacity: usize,
     store: Option<&ExemplarStore>,
 ) -> Result<String, String> {
-    let body = scrape(reader, format, capacity, store)?;
+    let body = scrape(reader, None, format, capacity, store)?;
     String::from_utf8(body).map_err(|e| e.to_string())
 }
 
@@ -414,6 +427,7 @@ pub(crate) fn scrape_text(
 /// holds (only of exported traces) on the buckets of their series.
 pub(crate) fn scrape(
     reader: &Source,
+    distributions: Option<&PrometheusReader>,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
@@ -441,8 +455,12 @@ pub(crate) fn scrape(
     let source: Option<encode::ExemplarSource<'_>> = store.is_some().then_some(&source);
     match format {
         Format::Protobuf => {
+            let mut extra = ResourceMetrics::default();
+            if let Some(d) = distributions {
+                d.collect(&mut extra).map_err(|e| e.to_string())?;
+            }
             let mut out = Vec::with_capacity(capacity + capacity / 8);
-            encode::encode_protobuf(&rm, source, &mut out);
+            encode::encode_protobuf(&rm, distributions.map(|_| &extra), source, &mut out);
             Ok(out)
         }
         Format::OpenMetrics { .. } => {
