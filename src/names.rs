@@ -142,9 +142,11 @@ pub mod metric {
 
     /// Base-2 exponential histogram of one section's duration per layer, in seconds,
     /// attributes `bucket`, `layer`, `site` (when given), `rank`, `group`
-    /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served only on the
-    /// protobuf scrape and over OTLP; the text scrapes leave it out (their per-layer detail is
-    /// [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]). Off with `PHASETRACE_LAYER_ATTR=off`.
+    /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
+    /// protobuf scrape (Prometheus with `scrape_native_histograms: true`) and over OTLP when
+    /// its histograms are exponential; the text scrapes and OTLP with explicit buckets leave it
+    /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]), and
+    /// so does an engine's own meter provider. Off with `PHASETRACE_LAYER_ATTR=off`.
     pub const SECTION_LAYER_DURATION: &str = "phasetrace.section.layer.duration";
     /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
     /// layer, in seconds, attributes `site`, `layer`, `rank`, `group`
