@@ -6,7 +6,9 @@
 //! its sections and of its rendezvous waits, `histogram_count(rate(..section_duration..))`
 //! returns data, its own series count stays within 5,000 and the protobuf response within
 //! 600 KB. The other scrapes the text formats only and still gets today's classic series and
-//! no per-layer distribution.
+//! no per-layer distribution. The bundled recording rule on the native form
+//! (`phasetrace:collective_layer_wait_seconds:p99_5m`) and the dashboard's per-layer panels
+//! return data for every layer.
 
 use crate::cli::Demo;
 use crate::support::{self, Prometheus, http_request, http_request_bytes};
@@ -61,6 +63,7 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
     assert_eq!(demo.prometheus_addr(WAIT), target);
     let native = Prometheus::builder()
         .scrape_interval("1s")
+        .rule_file(support::repo_root().join("otel-config/rules/phasetrace-recording.yml"))
         .raw_job(&job("native", &target, true))
         .start();
     let text = Prometheus::builder()
@@ -83,6 +86,8 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         all,
         WAIT,
     );
+    // The recording rule on the native form: the per-layer p99 of the rendezvous wait.
+    native.wait_for_query("phasetrace:collective_layer_wait_seconds:p99_5m", all, WAIT);
     let counts = native.wait_for_query(
         "histogram_count(rate(phasetrace_section_duration_seconds[1m]))",
         |s| !s.is_empty() && s.iter().any(|(_, v)| *v > 0.0),
