@@ -582,7 +582,7 @@ mod tests {
     use super::basic_credentials;
 
     #[test]
-    fn openmetrics_scrapes_show_exemplars_of_exported_spans_only() {
+    fn openmetrics_and_protobuf_scrapes_show_exemplars_of_exported_spans_only() {
         use super::super::exemplars::{Exemplar, ExemplarStore};
         use super::{Format, PrometheusReader, Source, scrape_text};
         use crate::names::metric;
@@ -638,6 +638,40 @@ mod tests {
         let classic = text(Format::Classic, Some(&store));
         assert!(!classic.contains("# {"), "{classic}");
         assert_eq!(classic, text(Format::Classic, None));
+        // The protobuf scrape carries it on the same bucket, as an Exemplar message.
+        {
+            use prost::Message as _;
+            let body = super::scrape(&source, None, Format::Protobuf, 0, Some(&store))
+                .expect("protobuf scrape");
+            let mut buf = &body[..];
+            let mut exemplars = Vec::new();
+            while !buf.is_empty() {
+                let f = super::proto::MetricFamily::decode_length_delimited(&mut buf)
+                    .expect("delimited MetricFamily");
+                for m in &f.metric {
+                    for b in m.histogram.iter().flat_map(|h| &h.bucket) {
+                        if let Some(e) = &b.exemplar {
+                            exemplars.push((f.name.clone(), b.upper_bound, e.clone()));
+                        }
+                    }
+                }
+            }
+            assert_eq!(exemplars.len(), 1, "{exemplars:?}");
+            let (name, le, e) = &exemplars[0];
+            assert_eq!(name, "phasetrace_step_duration_seconds");
+            assert_eq!(*le, 0.005);
+            assert_eq!(e.value, 0.0042);
+            let label = |k: &str| {
+                e.label
+                    .iter()
+                    .find(|l| l.name == k)
+                    .map(|l| l.value.as_str())
+            };
+            assert_eq!(label("trace_id"), Some("00000000000000000000000000000abc"));
+            assert_eq!(label("span_id"), Some("000000000000001f"));
+            let ts = e.timestamp.as_ref().expect("timestamp");
+            assert_eq!((ts.seconds, ts.nanos), (1_764_578_880, 123_000_000));
+        }
         // A failed export leaves nothing.
         store.offer(metric::STEP_DURATION, &attrs, e(0x20));
         store.settle(&[SpanId::from(0x20)], false);
