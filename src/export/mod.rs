@@ -6,7 +6,11 @@
 //!                               │        ^          proto_metrics + exemplars over transport
 //!                               │        (both on, same aggregation: scrapes collect here too)
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
-//!                                                   TLS, basic auth, classic | OpenMetrics, gzip)
+//!                                                   TLS, basic auth, classic | OpenMetrics |
+//!                                                   protobuf with native histograms, gzip)
+//!        ──> per-layer distributions: on the provider above; when scrapes read the OTLP
+//!            reader and OTLP has explicit buckets, a provider + ManualReader of their own
+//!            that only the protobuf scrape reads (see `Exporters::distributions`)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```

@@ -4,7 +4,9 @@
 //! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
 //! (section, layer, site, rank), in [`super::series::LayerTotals`], and read by observable
 //! counters at each collection (a scrape or an OTLP export): two series per (bucket, layer)
-//! instead of a histogram's 25.
+//! instead of a histogram's 25. Where a histogram costs one series (native histograms on the
+//! protobuf scrape, exponential OTLP), each section and wait in a layer is also one
+//! observation of its layer's base-2 exponential distribution (`with_distributions`).
 
 use super::attrs::rank_attr;
 use super::experts::ExpertTotals;

@@ -1,5 +1,6 @@
-//! The text formats of `/metrics`: the classic Prometheus text format (0.0.4) and OpenMetrics
-//! 1.0.0, written from what the SDK collected.
+//! The formats of `/metrics`: the classic Prometheus text format (0.0.4) and OpenMetrics
+//! 1.0.0, written from what the SDK collected, and the delimited protobuf format
+//! ([`encode_protobuf`], messages in `super::proto`) that carries native histograms.
 //!
 //! ```text
 //! ResourceMetrics ─► target_info, otel_scope_info (once each)
