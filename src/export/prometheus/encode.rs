@@ -724,7 +724,9 @@ const MAX_SCHEMA: i8 = 8;
 /// Prometheus's is `(base^(i-1), base^i]`, so each index moves up by one (after merging a
 /// scale above [`MAX_SCHEMA`] down to it, as Prometheus's own OTLP translation does). Empty
 /// buckets are left out (gaps between spans); a histogram without any bucket gets one empty
-/// span so that Prometheus still reads it as native.
+/// span so that Prometheus still reads it as native. Scales below Prometheus's lowest schema
+/// (-4) are passed on as they are (Prometheus refuses them): the SDK goes there only for values
+/// spread over more than 2^2560 at 160 buckets, which durations in seconds never are.
 pub(crate) fn native(
     scale: i8,
     zero_threshold: f64,
