@@ -45,7 +45,10 @@ Some expressions legitimately return nothing on a healthy run. Built in (see ALL
   * phasetrace_prometheus_web_config_*: only with a web configuration file
     (PHASETRACE_PROMETHEUS_WEB_CONFIG);
   * phasetrace_metric_exports_total: only with metrics over OTLP (and, through a collector,
-    only once an export has worked).
+    only once an export has worked);
+  * panels titled "(native histograms)" and phasetrace:collective_layer_wait_seconds:*: they
+    read the per-layer distributions, which only a Prometheus with
+    `scrape_native_histograms: true` (or exponential OTLP) has.
 
 Add more with --expect-empty PATTERN (a regular expression searched in the item's name, e.g.
 'speculative-decoding/Verify sub-split', 'record/phasetrace:collective_wait_seconds:p99_5m',
@@ -83,6 +86,8 @@ ALLOW_EMPTY: list[tuple[str, str]] = [
     (r"phasetrace:rank_silent", "only while a rank is silent (killed, hung, not exporting)"),
     (r"phasetrace_prometheus_web_config_", "only with a web configuration file (PHASETRACE_PROMETHEUS_WEB_CONFIG)"),
     (r"phasetrace_metric_exports_total", "only with metrics over OTLP (through a collector: once an export worked)"),
+    (r"\(native histograms\)", "panels on native histograms: only with scrape_native_histograms: true (or exponential OTLP)"),
+    (r"phasetrace:collective_layer_wait_seconds:|phasetrace_collective_layer_wait_duration_seconds", "native histograms only: scrape_native_histograms: true (or exponential OTLP)"),
 ]
 
 # PromQL words that are not metric names (keywords, aggregation modifiers, literals).

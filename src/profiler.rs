@@ -580,8 +580,11 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
-            .map(|m| {
-                Instruments::new(m, &layers, &open, self.k_max).with_experts(m, &shared.experts)
+            .zip(&exporters.distributions)
+            .map(|(m, d)| {
+                Instruments::new(m, &layers, &open, self.k_max)
+                    .with_experts(m, &shared.experts)
+                    .with_distributions(d.as_ref())
             })
             .collect();
         if given.meter.is_some()

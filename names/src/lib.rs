@@ -143,6 +143,35 @@ pub mod metric {
     /// Unit of the metrics export counter.
     pub const UNIT_EXPORTS: &str = "{export}";
 
+    // Per-layer latency distributions (native histograms): one series per histogram, so they
+    // are exported only where a histogram costs one series (the protobuf scrape, OTLP).
+
+    /// Base-2 exponential histogram of one section's duration per layer, in seconds,
+    /// attributes `bucket`, `layer`, `site` (when given), `rank`, `group`
+    /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
+    /// protobuf scrape (Prometheus with `scrape_native_histograms: true`) and over OTLP when
+    /// its histograms are exponential; the text scrapes and OTLP with explicit buckets leave it
+    /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]), and
+    /// so does an engine's own meter provider. Off with `PHASETRACE_LAYER_ATTR=off`.
+    pub const SECTION_LAYER_DURATION: &str = "phasetrace.section.layer.duration";
+    /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
+    /// layer, in seconds, attributes `site`, `layer`, `rank`, `group`
+    /// (`phasetrace_collective_layer_wait_duration_seconds`, a native histogram); exported as
+    /// [`SECTION_LAYER_DURATION`] is.
+    pub const COLLECTIVE_LAYER_WAIT_DURATION: &str = "phasetrace.collective.layer.wait.duration";
+    /// The per-layer distributions: exponential on every provider, skipped by the text
+    /// encoders.
+    pub const LAYER_DISTRIBUTIONS: [&str; 2] =
+        [SECTION_LAYER_DURATION, COLLECTIVE_LAYER_WAIT_DURATION];
+    /// The per-layer section counters that the protobuf scrape leaves out when it serves
+    /// [`SECTION_LAYER_DURATION`]: each native histogram carries its own sum and count
+    /// (`histogram_sum`/`histogram_count` of it are these counters' `rate`s), and serving both
+    /// would not fit a 96-layer rank in the series budget. The text scrapes keep them.
+    pub const LAYER_COUNTERS_IN_DISTRIBUTIONS: [&str; 2] =
+        [SECTION_LAYER_TIME, SECTION_LAYER_CALLS];
+    /// The most buckets of one per-layer distribution (the SDK lowers the scale to fit).
+    pub const LAYER_DISTRIBUTION_MAX_BUCKETS: u32 = 160;
+
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [
         1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2,

@@ -6,7 +6,11 @@
 //!                               │        ^          proto_metrics + exemplars over transport
 //!                               │        (both on, same aggregation: scrapes collect here too)
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
-//!                                                   TLS, basic auth, classic | OpenMetrics, gzip)
+//!                                                   TLS, basic auth, classic | OpenMetrics |
+//!                                                   protobuf with native histograms, gzip)
+//!        ──> per-layer distributions: on the provider above; when scrapes read the OTLP
+//!            reader and OTLP has explicit buckets, a provider + ManualReader of their own
+//!            that only the protobuf scrape reads (see `Exporters::distributions`)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```
@@ -186,6 +190,9 @@ pub(crate) struct Exporters {
     /// (given), and phasetrace's own (OTLP and Prometheus; two when OTLP uses exponential
     /// histograms and the Prometheus endpoint keeps explicit buckets).
     pub(crate) meters: Vec<Meter>,
+    /// For each of [`Exporters::meters`], the meter its per-layer distributions are created
+    /// on, if any (see `build`).
+    pub(crate) distributions: Vec<Option<Meter>>,
     /// The providers phasetrace built, flushed and shut down with it.
     own_meter_providers: Vec<SdkMeterProvider>,
     /// The tracer of step and round spans, on the given tracer provider or phasetrace's own.
@@ -335,6 +342,12 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         bool,
     ) = (None, None, false);
 
+    // With scrapes reading the OTLP reader, the per-layer distributions (native histograms
+    // for the protobuf scrape) get a provider and reader of their own, so that an OTLP
+    // exporter with explicit buckets (a backend not said to take exponential histograms)
+    // does not carry them.
+    #[cfg(feature = "prometheus")]
+    let mut distribution_reader: Option<self::prometheus::PrometheusReader> = None;
     #[cfg(feature = "prometheus")]
     let (prometheus_reader, prometheus) = match cfg.prometheus {
         Some(addr) => {
@@ -349,7 +362,16 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
             let shared = otlp_reader.clone().filter(|_| !exponential);
             #[cfg(not(feature = "otlp"))]
             let shared = None;
-            match self::prometheus::start(addr, web, exemplars.clone(), shared) {
+            if shared.is_some() {
+                distribution_reader = Some(self::prometheus::PrometheusReader::manual());
+            }
+            match self::prometheus::start(
+                addr,
+                web,
+                exemplars.clone(),
+                shared,
+                distribution_reader.clone(),
+            ) {
                 Ok((reader, server)) => (reader, Some(server)),
                 // The built-in default address is a convenience, not a promise: taken (the
                 // engine's own exporter, another rank), it is said once and skipped.
@@ -380,10 +402,28 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         }
         b.with_view(view(exp)).build()
     };
+    // The meters the instruments are created on and, for each, where its per-layer
+    // distributions go: the same meter when its provider serves the Prometheus endpoint or an
+    // OTLP exporter of exponential histograms, the distribution provider's meter when the
+    // endpoint reads the OTLP reader, none otherwise (OTLP with explicit buckets only; the
+    // engine's own provider).
+    let mut meters: Vec<Meter> = given
+        .meter
+        .iter()
+        .map(|p| p.meter_with_scope(scope()))
+        .collect();
+    let mut distributions: Vec<Option<Meter>> = vec![None; meters.len()];
+    let mut own = |p: SdkMeterProvider, dist: bool| {
+        let m = p.meter_with_scope(scope());
+        distributions.push(dist.then(|| m.clone()));
+        meters.push(m);
+        own_meter_providers.push(p);
+    };
+    let has_prometheus = prometheus_reader.is_some();
     match (otlp_reader, prometheus_reader, exponential) {
         (Some(o), Some(p), true) => {
-            own_meter_providers.push(provider(vec![with_reader(o)], true));
-            own_meter_providers.push(provider(vec![with_reader(p)], false));
+            own(provider(vec![with_reader(o)], true), true);
+            own(provider(vec![with_reader(p)], false), true);
         }
         (None, None, _) => {}
         (o, p, exp) => {
@@ -394,19 +434,18 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
             if let Some(p) = p {
                 readers.push(with_reader(p));
             }
-            own_meter_providers.push(provider(readers, exp));
+            own(provider(readers, exp), has_prometheus || exp);
         }
     }
-    let mut meters: Vec<Meter> = given
-        .meter
-        .iter()
-        .map(|p| p.meter_with_scope(scope()))
-        .collect();
-    meters.extend(
-        own_meter_providers
-            .iter()
-            .map(|p| p.meter_with_scope(scope())),
-    );
+    #[cfg(feature = "prometheus")]
+    if let Some(r) = distribution_reader {
+        let p = provider(vec![with_reader(r)], false);
+        let m = p.meter_with_scope(scope());
+        for d in distributions.iter_mut().skip(given.meter.iter().count()) {
+            d.get_or_insert_with(|| m.clone());
+        }
+        own_meter_providers.push(p);
+    }
 
     // The web configuration file's reloads (and whether the last one worked) and the OTLP
     // metrics exports, on every meter (OTLP and Prometheus, the engine's too).
@@ -485,6 +524,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     };
     Ok(Exporters {
         meters,
+        distributions,
         own_meter_providers,
         tracer: tracer.map(Arc::new),
         own_tracer_provider,
@@ -661,6 +701,10 @@ mod tests {
         };
         let mut e = build(&cfg, &given).expect("exporters");
         assert_eq!(e.meters.len(), 1, "the engine's meter only");
+        assert!(
+            e.distributions[0].is_none(),
+            "no per-layer distributions on the engine's provider"
+        );
         assert!(e.own_meter_providers.is_empty());
         assert!(e.own_tracer_provider.is_none());
         assert!(e.tracer.is_some(), "spans on the engine's provider");
@@ -676,7 +720,14 @@ mod tests {
     fn without_providers_phasetrace_builds_its_own() {
         let mut e = build(&everything(), &Given::default()).expect("exporters");
         assert!(!e.own_meter_providers.is_empty());
-        assert_eq!(e.meters.len(), e.own_meter_providers.len());
+        assert_eq!(e.distributions.len(), e.meters.len());
+        assert!(e.distributions.iter().all(Option::is_some));
+        #[cfg(all(feature = "prometheus", feature = "otlp"))]
+        assert_eq!(
+            e.own_meter_providers.len(),
+            e.meters.len() + 1,
+            "scrapes read the OTLP reader: the distributions get a provider of their own, off OTLP"
+        );
         assert!(e.own_tracer_provider.is_some());
         assert!(e.span_counts.tracked);
         #[cfg(feature = "otlp-grpc")]

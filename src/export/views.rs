@@ -44,6 +44,10 @@ pub(crate) fn layer_views_applied() -> u64 {
 ///   their explicit buckets (1 µs to 10 s). Choose `true` only for a provider whose exporter
 ///   sends OTLP to a backend that takes exponential histograms.
 ///
+/// - The per-layer distributions (`phasetrace.section.layer.duration`,
+///   `phasetrace.collective.layer.wait.duration`) are always base-2 exponential histograms with
+///   the same cardinality limit.
+///
 /// Instruments of other libraries and of the engine pass through unchanged (the view returns
 /// `None` for them).
 ///
@@ -57,6 +61,21 @@ pub(crate) fn layer_views_applied() -> u64 {
 /// ```
 pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send + Sync + 'static {
     move |i: &Instrument| {
+        // The per-layer distributions are exponential on every provider: one series per
+        // (section, layer) whatever the spread of the values, and only encoders that write a
+        // histogram as one series (protobuf scrape, OTLP) export them.
+        if metric::LAYER_DISTRIBUTIONS.contains(&i.name()) {
+            LAYER_VIEWS_APPLIED.fetch_add(1, Relaxed);
+            return Stream::builder()
+                .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
+                .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                    max_size: metric::LAYER_DISTRIBUTION_MAX_BUCKETS,
+                    max_scale: 20,
+                    record_min_max: true,
+                })
+                .build()
+                .ok();
+        }
         if LAYER_INSTRUMENTS.contains(&i.name()) {
             LAYER_VIEWS_APPLIED.fetch_add(1, Relaxed);
             return Stream::builder()

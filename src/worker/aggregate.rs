@@ -4,7 +4,9 @@
 //! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
 //! (section, layer, site, rank), in [`super::series::LayerTotals`], and read by observable
 //! counters at each collection (a scrape or an OTLP export): two series per (bucket, layer)
-//! instead of a histogram's 25.
+//! instead of a histogram's 25. Where a histogram costs one series (native histograms on the
+//! protobuf scrape, exponential OTLP), each section and wait in a layer is also one
+//! observation of its layer's base-2 exponential distribution (`with_distributions`).
 
 use super::attrs::rank_attr;
 use super::experts::ExpertTotals;
@@ -22,6 +24,10 @@ pub(crate) struct Instruments {
     step: Histogram<f64>,
     steps: Counter<u64>,
     wait: Histogram<f64>,
+    /// The per-layer distributions (exponential on every provider: see `export::views`), on
+    /// the meter `export::build` chose for this provider; none where nothing exports them.
+    section_layer: Option<Histogram<f64>>,
+    wait_layer: Option<Histogram<f64>>,
     step_wait: Histogram<f64>,
     /// The expert-load instruments (`PHASETRACE_EXPERT_COUNTER=on`), registered callbacks.
     _expert_tokens: Option<ObservableCounter<u64>>,
@@ -164,6 +170,8 @@ impl Instruments {
             );
         }
         Instruments {
+            section_layer: None,
+            wait_layer: None,
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
@@ -232,6 +240,55 @@ impl Instruments {
     pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::COLLECTIVE_WAIT, kv, secs);
         self.wait.record(secs, kv);
+    }
+
+    /// The per-layer distributions, created on `meter` (the provider's own, or the one that
+    /// carries them to the Prometheus endpoint); `None`: not recorded.
+    pub(crate) fn with_distributions(mut self, meter: Option<&Meter>) -> Self {
+        let dist = |meter: &Meter, name: &'static str, desc: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .build()
+        };
+        self.section_layer = meter.map(|m| {
+            dist(
+                m,
+                metric::SECTION_LAYER_DURATION,
+                "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
+            )
+        });
+        self.wait_layer = meter.map(|m| {
+            dist(
+                m,
+                metric::COLLECTIVE_LAYER_WAIT_DURATION,
+                "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
+            )
+        });
+        self
+    }
+
+    /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
+    #[inline]
+    pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
+        if let Some(h) = &self.section_layer {
+            with_layer(kv, layer, |kv| {
+                self.note(metric::SECTION_LAYER_DURATION, kv, secs);
+                h.record(secs, kv);
+            });
+        }
+    }
+
+    /// One rendezvous wait in `layer`: `kv` as for [`Instruments::wait`], `layer` added.
+    #[inline]
+    pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
+        if let Some(h) = &self.wait_layer {
+            with_layer(kv, layer, |kv| {
+                self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
+                h.record(secs, kv);
+            });
+        }
     }
 
     /// One decode step: its duration and the time it spent waiting at rendezvous probes.
@@ -339,6 +396,15 @@ impl Instruments {
             self.accepted_length.record(u64::from(a), &kv);
         }
     }
+}
+
+/// `kv` (at most 4) and `layer`, on the stack: no allocation per measurement.
+#[inline]
+fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
+    let l = KeyValue::new(attr::LAYER, i64::from(layer));
+    let n = kv.len().min(4);
+    let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
+    f(&all[..=n]);
 }
 
 /// One section's totals for the console summary.

@@ -83,6 +83,9 @@ impl LaneSeries {
         }
         if let (Some(row), Some(l)) = (&e.row, layer.get()) {
             self.totals.add(row, l, ns);
+            for i in inst {
+                i.section_layer(&e.kv[..e.n], l, secs);
+            }
         }
     }
 
@@ -100,6 +103,9 @@ impl LaneSeries {
         }
         if let Some(l) = layer.get() {
             self.totals.add(&e.row, l, ns);
+            for i in inst {
+                i.wait_layer(&e.kv[..e.n], l, secs);
+            }
         }
     }
 

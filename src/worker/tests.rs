@@ -196,7 +196,8 @@ fn pipeline(
     let provider = SdkMeterProvider::builder().build();
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
-    let inst = Instruments::new(&provider.meter("test"), &layers, &open, 8);
+    let meter = provider.meter("test");
+    let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter));
     Pipeline::new(
         shared.clone(),
         vec![inst],
@@ -635,6 +636,49 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         Some("7"),
         "the per-layer waits keep their layer"
     );
+    // The per-layer distributions follow: sections' off, waits' kept.
+    use crate::names::metric::{COLLECTIVE_LAYER_WAIT_DURATION, SECTION_LAYER_DURATION};
+    assert!(values(&p, SECTION_LAYER_DURATION).is_empty());
+    let wait = values(&p, COLLECTIVE_LAYER_WAIT_DURATION);
+    assert_eq!(wait.len(), 1);
+    assert_eq!(attr(&wait[0].1, "layer"), Some("7"));
+}
+
+#[test]
+fn each_section_and_wait_in_a_layer_is_one_observation_of_its_layers_distribution() {
+    let clock = Script::new(&[0, 10 * US, 20 * US, 50 * US, 60 * US, 70 * US]);
+    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        {
+            let _b = r.section(Section::REDUCE_ATTN_BAR, 5u32, Site::ATTN);
+        }
+        let _c = r.section(Section::KDA_MIXER, crate::vocab::Layer::NONE, Site::ATTN);
+    }
+    p.flush();
+    use crate::names::metric::{
+        COLLECTIVE_LAYER_WAIT_DURATION, COLLECTIVE_WAIT, SECTION_DURATION, SECTION_LAYER_DURATION,
+    };
+    let sections = values(&p, SECTION_DURATION);
+    let by_layer = values(&p, SECTION_LAYER_DURATION);
+    // One per section that has a layer, with the section's value and attributes plus `layer`.
+    assert_eq!(by_layer.len(), 1, "{by_layer:?}");
+    let (v, a) = &by_layer[0];
+    let same = sections
+        .iter()
+        .find(|(_, s)| attr(s, "bucket") == attr(a, "bucket"))
+        .expect("the section");
+    assert_eq!(*v, same.0);
+    assert_eq!(attr(a, "layer"), Some("5"));
+    for k in ["bucket", "site", "rank", "group"] {
+        assert_eq!(attr(a, k), attr(&same.1, k), "{k}");
+    }
+    let waits = values(&p, COLLECTIVE_WAIT);
+    let wait_by_layer = values(&p, COLLECTIVE_LAYER_WAIT_DURATION);
+    assert_eq!(wait_by_layer.len(), 1, "{wait_by_layer:?}");
+    assert_eq!(wait_by_layer[0].0, waits[0].0);
+    assert_eq!(attr(&wait_by_layer[0].1, "layer"), Some("5"));
 }
 
 #[test]

@@ -212,6 +212,17 @@ pub fn http_request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<(u16, String), String> {
+    let (status, body) = http_request_bytes(method, url, headers, body)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`http_request`] with the body as it came (a protobuf scrape, say).
+pub fn http_request_bytes(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, Vec<u8>), String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("only http:// URLs are supported: {url}"))?;
@@ -251,10 +262,16 @@ pub fn http_request(
     stream
         .read_to_end(&mut raw)
         .map_err(|e| format!("reading response from {authority}: {e}"))?;
-    parse_http_response(&raw)
+    parse_http_response_bytes(&raw)
 }
 
 pub fn parse_http_response(raw: &[u8]) -> Result<(u16, String), String> {
+    let (status, body) = parse_http_response_bytes(raw)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`parse_http_response`] with the body as it came.
+pub fn parse_http_response_bytes(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let head_end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -289,7 +306,7 @@ pub fn parse_http_response(raw: &[u8]) -> Result<(u16, String), String> {
     } else {
         payload.to_vec()
     };
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok((status, body))
 }
 
 fn decode_chunked(mut data: &[u8]) -> Result<Vec<u8>, String> {

@@ -1,6 +1,8 @@
 //! `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_bucket_histogram`
 //! (or `with_otlp_histogram`) turns OTLP duration histograms exponential, while the embedded
-//! Prometheus endpoint of the same profiler keeps the explicit 1 µs to 10 s buckets.
+//! Prometheus endpoint of the same profiler keeps the explicit 1 µs to 10 s buckets. The
+//! per-layer distributions arrive over OTLP as exponential histograms too (and stay off the
+//! text scrape).
 
 use crate::support;
 
@@ -40,6 +42,26 @@ fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
         .last_metric("phasetrace.section.duration")
         .expect("metric");
     assert_eq!(m.kind, MetricKind::ExponentialHistogram);
+    // The per-layer distribution goes with it, one exponential histogram per layer.
+    let out = rotel.wait_for(
+        |o| {
+            o.last_metric(phasetrace_names::metric::SECTION_LAYER_DURATION)
+                .is_some_and(|m| m.points.iter().any(|pt| pt.count == Some(10)))
+        },
+        Duration::from_secs(20),
+    );
+    let layer = out
+        .last_metric(phasetrace_names::metric::SECTION_LAYER_DURATION)
+        .expect("metric");
+    assert_eq!(layer.kind, MetricKind::ExponentialHistogram);
+    assert!(
+        layer
+            .points
+            .iter()
+            .all(|pt| pt.attr("layer").is_some_and(|l| l == "1")),
+        "{:?}",
+        layer.points
+    );
     let url = format!("http://{}/metrics", p.prometheus_addr().expect("endpoint"));
     let (code, body) = support::http_get(&url).expect("scrape");
     assert_eq!(code, 200);
@@ -49,6 +71,10 @@ fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
                 && l.contains("le=\"0.000001\"")
         ),
         "explicit buckets from 1 µs on the Prometheus endpoint:\n{body}"
+    );
+    assert!(
+        !body.contains("layer_duration"),
+        "no per-layer distribution on the text scrape"
     );
     p.shutdown();
 }

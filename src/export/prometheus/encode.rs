@@ -1,5 +1,6 @@
-//! The text formats of `/metrics`: the classic Prometheus text format (0.0.4) and OpenMetrics
-//! 1.0.0, written from what the SDK collected.
+//! The formats of `/metrics`: the classic Prometheus text format (0.0.4) and OpenMetrics
+//! 1.0.0, written from what the SDK collected, and the delimited protobuf format
+//! ([`encode_protobuf`], messages in `super::proto`) that carries native histograms.
 //!
 //! ```text
 //! ResourceMetrics ─► target_info, otel_scope_info (once each)
@@ -16,6 +17,8 @@
 //! `_total`. The instrumentation scope is written once, as `otel_scope_info`, instead of an
 //! `otel_scope_name` label on every line.
 
+use super::proto;
+use crate::names::metric;
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::metrics::data::{
     AggregatedMetrics, Gauge, Histogram, HistogramDataPoint, Metric, MetricData, ResourceMetrics,
@@ -35,6 +38,9 @@ pub(crate) enum Format {
         /// The version echoed in the content type.
         version: &'static str,
     },
+    /// The delimited protobuf format (`io.prometheus.client.MetricFamily` messages, each
+    /// length-prefixed): the one that carries native histograms ([`encode_protobuf`]).
+    Protobuf,
 }
 
 impl Format {
@@ -45,9 +51,14 @@ impl Format {
             Format::OpenMetrics { version } => {
                 format!("application/openmetrics-text; version={version}; charset=utf-8")
             }
+            Format::Protobuf => PROTOBUF_CONTENT_TYPE.to_owned(),
         }
     }
 }
+
+/// The content type of the delimited protobuf format, as Prometheus asks for it.
+pub(crate) const PROTOBUF_CONTENT_TYPE: &str =
+    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
 /// An exemplar on a histogram bucket line (OpenMetrics only): the trace that one recorded value
 /// came from.
@@ -310,8 +321,10 @@ impl Writer<'_, '_> {
             MetricData::Sum(s) => self.sum(base, m, s),
             MetricData::Gauge(g) => self.gauge(base, m, g),
             MetricData::Histogram(h) => self.histogram(base, m, h),
-            // The Prometheus provider never has an exponential-histogram view (that is an OTLP
-            // setting, on its own provider), so there is nothing to drop here.
+            // The text formats have no native histograms: the per-layer distributions (the
+            // only exponential histograms on the Prometheus provider; OTLP's exponential
+            // setting is a provider of its own) are served by the protobuf format only, and
+            // the text scrapes keep their series budget.
             MetricData::ExponentialHistogram(_) => {}
         }
     }
@@ -415,6 +428,368 @@ fn write_exemplar(out: &mut String, e: &Exemplar) {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     let _ = write!(out, "\"}} {} {t:.3}", float(e.value));
+}
+
+/// Writes `rm` as delimited `MetricFamily` messages to `out`: counters, gauges, explicit-bucket
+/// histograms as classic histograms, and base-2 exponential histograms as native histograms
+/// (schema, zero bucket, spans and deltas); `exemplars` may add exemplars to classic buckets.
+/// Names and labels as in the text formats. With the per-layer section distribution present,
+/// the per-layer section counters it carries are left out
+/// ([`metric::LAYER_COUNTERS_IN_DISTRIBUTIONS`]).
+pub(crate) fn encode_protobuf(
+    rm: &ResourceMetrics,
+    more: Option<&ResourceMetrics>,
+    exemplars: Option<ExemplarSource<'_>>,
+    out: &mut Vec<u8>,
+) -> Encoded {
+    use prost::Message as _;
+    let mut series = 0;
+    let mut push = |family: proto::MetricFamily, out: &mut Vec<u8>| {
+        if family.metric.is_empty() {
+            return;
+        }
+        series += family.metric.len();
+        // Encoding into a Vec cannot run out of room.
+        let _ = family.encode_length_delimited(out);
+    };
+    let gauge = |labels: Vec<proto::LabelPair>, value: f64| proto::Metric {
+        label: labels,
+        gauge: Some(proto::Gauge { value }),
+        ..Default::default()
+    };
+    let resource: Vec<KeyValue> = rm
+        .resource()
+        .iter()
+        .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+        .collect();
+    if !resource.is_empty() {
+        push(
+            family(
+                "target_info",
+                "Target metadata",
+                proto::MetricType::Gauge,
+                vec![gauge(label_pairs(&resource), 1.0)],
+            ),
+            out,
+        );
+    }
+    let scopes: Vec<proto::Metric> = rm
+        .scope_metrics()
+        .map(|sm| {
+            let scope = sm.scope();
+            let mut kv = vec![KeyValue::new("otel_scope_name", scope.name().to_owned())];
+            if let Some(v) = scope.version() {
+                kv.push(KeyValue::new("otel_scope_version", v.to_owned()));
+            }
+            gauge(label_pairs(&kv), 1.0)
+        })
+        .collect();
+    push(
+        family(
+            "otel_scope_info",
+            "Instrumentation scope metadata",
+            proto::MetricType::Gauge,
+            scopes,
+        ),
+        out,
+    );
+    // The per-layer section counters are in the per-layer distributions' sums and counts.
+    let all = || {
+        rm.scope_metrics()
+            .chain(more.into_iter().flat_map(|m| m.scope_metrics()))
+    };
+    let has_distribution = all()
+        .flat_map(|sm| sm.metrics())
+        .any(|m| m.name() == metric::SECTION_LAYER_DURATION);
+    for sm in all() {
+        for m in sm.metrics() {
+            if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
+                continue;
+            }
+            let base = base_name(m.name(), m.unit());
+            let f = match m.data() {
+                AggregatedMetrics::F64(d) => proto_family(&base, m, d, exemplars),
+                AggregatedMetrics::U64(d) => proto_family(&base, m, d, exemplars),
+                AggregatedMetrics::I64(d) => proto_family(&base, m, d, exemplars),
+            };
+            push(f, out);
+        }
+    }
+    Encoded { series }
+}
+
+fn family(
+    name: &str,
+    help: &str,
+    kind: proto::MetricType,
+    metric: Vec<proto::Metric>,
+) -> proto::MetricFamily {
+    proto::MetricFamily {
+        name: name.to_owned(),
+        help: help.to_owned(),
+        r#type: kind as i32,
+        metric,
+        unit: String::new(),
+    }
+}
+
+/// The labels of `kv`, sanitized; keys that collide once sanitized are joined with `;`.
+fn label_pairs(kv: &[KeyValue]) -> Vec<proto::LabelPair> {
+    let mut pairs: Vec<proto::LabelPair> = Vec::with_capacity(kv.len());
+    for k in kv {
+        let name = sanitize(k.key.as_str(), false);
+        let value = value_text(&k.value);
+        match pairs.iter_mut().find(|p| p.name == name) {
+            Some(p) => {
+                p.value.push(';');
+                p.value.push_str(&value);
+            }
+            None => pairs.push(proto::LabelPair { name, value }),
+        }
+    }
+    pairs
+}
+
+fn timestamp(t: SystemTime) -> proto::Timestamp {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    proto::Timestamp {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn proto_exemplar(e: &Exemplar) -> proto::Exemplar {
+    proto::Exemplar {
+        label: vec![
+            proto::LabelPair {
+                name: "trace_id".to_owned(),
+                value: hex(&e.trace_id),
+            },
+            proto::LabelPair {
+                name: "span_id".to_owned(),
+                value: hex(&e.span_id),
+            },
+        ],
+        value: e.value,
+        timestamp: Some(timestamp(e.time)),
+    }
+}
+
+fn proto_family<T: Num>(
+    base: &str,
+    m: &Metric,
+    d: &MetricData<T>,
+    exemplars: Option<ExemplarSource<'_>>,
+) -> proto::MetricFamily {
+    let unit = unit_suffix(m.unit()).unwrap_or_default().to_owned();
+    let mut f = match d {
+        MetricData::Sum(s) if s.is_monotonic() => {
+            let family_name = base.strip_suffix("_total").unwrap_or(base);
+            let metric = s
+                .data_points()
+                .map(|dp| proto::Metric {
+                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
+                    counter: Some(proto::Counter {
+                        value: dp.value().as_f64(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            family(
+                &format!("{family_name}_total"),
+                m.description(),
+                proto::MetricType::Counter,
+                metric,
+            )
+        }
+        MetricData::Sum(s) => {
+            let metric = s
+                .data_points()
+                .map(|dp| proto::Metric {
+                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
+                    gauge: Some(proto::Gauge {
+                        value: dp.value().as_f64(),
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            family(base, m.description(), proto::MetricType::Gauge, metric)
+        }
+        MetricData::Gauge(g) => {
+            let metric = g
+                .data_points()
+                .map(|dp| proto::Metric {
+                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
+                    gauge: Some(proto::Gauge {
+                        value: dp.value().as_f64(),
+                    }),
+                    ..Default::default()
+                })
+                .collect();
+            family(base, m.description(), proto::MetricType::Gauge, metric)
+        }
+        MetricData::Histogram(h) => {
+            let metric = h
+                .data_points()
+                .map(|dp| {
+                    let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+                    let bounds: Vec<f64> = dp.bounds().collect();
+                    let sdk = sdk_exemplars(dp, &bounds);
+                    let mut cumulative = 0u64;
+                    let bucket = dp
+                        .bucket_counts()
+                        .zip(bounds.iter().copied().chain([f64::INFINITY]))
+                        .enumerate()
+                        .map(|(i, (n, upper_bound))| {
+                            cumulative += n;
+                            let ex = exemplars
+                                .and_then(|src| src(base, &kv, i))
+                                .or_else(|| sdk.get(i).cloned().flatten());
+                            proto::Bucket {
+                                cumulative_count: cumulative,
+                                upper_bound,
+                                exemplar: ex.as_ref().map(proto_exemplar),
+                                ..Default::default()
+                            }
+                        })
+                        .collect();
+                    proto::Metric {
+                        label: label_pairs(&kv),
+                        histogram: Some(proto::Histogram {
+                            sample_count: dp.count(),
+                            sample_sum: dp.sum().as_f64(),
+                            bucket,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            family(base, m.description(), proto::MetricType::Histogram, metric)
+        }
+        MetricData::ExponentialHistogram(h) => {
+            let metric = h
+                .data_points()
+                .map(|dp| {
+                    let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+                    let mut hist = native(
+                        dp.scale(),
+                        dp.zero_threshold(),
+                        dp.zero_count(),
+                        (dp.positive_bucket().offset(), dp.positive_bucket().counts()),
+                        (dp.negative_bucket().offset(), dp.negative_bucket().counts()),
+                    );
+                    hist.sample_count = dp.count() as u64;
+                    hist.sample_sum = dp.sum().as_f64();
+                    hist.exemplars = dp
+                        .exemplars()
+                        .map(|e| {
+                            proto_exemplar(&Exemplar {
+                                trace_id: *e.trace_id(),
+                                span_id: *e.span_id(),
+                                value: e.value.as_f64(),
+                                time: e.time(),
+                            })
+                        })
+                        .collect();
+                    proto::Metric {
+                        label: label_pairs(&kv),
+                        histogram: Some(hist),
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            family(base, m.description(), proto::MetricType::Histogram, metric)
+        }
+    };
+    f.unit = unit;
+    f
+}
+
+/// The highest native-histogram schema Prometheus stores: finer OpenTelemetry scales are
+/// merged down to it.
+const MAX_SCHEMA: i8 = 8;
+
+/// The native-histogram fields of an OpenTelemetry base-2 exponential histogram of `scale`:
+/// `(offset, counts)` of each side. OpenTelemetry's bucket `i` is `(base^i, base^(i+1)]` and
+/// Prometheus's is `(base^(i-1), base^i]`, so each index moves up by one (after merging a
+/// scale above [`MAX_SCHEMA`] down to it, as Prometheus's own OTLP translation does). Empty
+/// buckets are left out (gaps between spans); a histogram without any bucket gets one empty
+/// span so that Prometheus still reads it as native. Scales below Prometheus's lowest schema
+/// (-4) are passed on as they are (Prometheus refuses them): the SDK goes there only for values
+/// spread over more than 2^2560 at 160 buckets, which durations in seconds never are.
+pub(crate) fn native(
+    scale: i8,
+    zero_threshold: f64,
+    zero_count: u64,
+    positive: (i32, impl Iterator<Item = u64>),
+    negative: (i32, impl Iterator<Item = u64>),
+) -> proto::Histogram {
+    let down = u32::try_from(scale.saturating_sub(MAX_SCHEMA)).unwrap_or(0);
+    let side = |(offset, counts): (i32, &mut dyn Iterator<Item = u64>)| {
+        // (Prometheus index, count), ascending: merging keeps the order.
+        let mut merged: Vec<(i32, u64)> = Vec::new();
+        for (k, n) in counts.enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let otel = offset.saturating_add(i32::try_from(k).unwrap_or(i32::MAX));
+            let idx = (otel >> down).saturating_add(1);
+            match merged.last_mut() {
+                Some((last, c)) if *last == idx => *c += n,
+                _ => merged.push((idx, n)),
+            }
+        }
+        let mut spans: Vec<proto::BucketSpan> = Vec::new();
+        let mut deltas = Vec::with_capacity(merged.len());
+        let (mut prev_idx, mut prev_count) = (None::<i32>, 0i64);
+        for (idx, n) in merged {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            match (prev_idx, spans.last_mut()) {
+                (Some(p), Some(span)) if idx == p + 1 => span.length += 1,
+                (p, _) => spans.push(proto::BucketSpan {
+                    offset: p.map_or(idx, |p| idx - p - 1),
+                    length: 1,
+                }),
+            }
+            deltas.push(n - prev_count);
+            prev_count = n;
+            prev_idx = Some(idx);
+        }
+        (spans, deltas)
+    };
+    let (mut pos_it, mut neg_it) = (positive.1, negative.1);
+    let (mut positive_span, positive_delta) = side((positive.0, &mut pos_it));
+    let (negative_span, negative_delta) = side((negative.0, &mut neg_it));
+    if positive_span.is_empty()
+        && negative_span.is_empty()
+        && zero_threshold == 0.0
+        && zero_count == 0
+    {
+        positive_span.push(proto::BucketSpan {
+            offset: 0,
+            length: 0,
+        });
+    }
+    proto::Histogram {
+        schema: i32::from(scale.min(MAX_SCHEMA)),
+        zero_threshold,
+        zero_count,
+        positive_span,
+        positive_delta,
+        negative_span,
+        negative_delta,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -544,6 +919,169 @@ mod tests {
         let mut classic = String::new();
         encode(&collected(), Format::Classic, Some(&src), &mut classic);
         assert!(!classic.contains("trace_id"));
+    }
+
+    #[test]
+    fn native_spans_and_deltas_merge_fine_scales_and_shift_indices() {
+        // Scale 10 -> schema 8 (indices >> 2), OpenTelemetry index i -> Prometheus i + 1.
+        let h = native(
+            10,
+            0.0,
+            0,
+            (-5, [1, 0, 2, 3, 0, 0, 0, 4].into_iter()),
+            (0, [].into_iter()),
+        );
+        assert_eq!(h.schema, 8);
+        assert_eq!(
+            h.positive_span,
+            vec![proto::BucketSpan {
+                offset: -1,
+                length: 3
+            }]
+        );
+        assert_eq!(h.positive_delta, vec![1, 4, -1]);
+        // A gap starts a new span, offset from the end of the previous one.
+        let h = native(
+            2,
+            0.0,
+            0,
+            (0, [2, 0, 0, 5].into_iter()),
+            (0, [].into_iter()),
+        );
+        assert_eq!(h.schema, 2);
+        assert_eq!(
+            h.positive_span,
+            vec![
+                proto::BucketSpan {
+                    offset: 1,
+                    length: 1
+                },
+                proto::BucketSpan {
+                    offset: 2,
+                    length: 1
+                }
+            ]
+        );
+        assert_eq!(h.positive_delta, vec![2, 3]);
+        // Empty: one empty span, so that it is still read as native.
+        let h = native(20, 0.0, 0, (0, [].into_iter()), (0, [].into_iter()));
+        assert_eq!(
+            h.positive_span,
+            vec![proto::BucketSpan {
+                offset: 0,
+                length: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn the_protobuf_scrape_decodes_to_native_and_classic_histograms() {
+        use prost::Message as _;
+        let reader = super::super::PrometheusReader(Arc::new(ManualReader::builder().build()));
+        let provider = SdkMeterProvider::builder()
+            .with_reader(reader.clone())
+            .with_view(crate::export::view(false))
+            .build();
+        let meter = provider.meter("phasetrace");
+        let layer = meter
+            .f64_histogram(crate::names::metric::SECTION_LAYER_DURATION)
+            .with_unit("s")
+            .build();
+        let kv = [KeyValue::new("bucket", "attn"), KeyValue::new("layer", 7)];
+        let observed = [0.001, 0.001, 0.001, 0.004, 0.0041];
+        for v in observed {
+            layer.record(v, &kv);
+        }
+        let classic = meter
+            .f64_histogram("phasetrace.section.duration")
+            .with_unit("s")
+            .with_boundaries(vec![0.002, 0.01])
+            .build();
+        for v in observed {
+            classic.record(v, &kv[..1]);
+        }
+        meter.u64_counter("phasetrace.steps").build().add(3, &[]);
+        let layer_time = meter
+            .f64_counter(crate::names::metric::SECTION_LAYER_TIME)
+            .with_unit("s")
+            .build();
+        layer_time.add(0.0111, &kv);
+        let mut rm = ResourceMetrics::default();
+        opentelemetry_sdk::metrics::reader::MetricReader::collect(&reader, &mut rm).unwrap();
+        let mut out = Vec::new();
+        let enc = encode_protobuf(&rm, None, None, &mut out);
+        let mut buf = &out[..];
+        let mut families = Vec::new();
+        while !buf.is_empty() {
+            families.push(proto::MetricFamily::decode_length_delimited(&mut buf).expect("decode"));
+        }
+        assert_eq!(
+            enc.series,
+            families.iter().map(|f| f.metric.len()).sum::<usize>()
+        );
+        let get = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap_or_else(|| panic!("{name} in {families:?}"))
+        };
+        let f = get("phasetrace_section_layer_duration_seconds");
+        assert_eq!(f.r#type, proto::MetricType::Histogram as i32);
+        assert_eq!(f.unit, "seconds");
+        let m = &f.metric[0];
+        assert!(m.label.iter().any(|l| l.name == "layer" && l.value == "7"));
+        let h = m.histogram.as_ref().expect("histogram");
+        assert_eq!(h.sample_count, 5);
+        assert!((h.sample_sum - observed.iter().sum::<f64>()).abs() < 1e-12);
+        assert!(h.bucket.is_empty(), "native only");
+        assert!((-4..=8).contains(&h.schema));
+        // Rebuild (index, count) from spans and deltas; each observation must fall in
+        // (base^(i-1), base^i] of a bucket holding it.
+        let mut buckets = Vec::new();
+        let (mut last, mut count) = (None::<i32>, 0i64);
+        for s in &h.positive_span {
+            let start = last.map_or(s.offset, |l| l + 1 + s.offset);
+            for k in 0..s.length {
+                count += h.positive_delta[buckets.len()];
+                buckets.push((start + k as i32, count));
+                last = Some(start + k as i32);
+            }
+        }
+        let base = 2f64.powf(2f64.powi(-h.schema));
+        let of = |v: f64| {
+            buckets
+                .iter()
+                .find(|(i, _)| base.powi(*i - 1) < v && v <= base.powi(*i))
+                .map(|b| b.1)
+        };
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<i64>(), 5, "{buckets:?}");
+        assert_eq!(of(0.001), Some(3), "{buckets:?} schema {}", h.schema);
+        assert!(of(0.004).is_some() && of(0.0041).is_some(), "{buckets:?}");
+        // The explicit-bucket histogram: classic cumulative buckets, no native fields.
+        let c = get("phasetrace_section_duration_seconds").metric[0]
+            .histogram
+            .clone()
+            .expect("histogram");
+        let cum: Vec<(f64, u64)> = c
+            .bucket
+            .iter()
+            .map(|b| (b.upper_bound, b.cumulative_count))
+            .collect();
+        assert_eq!(cum, vec![(0.002, 3), (0.01, 5), (f64::INFINITY, 5)]);
+        assert!(c.positive_span.is_empty() && c.schema == 0);
+        let steps = &get("phasetrace_steps_total").metric[0];
+        assert_eq!(steps.counter.as_ref().map(|c| c.value), Some(3.0));
+        // The per-layer counter is in the distribution's sum: left out of the protobuf scrape.
+        assert!(
+            !families.iter().any(|f| f.name.contains("layer_time")),
+            "{families:?}"
+        );
+        // The text scrapes leave the per-layer distribution out and keep the counter.
+        let mut text = String::new();
+        encode(&rm, Format::Classic, None, &mut text);
+        assert!(!text.contains("layer_duration"), "{text}");
+        assert!(text.contains("phasetrace_section_layer_time_seconds_total{"));
+        assert!(text.contains("phasetrace_section_duration_seconds_bucket"));
     }
 
     #[test]

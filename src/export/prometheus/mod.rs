@@ -7,7 +7,8 @@
 //!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES, read within the timeout)
 //!   ─► basic auth (web config, re-read if changed; bcrypt, verified credentials cached)
 //!   ─► route
-//!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics)
+//!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics |
+//!      delimited protobuf with native histograms)
 //!      ─► gzip when accepted
 //! ```
 //!
@@ -18,6 +19,7 @@
 
 pub(crate) mod encode;
 mod negotiate;
+mod proto;
 pub(crate) mod reload;
 mod watched;
 pub(crate) mod web_config;
@@ -57,6 +59,13 @@ const TIMEOUT: Duration = Duration::from_millis(default::PROMETHEUS_REQUEST_TIME
 /// on each scrape.
 #[derive(Clone, Debug)]
 pub(crate) struct PrometheusReader(pub(super) Arc<ManualReader>);
+
+impl PrometheusReader {
+    /// A reader of the endpoint's own.
+    pub(crate) fn manual() -> PrometheusReader {
+        PrometheusReader(Arc::new(ManualReader::builder().build()))
+    }
+}
 
 impl MetricReader for PrometheusReader {
     fn register_pipeline(&self, pipeline: std::sync::Weak<Pipeline>) {
@@ -142,6 +151,9 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: Source,
+    /// The per-layer distributions' own reader, when `reader` is the OTLP one (protobuf
+    /// scrapes only).
+    distributions: Option<PrometheusReader>,
     /// TLS and basic auth, re-read when the file changed.
     web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
@@ -166,6 +178,7 @@ pub(super) fn start(
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
     otlp: Option<SharedReader>,
+    distributions: Option<PrometheusReader>,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         #[cfg(feature = "otlp")]
@@ -194,6 +207,7 @@ pub(super) fn start(
     let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
     let endpoint = Arc::new(Endpoint {
         reader: source,
+        distributions,
         web,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
@@ -373,64 +387,93 @@ impl Endpoint {
 
     /// Collects, encodes and (with `gzip`) compresses one scrape.
     fn render(&self, format: Format, gzip: bool) -> Result<Vec<u8>, String> {
-        let text = scrape_text(
+        let body = scrape(
             &self.reader,
+            self.distributions.as_ref(),
             format,
             self.last_size.load(Ordering::Relaxed),
             self.exemplars.as_deref(),
         )?;
-        self.last_size.store(text.len(), Ordering::Relaxed);
+        self.last_size.store(body.len(), Ordering::Relaxed);
         if !gzip {
-            return Ok(text.into_bytes());
+            return Ok(body);
         }
         // The fastest level: a scrape compresses 10-20x at it, at a fraction of level 6's CPU.
         let mut z = flate2::write::GzEncoder::new(
-            Vec::with_capacity(text.len() / 8),
+            Vec::with_capacity(body.len() / 8),
             flate2::Compression::fast(),
         );
-        z.write_all(text.as_bytes())
+        z.write_all(&body)
             .and_then(|()| z.finish())
             .map_err(|e| e.to_string())
     }
 }
 
-/// One scrape's text: what the reader collects, in `format`; in OpenMetrics, with the
-/// exemplars `store` holds (only of exported traces) on the bucket lines of their series.
+/// One scrape's text: what the reader collects, in `format` (a text format); in OpenMetrics,
+/// with the exemplars `store` holds (only of exported traces) on the bucket lines of their
+/// series.
+#[cfg(test)]
 pub(crate) fn scrape_text(
     reader: &Source,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
 ) -> Result<String, String> {
+    let body = scrape(reader, None, format, capacity, store)?;
+    String::from_utf8(body).map_err(|e| e.to_string())
+}
+
+/// One scrape's body in `format`: in OpenMetrics and protobuf, with the exemplars `store`
+/// holds (only of exported traces) on the buckets of their series.
+pub(crate) fn scrape(
+    reader: &Source,
+    distributions: Option<&PrometheusReader>,
+    format: Format,
+    capacity: usize,
+    store: Option<&ExemplarStore>,
+) -> Result<Vec<u8>, String> {
     let mut rm = ResourceMetrics::default();
     reader.collect(&mut rm).map_err(|e| e.to_string())?;
-    let mut out = String::with_capacity(capacity + capacity / 8);
-    match store {
-        Some(store) if matches!(format, Format::OpenMetrics { .. }) => {
-            let names = EXEMPLAR_METRICS.map(|m| (encode::base_name(m, "s"), m));
-            // The encoder asks bucket by bucket, 0 first, for each data point: one store lookup
-            // per data point.
-            let cache = std::cell::RefCell::new([None; BUCKETS]);
-            let source = |base: &str, kv: &[KeyValue], i: usize| -> Option<encode::Exemplar> {
-                let metric = names.iter().find(|(b, _)| b == base)?.1;
-                if i == 0 {
-                    *cache.borrow_mut() = store.series_of(metric, kv);
-                }
-                let e = (*cache.borrow()).get(i).copied().flatten()?;
-                Some(encode::Exemplar {
-                    trace_id: e.trace_id.to_bytes(),
-                    span_id: e.span_id.to_bytes(),
-                    value: e.value,
-                    time: e.time,
-                })
-            };
-            encode::encode(&rm, format, Some(&source), &mut out);
+    let names = EXEMPLAR_METRICS.map(|m| (encode::base_name(m, "s"), m));
+    // The encoders ask bucket by bucket, 0 first, for each data point: one store lookup per
+    // data point.
+    let cache = std::cell::RefCell::new([None; BUCKETS]);
+    let source = |base: &str, kv: &[KeyValue], i: usize| -> Option<encode::Exemplar> {
+        let store = store?;
+        let metric = names.iter().find(|(b, _)| b == base)?.1;
+        if i == 0 {
+            *cache.borrow_mut() = store.series_of(metric, kv);
         }
-        _ => {
+        let e = (*cache.borrow()).get(i).copied().flatten()?;
+        Some(encode::Exemplar {
+            trace_id: e.trace_id.to_bytes(),
+            span_id: e.span_id.to_bytes(),
+            value: e.value,
+            time: e.time,
+        })
+    };
+    let source: Option<encode::ExemplarSource<'_>> = store.is_some().then_some(&source);
+    match format {
+        Format::Protobuf => {
+            let mut extra = ResourceMetrics::default();
+            if let Some(d) = distributions {
+                d.collect(&mut extra).map_err(|e| e.to_string())?;
+            }
+            let mut out = Vec::with_capacity(capacity + capacity / 8);
+            encode::encode_protobuf(&rm, distributions.map(|_| &extra), source, &mut out);
+            Ok(out)
+        }
+        Format::OpenMetrics { .. } => {
+            let mut out = String::with_capacity(capacity + capacity / 8);
+            encode::encode(&rm, format, source, &mut out);
+            Ok(out.into_bytes())
+        }
+        Format::Classic => {
+            let mut out = String::with_capacity(capacity + capacity / 8);
             encode::encode(&rm, format, None, &mut out);
+            Ok(out.into_bytes())
         }
     }
-    Ok(out)
 }
 
 fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
@@ -539,7 +582,7 @@ mod tests {
     use super::basic_credentials;
 
     #[test]
-    fn openmetrics_scrapes_show_exemplars_of_exported_spans_only() {
+    fn openmetrics_and_protobuf_scrapes_show_exemplars_of_exported_spans_only() {
         use super::super::exemplars::{Exemplar, ExemplarStore};
         use super::{Format, PrometheusReader, Source, scrape_text};
         use crate::names::metric;
@@ -595,6 +638,40 @@ mod tests {
         let classic = text(Format::Classic, Some(&store));
         assert!(!classic.contains("# {"), "{classic}");
         assert_eq!(classic, text(Format::Classic, None));
+        // The protobuf scrape carries it on the same bucket, as an Exemplar message.
+        {
+            use prost::Message as _;
+            let body = super::scrape(&source, None, Format::Protobuf, 0, Some(&store))
+                .expect("protobuf scrape");
+            let mut buf = &body[..];
+            let mut exemplars = Vec::new();
+            while !buf.is_empty() {
+                let f = super::proto::MetricFamily::decode_length_delimited(&mut buf)
+                    .expect("delimited MetricFamily");
+                for m in &f.metric {
+                    for b in m.histogram.iter().flat_map(|h| &h.bucket) {
+                        if let Some(e) = &b.exemplar {
+                            exemplars.push((f.name.clone(), b.upper_bound, e.clone()));
+                        }
+                    }
+                }
+            }
+            assert_eq!(exemplars.len(), 1, "{exemplars:?}");
+            let (name, le, e) = &exemplars[0];
+            assert_eq!(name, "phasetrace_step_duration_seconds");
+            assert_eq!(*le, 0.005);
+            assert_eq!(e.value, 0.0042);
+            let label = |k: &str| {
+                e.label
+                    .iter()
+                    .find(|l| l.name == k)
+                    .map(|l| l.value.as_str())
+            };
+            assert_eq!(label("trace_id"), Some("00000000000000000000000000000abc"));
+            assert_eq!(label("span_id"), Some("000000000000001f"));
+            let ts = e.timestamp.as_ref().expect("timestamp");
+            assert_eq!((ts.seconds, ts.nanos), (1_764_578_880, 123_000_000));
+        }
         // A failed export leaves nothing.
         store.offer(metric::STEP_DURATION, &attrs, e(0x20));
         store.settle(&[SpanId::from(0x20)], false);

@@ -3,7 +3,10 @@
 //!
 //! OpenMetrics is served when the scraper prefers it (Prometheus sends
 //! `application/openmetrics-text;version=1.0.0,...;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1`);
-//! the classic text format otherwise, including when nothing offered is acceptable (as the Go
+//! the delimited protobuf format (native histograms) when it is preferred, as Prometheus 3 does
+//! with `scrape_native_histograms: true`
+//! (`application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited`
+//! first); the classic text format otherwise, including when nothing offered is acceptable (as the Go
 //! client does). gzip is used when the scraper accepts it with a non-zero weight.
 
 use super::encode::Format;
@@ -52,7 +55,22 @@ pub(crate) fn format(accept: Option<&str>) -> Format {
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("version"))
             .map(|(_, v)| *v);
-        let candidate = if e.value.eq_ignore_ascii_case("application/openmetrics-text") {
+        let param = |name: &str| {
+            e.params
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| *v)
+        };
+        let candidate = if e
+            .value
+            .eq_ignore_ascii_case("application/vnd.google.protobuf")
+        {
+            // Only the delimited MetricFamily stream (what Prometheus asks for); the text
+            // encoding of the same messages is not served.
+            (param("proto") == Some("io.prometheus.client.MetricFamily")
+                && param("encoding") == Some("delimited"))
+            .then_some((2, Format::Protobuf))
+        } else if e.value.eq_ignore_ascii_case("application/openmetrics-text") {
             match version {
                 None | Some("1.0.0") => Some((2, Format::OpenMetrics { version: "1.0.0" })),
                 Some("0.0.1") => Some((2, Format::OpenMetrics { version: "0.0.1" })),
@@ -140,6 +158,30 @@ mod tests {
         assert_eq!(
             format(Some("application/openmetrics-text;q=high, */*")),
             Format::Classic
+        );
+    }
+
+    #[test]
+    fn prometheus_with_native_histograms_gets_protobuf() {
+        const NATIVE: &str = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
+        assert_eq!(format(Some(NATIVE)), Format::Protobuf);
+        // Another encoding or message of the same media type is not what is served.
+        assert_eq!(
+            format(Some(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text, text/plain;q=0.5"
+            )),
+            Format::Classic
+        );
+        assert_eq!(
+            format(Some("application/vnd.google.protobuf;encoding=delimited")),
+            Format::Classic
+        );
+        // Preferred below OpenMetrics: OpenMetrics.
+        assert_eq!(
+            format(Some(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.4,application/openmetrics-text;version=1.0.0"
+            )),
+            Format::OpenMetrics { version: "1.0.0" }
         );
     }
 

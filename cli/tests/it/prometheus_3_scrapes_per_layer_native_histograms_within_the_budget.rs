@@ -1,0 +1,207 @@
+//! Native histograms on the scrape path: one demo rank of a 96-layer model
+//! (`--ranks 1 --layers 96 --dense-layers 3`) scraped by two real Prometheus 3 servers. One
+//! scrapes with `scrape_native_histograms: true` and the protobuf protocol first (and
+//! `convert_classic_histograms_to_nhcb: true`, which turns the explicit-bucket section
+//! histograms into native histograms with custom buckets): every layer has a per-layer p99 of
+//! its sections and of its rendezvous waits, `histogram_count(rate(..section_duration..))`
+//! returns data, its own series count stays within 5,000 and the protobuf response within
+//! 600 KB. The other scrapes the text formats only and still gets today's classic series and
+//! no per-layer distribution. The bundled recording rule on the native form
+//! (`phasetrace:collective_layer_wait_seconds:p99_5m`) and the dashboard's per-layer panels
+//! return data for every layer.
+
+use crate::cli::Demo;
+use crate::support::{self, Prometheus, http_request, http_request_bytes};
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+const LAYERS: usize = 96;
+const SERIES_BUDGET: f64 = 5_000.0;
+const BYTES_BUDGET: usize = 600 * 1000;
+const WAIT: Duration = Duration::from_secs(120);
+const PROTOBUF: &str =
+    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited";
+
+fn job(name: &str, target: &str, native: bool) -> String {
+    let protocols = if native {
+        "scrape_native_histograms: true\nconvert_classic_histograms_to_nhcb: true\n\
+         scrape_protocols: [PrometheusProto, OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
+    } else {
+        "scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
+    };
+    format!("job_name: {name}\n{protocols}static_configs:\n  - targets: ['{target}']")
+}
+
+/// The `layer` labels of the samples.
+fn layers(samples: &[(std::collections::BTreeMap<String, String>, f64)]) -> BTreeSet<String> {
+    samples
+        .iter()
+        .filter(|(_, v)| v.is_finite())
+        .filter_map(|(l, _)| l.get("layer").cloned())
+        .collect()
+}
+
+#[test]
+fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_series() {
+    support::require_tools!(Prometheus);
+    let target = format!("127.0.0.1:{}", support::free_port());
+    let mut demo = Demo::spawn(
+        &[
+            "--ranks",
+            "1",
+            "--layers",
+            "96",
+            "--dense-layers",
+            "3",
+            "--forever",
+            "--prometheus",
+            &target,
+        ],
+        &[],
+    );
+    assert_eq!(demo.prometheus_addr(WAIT), target);
+    let native = Prometheus::builder()
+        .scrape_interval("1s")
+        .rule_file(support::repo_root().join("otel-config/rules/phasetrace-recording.yml"))
+        .raw_job(&job("native", &target, true))
+        .start();
+    let text = Prometheus::builder()
+        .scrape_interval("1s")
+        .raw_job(&job("text", &target, false))
+        .start();
+    native.wait_for_up(WAIT);
+    text.wait_for_up(WAIT);
+
+    // Every layer: the p99 of its sections and of its rendezvous waits, from native histograms.
+    let all = |s: &[(std::collections::BTreeMap<String, String>, f64)]| layers(s).len() == LAYERS;
+    let p99 = native.wait_for_query(
+        "histogram_quantile(0.99, sum by (layer) (rate(phasetrace_section_layer_duration_seconds[1m])))",
+        all,
+        WAIT,
+    );
+    assert!(p99.iter().all(|(_, v)| *v > 0.0), "{p99:?}");
+    native.wait_for_query(
+        "histogram_quantile(0.99, sum by (layer) (rate(phasetrace_collective_layer_wait_duration_seconds[1m])))",
+        all,
+        WAIT,
+    );
+    // The recording rule on the native form: the per-layer p99 of the rendezvous wait.
+    native.wait_for_query("phasetrace:collective_layer_wait_seconds:p99_5m", all, WAIT);
+    let counts = native.wait_for_query(
+        "histogram_count(rate(phasetrace_section_duration_seconds[1m]))",
+        |s| !s.is_empty() && s.iter().any(|(_, v)| *v > 0.0),
+        WAIT,
+    );
+    // The per-layer sums are what the text scrape's per-layer time counters say.
+    native.wait_for_query(
+        "count(histogram_sum(rate(phasetrace_section_layer_duration_seconds[1m])) > 0)",
+        |s| s.first().is_some_and(|(_, v)| *v >= LAYERS as f64),
+        WAIT,
+    );
+
+    // The dashboard's per-layer panels: the native-histogram ones, and the per-layer time ones
+    // that fall back to the distributions' sums where the counters are left out.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(support::repo_root().join("dashboards/decode-sections.json"))
+            .expect("dashboard"),
+    )
+    .expect("dashboard JSON");
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().unwrap_or_default();
+        let Some(targets) = panel["targets"].as_array() else {
+            continue;
+        };
+        for t in targets {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            if !expr.contains("phasetrace_section_layer_") {
+                continue;
+            }
+            let q = expr
+                .replace("$__rate_interval", "1m")
+                .replace("$__range", "5m")
+                .replace("$nested", "kda_mixer");
+            let q = ["$job", "$group", "$rank", "$layer", "$bucket"]
+                .iter()
+                .fold(q, |q, v| q.replace(v, ".*"));
+            let got = native.wait_for_query(&q, |s| layers(s).len() == LAYERS, WAIT);
+            assert_eq!(layers(&got).len(), LAYERS, "{title}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{checked} per-layer panel expressions");
+
+    // The budget, in Prometheus's own count (its TSDB head) and in bytes.
+    let head = native.get_json("/api/v1/status/tsdb").expect("tsdb status");
+    let series = head["data"]["headStats"]["numSeries"]
+        .as_f64()
+        .expect("numSeries");
+    let (status, body) = http_request_bytes(
+        "GET",
+        &format!("http://{target}/metrics"),
+        &[("Accept", PROTOBUF)],
+        &[],
+    )
+    .expect("protobuf scrape");
+    assert_eq!(status, 200);
+    eprintln!(
+        "96 layers, 1 rank, native histograms: {series} series in Prometheus, {} bytes per \
+         protobuf scrape, {} section histograms",
+        body.len(),
+        counts.len()
+    );
+    assert!(series <= SERIES_BUDGET, "{series} series");
+    assert!(body.len() <= BYTES_BUDGET, "{} bytes", body.len());
+    // What a scrape costs in each format (for BENCHMARKS.md; not asserted).
+    for (name, accept) in [
+        ("protobuf", PROTOBUF),
+        ("text", "text/plain;version=0.0.4"),
+        ("openmetrics", "application/openmetrics-text;version=1.0.0"),
+    ] {
+        let start = Instant::now();
+        let mut bytes = 0;
+        for _ in 0..5 {
+            let (_, b) = http_request_bytes(
+                "GET",
+                &format!("http://{target}/metrics"),
+                &[("Accept", accept)],
+                &[],
+            )
+            .expect("scrape");
+            bytes = b.len();
+        }
+        eprintln!(
+            "{name}: {bytes} bytes, {:.1} ms per scrape",
+            start.elapsed().as_secs_f64() * 1000.0 / 5.0
+        );
+    }
+
+    // The text scraper: the classic series, the per-layer counters, no distributions.
+    text.wait_for_query(
+        "count(phasetrace_section_duration_seconds_bucket)",
+        |s| s.first().is_some_and(|(_, v)| *v > 0.0),
+        WAIT,
+    );
+    let calls = text.wait_for_query(
+        "sum by (layer) (phasetrace_section_layer_calls_total)",
+        |s| layers(s).len() == LAYERS,
+        WAIT,
+    );
+    assert_eq!(layers(&calls).len(), LAYERS);
+    assert!(
+        text.query_vector("{__name__=~\"phasetrace_.*layer_.*duration_seconds.*\"}")
+            .is_empty(),
+        "the text scrape has no per-layer distribution"
+    );
+    let (_, classic) = http_request(
+        "GET",
+        &format!("http://{target}/metrics"),
+        &[("Accept", "text/plain;version=0.0.4")],
+        &[],
+    )
+    .expect("text scrape");
+    assert!(classic.contains("phasetrace_section_layer_calls_total{"));
+    assert!(!classic.contains("layer_duration"));
+    let _ = demo.interrupt_and_wait(WAIT);
+}
