@@ -83,13 +83,7 @@ fn tls(
     addr: SocketAddr,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
     let (host, _) = host_port(&o.endpoint).unwrap_or_default();
-    let roots = root_store(o)?;
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut cfg = phasetrace_transport::client_config(root_store(o)?).map_err(|e| e.to_string())?;
     cfg.alpn_protocols = match o.protocol {
         Protocol::Grpc => vec![b"h2".to_vec()],
         Protocol::HttpProtobuf => vec![b"http/1.1".to_vec()],
@@ -110,37 +104,17 @@ fn tls(
     Ok(stream)
 }
 
-/// The roots the OTLP exporters trust: the system's, plus `OTEL_EXPORTER_OTLP_CERTIFICATE`.
+/// The roots the OTLP exporters trust: the system's, plus `OTEL_EXPORTER_OTLP_CERTIFICATE` (read
+/// by the transport the exporters use, so `check` trusts exactly what they trust).
 fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    // Unreadable system certificates are skipped: a custom CA may be all that is needed.
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    if let Some(path) = &o.certificate {
-        let err = |detail: String| {
-            format!(
-                "{}={}: cannot read the CA certificate ({detail})",
-                phasetrace_names::env::OTEL_EXPORTER_OTLP_CERTIFICATE,
-                path.display()
-            )
-        };
-        let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
-        let mut n = 0;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| err(format!("not a PEM certificate: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| err(format!("not a usable CA certificate: {e}")))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(err("no PEM certificate in the file".into()));
-        }
-    }
-    Ok(roots)
+    phasetrace_transport::root_store(&phasetrace_transport::Target {
+        endpoint: &o.endpoint,
+        headers: &o.headers,
+        timeout: o.timeout,
+        gzip: o.gzip,
+        certificate: o.certificate.as_deref(),
+    })
+    .map_err(|e| e.to_string())
 }
 
 /// An OTLP/HTTP probe: an empty protobuf export request must be answered 2xx.

@@ -1,10 +1,7 @@
 //! OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest).
 
 use super::ExportError;
-#[cfg(feature = "otlp-http")]
-use super::transport::root_store;
-#[cfg(feature = "otlp-grpc")]
-use super::transport::tls;
+use super::transport::{self, target};
 use crate::config::{OtlpConfig, Protocol};
 #[cfg(feature = "otlp-http")]
 use opentelemetry_otlp::WithHttpConfig;
@@ -14,36 +11,6 @@ use opentelemetry_otlp::{Compression, MetricExporter, SpanExporter, WithExportCo
 use opentelemetry_sdk::metrics::Temporality;
 #[cfg(feature = "otlp-http")]
 use std::collections::HashMap;
-
-/// `OTEL_EXPORTER_OTLP_HEADERS` as gRPC metadata; `Err` names the first header that cannot be
-/// one (never its value).
-#[cfg(feature = "otlp-grpc")]
-pub(crate) fn metadata(o: &OtlpConfig) -> Result<tonic_metadata::MetadataMap, String> {
-    let mut map = tonic_metadata::MetadataMap::new();
-    for (k, v) in &o.headers {
-        match (
-            tonic_metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
-            tonic_metadata::MetadataValue::try_from(v.as_str()),
-        ) {
-            (Ok(k), Ok(v)) => {
-                map.insert(k, v);
-            }
-            _ => {
-                return Err(format!(
-                    "OTEL_EXPORTER_OTLP_HEADERS: header {k:?} cannot be sent as gRPC metadata \
-                     (expected a header name of letters, digits, '-', '_' or '.', not ending \
-                     in -bin, and a value without control characters)"
-                ));
-            }
-        }
-    }
-    Ok(map)
-}
-
-#[cfg(feature = "otlp-grpc")]
-mod tonic_metadata {
-    pub(super) use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
-}
 
 fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> ExportError {
     ExportError::Otlp {
@@ -66,28 +33,13 @@ fn not_compiled(signal: &'static str, o: &OtlpConfig) -> ExportError {
     )
 }
 
-/// A blocking HTTP client; for `https://`, rustls (ring) trusting [`root_store`].
+/// A blocking HTTP client for `o` (see [`phasetrace_transport::http_client`]).
 #[cfg(feature = "otlp-http")]
 pub(crate) fn http_client(
     signal: &'static str,
     o: &OtlpConfig,
 ) -> Result<reqwest::blocking::Client, ExportError> {
-    // rustls with ring, configured here: reqwest is built without a default crypto provider.
-    let roots = if o.endpoint.starts_with("https://") {
-        root_store(o)?
-    } else {
-        rustls::RootCertStore::empty()
-    };
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(signal, o, e))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let b = reqwest::blocking::Client::builder()
-        .timeout(o.timeout)
-        .tls_backend_preconfigured(tls);
-    b.build().map_err(|e| err(signal, o, e))
+    transport::http_client(&target(o)).map_err(|e| transport::export_err(signal, o, e))
 }
 
 pub(super) fn span_exporter(
@@ -107,11 +59,11 @@ pub(super) fn span_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(metadata(o).map_err(|e| err("traces", o, e))?);
+                .with_metadata(transport::metadata(&target(o)).map_err(|e| err("traces", o, e))?);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);
             }
-            if let Some(t) = tls(o)? {
+            if let Some(t) = transport::tls("traces", o)? {
                 b = b.with_tls_config(t);
             }
             b.build().map_err(|e| err("traces", o, e))
@@ -150,12 +102,12 @@ pub(super) fn metric_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(metadata(o).map_err(|e| err("metrics", o, e))?)
+                .with_metadata(transport::metadata(&target(o)).map_err(|e| err("metrics", o, e))?)
                 .with_temporality(Temporality::Cumulative);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);
             }
-            if let Some(t) = tls(o)? {
+            if let Some(t) = transport::tls("metrics", o)? {
                 b = b.with_tls_config(t);
             }
             b.build().map_err(|e| err("metrics", o, e))
@@ -174,44 +126,6 @@ pub(super) fn metric_exporter(
                 b = b.with_compression(Compression::Gzip);
             }
             b.build().map_err(|e| err("metrics", o, e))
-        }
-    }
-}
-
-#[cfg(all(test, feature = "otlp-grpc"))]
-mod tests {
-    use super::*;
-    use crate::config::HistogramAggregation;
-    use std::time::Duration;
-
-    fn with_headers(headers: &[(&str, &str)]) -> OtlpConfig {
-        OtlpConfig {
-            endpoint: "http://127.0.0.1:4317".into(),
-            protocol: Protocol::Grpc,
-            headers: headers
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            timeout: Duration::from_secs(1),
-            gzip: false,
-            certificate: None,
-            histogram: HistogramAggregation::Explicit,
-        }
-    }
-
-    #[test]
-    fn headers_become_metadata_or_an_error_naming_the_header_not_its_value() {
-        let md = metadata(&with_headers(&[("X-Api-Key", "s3cret"), ("team", "café")]))
-            .expect("metadata");
-        assert_eq!(
-            md.get("x-api-key").and_then(|v| v.to_str().ok()),
-            Some("s3cret")
-        );
-        assert_eq!(md.len(), 2);
-        for bad in [("x-token-bin", "s3cret"), ("x-api-key", "s3\ncret")] {
-            let e = metadata(&with_headers(&[("ok", "1"), bad])).expect_err("refused");
-            assert!(e.contains(&format!("{:?}", bad.0)), "{e}");
-            assert!(!e.contains("s3"), "{e}");
         }
     }
 }

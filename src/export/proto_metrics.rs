@@ -93,7 +93,7 @@ impl ProtoMetricExporter {
             (Protocol::Grpc, Some(rt)) => {
                 let channel = {
                     let _guard = rt.enter();
-                    transport::channel(o).map_err(|e| err(o, e))?
+                    transport::channel(&transport::target(o)).map_err(|e| err(o, e))?
                 };
                 let mut client = MetricsServiceClient::new(channel);
                 if o.gzip {
@@ -101,7 +101,9 @@ impl ProtoMetricExporter {
                 }
                 Transport::Grpc {
                     client,
-                    metadata: Box::new(super::otlp::metadata(o).map_err(|e| err(o, e))?),
+                    metadata: Box::new(
+                        transport::metadata(&transport::target(o)).map_err(|e| err(o, e))?,
+                    ),
                     runtime: rt.handle().clone(),
                 }
             }
@@ -231,11 +233,14 @@ impl PushMetricExporter for ProtoMetricExporter {
                     }
                 }
                 #[cfg(feature = "otlp-http")]
-                Transport::Http { client, url, otlp } => {
-                    transport::post(client, otlp, url, message.encode_to_vec())
-                        .map(drop)
-                        .map_err(OTelSdkError::InternalFailure)
-                }
+                Transport::Http { client, url, otlp } => transport::post(
+                    client,
+                    &transport::target(otlp),
+                    url,
+                    message.encode_to_vec(),
+                )
+                .map(drop)
+                .map_err(|e| OTelSdkError::InternalFailure(e.to_string())),
             }
         }
     }
