@@ -5,12 +5,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::process::{
-    CapturedChild, free_port, http_get, locate_binary, port_accepts, repo_root, spawn_ready,
-    tools_dir, url_encode,
+    Peer, http_get, locate_binary, port_accepts, repo_root, start_on_free_ports, tools_dir,
+    url_encode,
 };
 
 /// How long [`Jaeger::start`] waits for the query API and the OTLP receiver.
@@ -71,71 +70,43 @@ pub struct Jaeger {
     otlp_grpc_port: u16,
     otlp_http_port: u16,
     query_port: u16,
-    output: Arc<Mutex<String>>,
-    child: Option<CapturedChild>,
+    peer: Peer,
 }
 
 impl Jaeger {
-    /// `jaeger validate --config CONFIG` (Jaeger v2 is a collector and has the command):
-    /// `Ok(output)` when it accepts the file, `Err(output)` when it refuses it.
-    pub fn validate(config: &Path) -> Result<String, String> {
-        let out = Command::new(jaeger_binary())
-            .arg("validate")
-            .arg(format!("--config={}", config.display()))
-            .output()
-            .unwrap_or_else(|e| panic!("running jaeger validate: {e}"));
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(text)
-        }
-    }
-
     /// Runs the bundled `otel-config/jaeger.yaml` on free loopback ports.
     pub fn start() -> Jaeger {
         let bin = jaeger_binary();
         let config = bundled_jaeger_config();
-        let mut last_error = String::new();
-        for _attempt in 0..3 {
-            let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
-            let (grpc, http, query, query_grpc, health, metrics) =
-                (ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]);
-            let mut command = Command::new(&bin);
-            command
-                .arg(format!("--config={}", config.display()))
-                .env("JAEGER_OTLP_GRPC_ENDPOINT", format!("127.0.0.1:{grpc}"))
-                .env("JAEGER_OTLP_HTTP_ENDPOINT", format!("127.0.0.1:{http}"))
-                .env("JAEGER_QUERY_HTTP_ENDPOINT", format!("127.0.0.1:{query}"))
-                .env(
-                    "JAEGER_QUERY_GRPC_ENDPOINT",
-                    format!("127.0.0.1:{query_grpc}"),
-                )
-                .env("JAEGER_HEALTH_ENDPOINT", format!("127.0.0.1:{health}"))
-                .env("JAEGER_METRICS_HOST", "127.0.0.1")
-                .env("JAEGER_METRICS_PORT", metrics.to_string());
-            let services = format!("http://127.0.0.1:{query}/api/v3/services");
-            let started = spawn_ready("jaeger", command, START_TIMEOUT, || {
+        let at = |port: u16| format!("127.0.0.1:{port}");
+        let (ports, peer) = start_on_free_ports(
+            "jaeger",
+            START_TIMEOUT,
+            |&[grpc, http, query, query_grpc, health, metrics]: &[u16; 6]| {
+                let mut command = Command::new(&bin);
+                command
+                    .arg(format!("--config={}", config.display()))
+                    .env("JAEGER_OTLP_GRPC_ENDPOINT", at(grpc))
+                    .env("JAEGER_OTLP_HTTP_ENDPOINT", at(http))
+                    .env("JAEGER_QUERY_HTTP_ENDPOINT", at(query))
+                    .env("JAEGER_QUERY_GRPC_ENDPOINT", at(query_grpc))
+                    .env("JAEGER_HEALTH_ENDPOINT", at(health))
+                    .env("JAEGER_METRICS_HOST", "127.0.0.1")
+                    .env("JAEGER_METRICS_PORT", metrics.to_string());
+                command
+            },
+            |&[grpc, _, query, ..]| {
+                let services = format!("http://{}/api/v3/services", at(query));
                 matches!(http_get(&services), Ok((200, _))) && port_accepts(grpc)
-            });
-            match started {
-                Ok(ready) => {
-                    return Jaeger {
-                        otlp_grpc_port: grpc,
-                        otlp_http_port: http,
-                        query_port: query,
-                        output: ready.output,
-                        child: Some(ready.child),
-                    };
-                }
-                Err(e) => last_error = e,
-            }
+            },
+        );
+        let [otlp_grpc_port, otlp_http_port, query_port, ..] = ports;
+        Jaeger {
+            otlp_grpc_port,
+            otlp_http_port,
+            query_port,
+            peer,
         }
-        panic!("{last_error}");
     }
 
     /// `127.0.0.1:PORT` of the OTLP/gRPC receiver (the collector's `JAEGER_OTLP_ENDPOINT`).
@@ -155,10 +126,7 @@ impl Jaeger {
 
     /// Jaeger's log so far.
     pub fn output(&self) -> String {
-        self.output
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.peer.output()
     }
 
     /// `GET path` on the query service: `Ok(Some(json))` for 200, `Ok(None)` for 404 (the API's
@@ -225,14 +193,6 @@ impl Jaeger {
             .get_json(&format!("/api/v3/traces/{}", url_encode(trace_id)))?
             .map(|json| spans_of(&json))
             .unwrap_or_default())
-    }
-}
-
-impl Drop for Jaeger {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            child.kill();
-        }
     }
 }
 

@@ -30,8 +30,9 @@ pub use otlp_debug::{
     ReceivedSpan, parse_output,
 };
 pub use process::{
-    CapturedChild, ReadyChild, StaticHttpServer, TempDir, free_port, http_get, http_request,
-    http_request_bytes, poll, port_accepts, repo_root, spawn_ready, tools_dir, url_encode,
+    CapturedChild, Peer, StaticHttpServer, TempDir, free_port, http_get, http_request,
+    http_request_bytes, poll, port_accepts, repo_root, spawn_ready, start_on_free_ports, tools_dir,
+    url_encode,
 };
 pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
 pub use rotel::{Rotel, rotel_binary};

@@ -4,12 +4,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::process::{
-    CapturedChild, free_port, http_get, locate_binary, port_accepts, repo_root, spawn_ready,
-    tools_dir,
+    Peer, http_get, locate_binary, port_accepts, repo_root, start_on_free_ports, tools_dir,
 };
 
 /// How long [`Otelcol::start`] waits for the health check to answer 200.
@@ -40,32 +38,10 @@ pub struct Otelcol {
     http_port: u16,
     prometheus_port: u16,
     health_port: u16,
-    output: Arc<Mutex<String>>,
-    child: Option<CapturedChild>,
+    peer: Peer,
 }
 
 impl Otelcol {
-    /// `otelcol validate --config CONFIG` with the given environment: `Ok(output)` when the
-    /// collector accepts the file, `Err(output)` when it refuses it.
-    pub fn validate(config: &Path, env: &[(&str, &str)]) -> Result<String, String> {
-        let out = Command::new(otelcol_binary())
-            .arg("validate")
-            .arg(format!("--config={}", config.display()))
-            .envs(env.iter().copied())
-            .output()
-            .unwrap_or_else(|e| panic!("running otelcol validate: {e}"));
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(text)
-        }
-    }
-
     /// Runs the bundled `otel-config/collector.yaml`, sending traces to `jaeger_otlp_grpc`
     /// (`host:port` of an OTLP/gRPC receiver, e.g. [`crate::Jaeger::otlp_grpc_address`]).
     pub fn start(jaeger_otlp_grpc: &str) -> Otelcol {
@@ -75,56 +51,36 @@ impl Otelcol {
     /// Runs `config` (a file reading the same environment variables as the bundled one).
     pub fn start_config(config: &Path, jaeger_otlp_grpc: &str) -> Otelcol {
         let bin = otelcol_binary();
-        let mut last_error = String::new();
-        for _attempt in 0..3 {
-            let (grpc_port, http_port, prometheus_port, health_port, metrics_port) = (
-                free_port(),
-                free_port(),
-                free_port(),
-                free_port(),
-                free_port(),
-            );
-            let mut command = Command::new(&bin);
-            command
-                .arg(format!("--config={}", config.display()))
-                .env(
-                    "OTELCOL_OTLP_GRPC_ENDPOINT",
-                    format!("127.0.0.1:{grpc_port}"),
-                )
-                .env(
-                    "OTELCOL_OTLP_HTTP_ENDPOINT",
-                    format!("127.0.0.1:{http_port}"),
-                )
-                .env(
-                    "OTELCOL_PROMETHEUS_ENDPOINT",
-                    format!("127.0.0.1:{prometheus_port}"),
-                )
-                .env(
-                    "OTELCOL_HEALTH_ENDPOINT",
-                    format!("127.0.0.1:{health_port}"),
-                )
-                .env("OTELCOL_METRICS_HOST", "127.0.0.1")
-                .env("OTELCOL_METRICS_PORT", metrics_port.to_string())
-                .env("JAEGER_OTLP_ENDPOINT", jaeger_otlp_grpc);
-            let health = format!("http://127.0.0.1:{health_port}/");
-            let started = spawn_ready("otelcol", command, START_TIMEOUT, || {
-                matches!(http_get(&health), Ok((200, _))) && port_accepts(grpc_port)
-            });
-            match started {
-                Ok(ready) => {
-                    return Otelcol {
-                        grpc_port,
-                        http_port,
-                        prometheus_port,
-                        health_port,
-                        output: ready.output,
-                        child: Some(ready.child),
-                    };
-                }
-                Err(e) => last_error = e,
-            }
+        let at = |port: u16| format!("127.0.0.1:{port}");
+        let (ports, peer) = start_on_free_ports(
+            "otelcol",
+            START_TIMEOUT,
+            |&[grpc, http, prometheus, health, metrics]: &[u16; 5]| {
+                let mut command = Command::new(&bin);
+                command
+                    .arg(format!("--config={}", config.display()))
+                    .env("OTELCOL_OTLP_GRPC_ENDPOINT", at(grpc))
+                    .env("OTELCOL_OTLP_HTTP_ENDPOINT", at(http))
+                    .env("OTELCOL_PROMETHEUS_ENDPOINT", at(prometheus))
+                    .env("OTELCOL_HEALTH_ENDPOINT", at(health))
+                    .env("OTELCOL_METRICS_HOST", "127.0.0.1")
+                    .env("OTELCOL_METRICS_PORT", metrics.to_string())
+                    .env("JAEGER_OTLP_ENDPOINT", jaeger_otlp_grpc);
+                command
+            },
+            |&[grpc, _, _, health, _]| {
+                matches!(http_get(&format!("http://{}/", at(health))), Ok((200, _)))
+                    && port_accepts(grpc)
+            },
+        );
+        let [grpc_port, http_port, prometheus_port, health_port, _] = ports;
+        Otelcol {
+            grpc_port,
+            http_port,
+            prometheus_port,
+            health_port,
+            peer,
         }
-        panic!("{last_error}");
     }
 
     /// `http://127.0.0.1:PORT` of the OTLP/gRPC receiver (for `OTEL_EXPORTER_OTLP_ENDPOINT`).
@@ -148,17 +104,6 @@ impl Otelcol {
 
     /// The collector's log so far.
     pub fn output(&self) -> String {
-        self.output
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-}
-
-impl Drop for Otelcol {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            child.kill();
-        }
+        self.peer.output()
     }
 }

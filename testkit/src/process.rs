@@ -432,21 +432,39 @@ impl Drop for StaticHttpServer {
     }
 }
 
-/// A started peer process and its captured output, from [`spawn_ready`].
-pub struct ReadyChild {
-    pub child: CapturedChild,
-    pub output: Arc<Mutex<String>>,
+/// A started peer process and its captured output, from [`spawn_ready`]; killed on drop.
+pub struct Peer {
+    child: Option<CapturedChild>,
+    output: Arc<Mutex<String>>,
 }
 
-/// Spawns the command that `make_command` builds and waits up to `timeout` for `ready` to hold.
-/// Fails (with the process' log) when it exits first or is not ready in time. Callers retry
-/// with fresh ports: [`free_port`] can race with another process taking the port.
+impl Peer {
+    /// Everything the process printed so far (stdout and stderr, whole lines).
+    pub fn output(&self) -> String {
+        self.output
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
+
+/// Spawns `command` and waits up to `timeout` for `ready` to hold. Fails (with the process'
+/// log) when it exits first or is not ready in time. Callers retry with fresh ports:
+/// [`free_port`] can race with another process taking the port (see [`start_on_free_ports`]).
 pub fn spawn_ready(
     what: &str,
     command: Command,
     timeout: Duration,
     mut ready: impl FnMut() -> bool,
-) -> Result<ReadyChild, String> {
+) -> Result<Peer, String> {
     let output = Arc::new(Mutex::new(String::new()));
     let program = command.get_program().to_string_lossy().into_owned();
     let mut child = CapturedChild::spawn(command, &output)
@@ -464,7 +482,10 @@ pub fn spawn_ready(
             .clone()
     };
     match state {
-        Some(true) => Ok(ReadyChild { child, output }),
+        Some(true) => Ok(Peer {
+            child: Some(child),
+            output,
+        }),
         Some(false) => {
             child.kill();
             Err(format!("{what} exited during startup; log:\n{}", log()))
@@ -477,4 +498,25 @@ pub fn spawn_ready(
             ))
         }
     }
+}
+
+/// Starts a peer listening on `N` fresh loopback ports: `command(ports)` builds its command,
+/// `ready(ports)` says when it serves. Another process may take a port between [`free_port`]
+/// and the peer's bind, so a peer that dies or is not ready in `timeout` is started again on
+/// fresh ports, three times at most; then this panics with the last log.
+pub fn start_on_free_ports<const N: usize>(
+    what: &str,
+    timeout: Duration,
+    mut command: impl FnMut(&[u16; N]) -> Command,
+    mut ready: impl FnMut(&[u16; N]) -> bool,
+) -> ([u16; N], Peer) {
+    let mut last_error = String::new();
+    for _attempt in 0..3 {
+        let ports: [u16; N] = std::array::from_fn(|_| free_port());
+        match spawn_ready(what, command(&ports), timeout, || ready(&ports)) {
+            Ok(peer) => return (ports, peer),
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("{last_error}");
 }

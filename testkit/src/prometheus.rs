@@ -4,11 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::process::{
-    CapturedChild, TempDir, free_port, http_get, locate_binary, poll, tools_dir, url_encode,
+    Peer, TempDir, http_get, locate_binary, poll, start_on_free_ports, tools_dir, url_encode,
 };
 
 /// How long [`Prometheus::start`] waits for `/-/ready`.
@@ -210,58 +209,37 @@ impl PrometheusBuilder {
             }
         };
 
-        let mut last_error = String::new();
-        for _attempt in 0..3 {
-            let port = free_port();
-            let output = Arc::new(Mutex::new(String::new()));
-            let data_dir = self
-                .data_dir
-                .clone()
-                .unwrap_or_else(|| dir.path().join(format!("data-{port}")));
-            let mut command = Command::new(&bin);
-            command
-                .arg(format!("--config.file={}", config_path.display()))
-                .arg(format!("--storage.tsdb.path={}", data_dir.display()))
-                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-                .arg("--log.level=info")
-                .args(&self.extra_args);
-            let mut child = CapturedChild::spawn(command, &output)
-                .unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
-            let base_url = format!("http://127.0.0.1:{port}");
-            let ready_url = format!("{base_url}/-/ready");
-            let ready = poll(START_TIMEOUT, || {
-                if child.exited().is_some() {
-                    return Some(false);
-                }
-                matches!(http_get(&ready_url), Ok((200, _))).then_some(true)
-            });
-            let log = output
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .clone();
-            match ready {
-                Some(true) => {
-                    return Prometheus {
-                        base_url,
-                        job_count: self.jobs.len() + self.raw_jobs.len(),
-                        config_path,
-                        output,
-                        child: Some(child),
-                        _dir: dir,
-                    };
-                }
-                Some(false) => {
-                    child.kill();
-                    last_error = format!("prometheus exited during startup; log:\n{log}");
-                }
-                None => {
-                    child.kill();
-                    last_error =
-                        format!("prometheus not ready within {START_TIMEOUT:?}; log:\n{log}");
-                }
-            }
+        let (data_dir, extra_args) = (&self.data_dir, &self.extra_args);
+        let ([port], peer) = start_on_free_ports(
+            "prometheus",
+            START_TIMEOUT,
+            |&[port]: &[u16; 1]| {
+                let data_dir = data_dir
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join(format!("data-{port}")));
+                let mut command = Command::new(&bin);
+                command
+                    .arg(format!("--config.file={}", config_path.display()))
+                    .arg(format!("--storage.tsdb.path={}", data_dir.display()))
+                    .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                    .arg("--log.level=info")
+                    .args(extra_args);
+                command
+            },
+            |&[port]| {
+                matches!(
+                    http_get(&format!("http://127.0.0.1:{port}/-/ready")),
+                    Ok((200, _))
+                )
+            },
+        );
+        Prometheus {
+            base_url: format!("http://127.0.0.1:{port}"),
+            job_count: self.jobs.len() + self.raw_jobs.len(),
+            config_path,
+            peer,
+            _dir: dir,
         }
-        panic!("{last_error}");
     }
 }
 
@@ -274,8 +252,7 @@ pub struct Prometheus {
     base_url: String,
     job_count: usize,
     config_path: PathBuf,
-    output: Arc<Mutex<String>>,
-    child: Option<CapturedChild>,
+    peer: Peer,
     _dir: TempDir,
 }
 
@@ -331,10 +308,7 @@ impl Prometheus {
 
     /// Prometheus' log so far.
     pub fn output(&self) -> String {
-        self.output
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.peer.output()
     }
 
     /// `GET path` on this server (path starts with `/`), the body parsed as JSON.
@@ -516,13 +490,5 @@ pub fn samples(response: &serde_json::Value) -> Vec<(BTreeMap<String, String>, f
             .unwrap_or_default(),
         Some("scalar") => vec![(BTreeMap::new(), parse_value(&data["result"]))],
         other => panic!("unsupported result type {other:?} in {response}"),
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        if let Some(child) = self.child.take() {
-            child.kill();
-        }
     }
 }
