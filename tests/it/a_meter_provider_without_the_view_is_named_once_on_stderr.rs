@@ -1,0 +1,112 @@
+//! An engine that hands phasetrace a meter provider without `phasetrace::view()` is told, once
+//! per profiler on stderr, which per-layer instruments will fold into the SDK's overflow series
+//! and how to register the view; a provider with the view is told nothing. The line is written
+//! by the library in this process, so the scenario runs in a child (this test binary again,
+//! `--exact` the case) whose stderr the parent reads.
+
+use std::process::Command;
+use std::time::Duration;
+
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace_names::metric;
+
+const CHILD: &str = "PHASETRACE_TEST_VIEW_WARNING_CHILD";
+const WARNING: &str = "has no phasetrace::view()";
+
+fn provider(view: bool) -> SdkMeterProvider {
+    let mut b = SdkMeterProvider::builder().with_reader(
+        PeriodicReader::builder(InMemoryMetricExporter::default())
+            .with_interval(Duration::from_secs(3600))
+            .build(),
+    );
+    if view {
+        b = b.with_view(phasetrace::view(false));
+    }
+    b.build()
+}
+
+fn record(profiler: &Profiler) {
+    let rec = profiler.recorder();
+    for _ in 0..3 {
+        let _step = rec.step();
+        for layer in 0..4 {
+            let _s = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+        }
+    }
+    profiler.flush();
+}
+
+/// The scenario of the child: with the view first (silent), then without it, recording before
+/// and after the level is turned off and on again.
+fn scenario() {
+    let with_view = provider(true);
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_meter_provider(with_view.clone())
+        .build()
+        .expect("profiler on a provider with the view");
+    record(&p);
+    p.shutdown();
+    eprintln!("-- without the view --");
+
+    let without = provider(false);
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_meter_provider(without.clone())
+        .build()
+        .expect("profiler on a provider without the view");
+    record(&p);
+    p.set_level(Level::Off).expect("off");
+    p.set_level(Level::Full).expect("on again");
+    record(&p);
+    p.shutdown();
+    let _ = with_view.shutdown();
+    let _ = without.shutdown();
+}
+
+#[test]
+fn a_provider_without_the_view_is_named_once_and_one_with_it_never() {
+    if std::env::var_os(CHILD).is_some() {
+        scenario();
+        return;
+    }
+    let test = "a_meter_provider_without_the_view_is_named_once_on_stderr::a_provider_without_the_view_is_named_once_and_one_with_it_never";
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1"]);
+    for (key, _) in std::env::vars_os() {
+        if let Some(key) = key.to_str()
+            && (key.starts_with("PHASETRACE_") || key.starts_with("OTEL_"))
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env(CHILD, "1");
+    let out = cmd.output().expect("running the child");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed:\n{stderr}");
+    let (with_view, without) = stderr
+        .split_once("-- without the view --")
+        .unwrap_or_else(|| panic!("the child did not reach its second part:\n{stderr}"));
+    assert!(
+        !with_view.contains(WARNING),
+        "a provider with the view was warned about:\n{with_view}"
+    );
+    let lines: Vec<&str> = without.lines().filter(|l| l.contains(WARNING)).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line for the profiler, however long it records:\n{stderr}"
+    );
+    let line = lines[0];
+    for needed in [
+        metric::SECTION_LAYER_TIME,
+        metric::SECTION_LAYER_CALLS,
+        "otel.metric.overflow",
+        "with_view(phasetrace::view(false))",
+    ] {
+        assert!(line.contains(needed), "the line lacks {needed:?}: {line}");
+    }
+}
