@@ -4,6 +4,9 @@
 //!   that reproduce the reference GLM profiler (a once-read level; clock read + two relaxed
 //!   `fetch_add` into static arrays), the physical floor (two TSC reads and two 24-byte stores),
 //!   and one span through `tracing` + `tracing-opentelemetry`.
+//! - `step/*`: one step begin+end (an empty step): not sampled; sampled (one in one) with no
+//!   `tracing` span current; sampled inside an entered `tracing` span under a
+//!   `tracing-opentelemetry` layer (the parent's ids read and carried in three more marks).
 //! - `spec/*`: one phase mark inside a round, a disabled round.
 //! - `worker/drain`: section records drained into histograms per second on one core.
 //! - `graph/*`: one `Recorder::replay` guard around a CUDA-graph launch (simulated stream, event
@@ -174,6 +177,65 @@ fn section(c: &mut Criterion) {
     let _ = provider.shutdown();
     g.finish();
     on.shutdown();
+}
+
+/// `n` empty steps on `rec`, timed in batches; drained outside the timed region.
+fn steps(p: &Profiler, iters: u64) -> Duration {
+    let rec = p.recorder();
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(BATCH);
+        let t = Instant::now();
+        for _ in 0..n {
+            let _s = rec.step();
+        }
+        total += t.elapsed();
+        p.drain();
+        left -= n;
+    }
+    total
+}
+
+fn step(c: &mut Criterion) {
+    let mut g = c.benchmark_group("step");
+    g.throughput(Throughput::Elements(1));
+    let sampled = |every: u64| {
+        Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_spec_level(SpecLevel::Off)
+            .without_prometheus()
+            .with_trace_every(every)
+            .with_queue(1 << 20)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler")
+    };
+    let unsampled = sampled(0);
+    g.bench_function("unsampled", |b| b.iter_custom(|n| steps(&unsampled, n)));
+    unsampled.shutdown();
+    let every = sampled(1);
+    g.bench_function("sampled_outside_a_span", |b| {
+        b.iter_custom(|n| steps(&every, n))
+    });
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(NoopExporter)
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("engine")));
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::info_span!("request");
+        let _entered = request.enter();
+        g.bench_function("sampled_in_a_tracing_span", |b| {
+            b.iter_custom(|n| steps(&every, n))
+        });
+    });
+    every.shutdown();
+    let _ = provider.shutdown();
+    g.finish();
 }
 
 fn spec(c: &mut Criterion) {
@@ -522,5 +584,14 @@ fn moe(c: &mut Criterion) {
     on.shutdown();
 }
 
-criterion_group!(benches, section, spec, worker, graph, worker_tail, moe);
+criterion_group!(
+    benches,
+    section,
+    step,
+    spec,
+    worker,
+    graph,
+    worker_tail,
+    moe
+);
 criterion_main!(benches);
