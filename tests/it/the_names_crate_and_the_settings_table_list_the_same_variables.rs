@@ -31,7 +31,9 @@ fn the_names_crate_and_the_settings_table_list_the_same_variables() {
         .find_map(|i| match i {
             Item::Module {
                 name, constants, ..
-            } if name == "env" => Some(constants.iter().flat_map(|c| variables(&c.value)).collect()),
+            } if name == "env" => {
+                Some(constants.iter().flat_map(|c| variables(&c.value)).collect())
+            }
             _ => None,
         })
         .expect("names/src/lib.rs has `pub mod env`");
@@ -41,7 +43,10 @@ fn the_names_crate_and_the_settings_table_list_the_same_variables() {
         phasetrace_names::env::RANK_FALLBACKS[2],
         phasetrace_names::env::OTEL_METRICS_EXPORTER,
     ] {
-        assert!(named.contains(var), "the reader of names/src/lib.rs missed {var}");
+        assert!(
+            named.contains(var),
+            "the reader of names/src/lib.rs missed {var}"
+        );
     }
 
     let read: BTreeSet<String> = SETTINGS
