@@ -1,4 +1,4 @@
-//! What a setting is, and the [`settings!`] macro that turns one declaration per setting into
+//! What a setting is, and the `settings!` macro that turns one declaration per setting into
 //! everything about it. The declarations themselves are the `config/table.rs` file: each gives
 //! a setting's variable, what it accepts, its default, its parser and printer, its one-line doc,
 //! its CLI flag, its [`super::Config`] field and its typed `ProfilerBuilder` setters. The
@@ -398,6 +398,8 @@ macro_rules! settings {
         pub struct Config {
             $($(
                 #[doc = concat!($doc, ".")]
+                #[doc = ""]
+                #[doc = concat!("Variable: [`phasetrace_names::", stringify!($var), "`].")]
                 pub $field: $t,
             )?)*
             $($(#[$derived_meta])* $derived_vis $derived: $derived_t,)*

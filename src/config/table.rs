@@ -588,7 +588,7 @@ settings! {
 
     METRIC_EXPORT_INTERVAL: Duration {
         var: env::OTEL_METRIC_EXPORT_INTERVAL,
-        doc: "How often metrics are pushed over OTLP, in milliseconds",
+        doc: "How often metrics are pushed over OTLP",
         expected: MILLIS,
         example: "1000",
         default: Duration::from_millis(default::METRIC_EXPORT_INTERVAL_MS),
