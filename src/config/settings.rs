@@ -29,9 +29,10 @@
 //!    (`PHASETRACE_REGENERATE_DOCS=1 cargo test -p phasetrace --test it the_generated_references`).
 //!
 //! A setting whose value is combined with others (the OTLP connection, the exporters, a default
-//! that depends on another setting) declares `get` instead of `field`: how `check` reads it back
-//! from the [`super::Config`], whose field it feeds is written by hand in the table's `Config`
-//! and filled in by `ConfigBuilder::resolve_with`, which reads it there.
+//! that depends on another setting) declares `get` (how `check` reads it back from the
+//! [`super::Config`]) instead of `field`; `ConfigBuilder::resolve_with` reads it where it
+//! combines it, into a field that the table's `Config` declares by hand (the table's module doc
+//! lists those fields and why).
 //!
 //! The tests that walk the table (`config::tests::every_setting_prints_what_it_parses_and_says_where_it_came_from`,
 //! `the_settings_table_names_each_variable_and_flag_once`, the CLI's
