@@ -8,9 +8,12 @@
 //!
 //! Every invalid value is a [`ConfigError`] naming the variable, the value and what is accepted.
 //! Header values are secrets: they never appear in errors, `Debug` output or `check`.
-//! [`settings`] says how to add a setting.
+//! [`settings`] says how to add a setting: one declaration in `config/table.rs`.
 
 pub mod settings;
+mod table;
+
+pub use table::Config;
 
 use crate::names::env;
 use settings::{AnySetting, Setting, SettingValue};
@@ -614,83 +617,6 @@ fn invalid(var: &str, value: &str, expected: &str) -> ConfigError {
     }
 }
 
-/// The resolved configuration of a profiler.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct Config {
-    /// Which sections are recorded.
-    pub level: Level,
-    /// Speculative-decoding detail.
-    pub spec_level: SpecLevel,
-    /// Build spans for one step (and round) in N; 0 = never.
-    pub trace_every: u64,
-    /// Also build spans for steps and rounds slower than this (tail sampling).
-    pub trace_slower_than: TraceSlowerThan,
-    /// Most tail traces a second per rank; the excess is counted as dropped (`tail_budget`).
-    pub trace_slow_budget: u32,
-    /// Read one CUDA-graph replay in N; 0 = never.
-    pub graph_read_every: u64,
-    /// The `layer` attribute on section metrics.
-    pub layer_attr: bool,
-    /// Console summary every N steps; 0 = off.
-    pub summary_every: u64,
-    /// Console speculative line every N rounds; 0 = off.
-    pub spec_summary_every: u64,
-    /// The embedded Prometheus endpoint's listen address.
-    pub prometheus: Option<SocketAddr>,
-    /// The Prometheus endpoint's web configuration file (TLS, basic auth), checked at
-    /// `build()` and re-read by the running endpoint when it or a file it names changes.
-    pub prometheus_web_config: Option<PathBuf>,
-    /// Per-thread buffer capacity in records.
-    pub queue: usize,
-    /// This process's rank.
-    pub rank: u32,
-    /// The collective group of this process's ranks (the `group` attribute).
-    pub group: String,
-    /// The opt-in MoE expert-load telemetry.
-    pub expert_counter: bool,
-    /// Routed experts per MoE layer (0: inferred from the ids seen).
-    pub moe_experts: u32,
-    /// Steps of a rank per expert-load window.
-    pub expert_window: u32,
-    /// Hot experts exported per (layer, rank).
-    pub expert_top: u32,
-    /// Expert-parallel ranks hosting the experts in contiguous blocks (0: none).
-    pub expert_parallel: u32,
-    /// Timing backend.
-    pub timing: Timing,
-    /// Where the host clock reads (`auto`: the TSC where usable).
-    pub host_clock: HostSourceChoice,
-    /// `OTEL_SDK_DISABLED=true`: nothing recorded, nothing exported.
-    pub sdk_disabled: bool,
-    /// Resource `service.name`.
-    pub service_name: String,
-    /// Extra resource attributes.
-    pub resource_attributes: Vec<(String, String)>,
-    /// The general OTLP connection (`OTEL_EXPORTER_OTLP_*`), when its endpoint is set: what
-    /// `phasetrace import` sends with, and what each signal inherits.
-    pub otlp: Option<OtlpConfig>,
-    /// Where spans go over OTLP (the per-signal settings over the general ones; for
-    /// http/protobuf the endpoint is the whole URL), when OTLP is selected for spans.
-    pub traces_otlp: Option<OtlpConfig>,
-    /// Whether spans are printed to stderr (`OTEL_TRACES_EXPORTER=console`).
-    pub traces_console: bool,
-    /// Where metrics go over OTLP, as [`Config::traces_otlp`], when OTLP is selected for them.
-    pub metrics_otlp: Option<OtlpConfig>,
-    /// The per-signal settings as given (`None`: inherited), for `phasetrace check`.
-    pub(crate) given_traces: SignalGiven,
-    pub(crate) given_metrics: SignalGiven,
-    /// Metric export interval (OTLP push).
-    pub metric_export_interval: Duration,
-    /// How long shutdown may take.
-    pub shutdown_timeout: Duration,
-    /// Where each setting came from, keyed by its environment variable name; absent: the
-    /// default ([`Config::origin`]).
-    pub origins: BTreeMap<&'static str, Origin>,
-    /// Legacy-alias disagreements found while resolving (reported once on stderr by `build`).
-    pub alias_warnings: Vec<String>,
-}
-
 impl Config {
     /// Resolves defaults and the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -972,29 +898,10 @@ impl ConfigBuilder {
             alias_warnings: Vec::new(),
         };
 
-        let level = src.value(&s::LEVEL)?;
-        let spec_level = src.value(&s::SPEC_LEVEL)?;
-        let sdk_disabled = src.value(&s::SDK_DISABLED)?;
-        let trace_every = src.value(&s::TRACE_EVERY)?;
-        let trace_slower_than = src.value(&s::TRACE_SLOWER_THAN)?;
-        let trace_slow_budget = src.value(&s::TRACE_SLOW_BUDGET)?;
-        let graph_read_every = src.value(&s::GRAPH_READ_EVERY)?;
-        let layer_attr = src.value(&s::LAYER_ATTR)?;
+        // Every setting with a `Config` field, in the table's order; then those combined here.
+        let plain = table::Plain::read(&mut src)?;
         let summary_every = src.get(&s::SUMMARY_EVERY)?;
-        let spec_summary_every = src.value(&s::SPEC_SUMMARY_EVERY)?;
         let prometheus = src.get(&s::PROMETHEUS)?;
-        let queue = src.value(&s::QUEUE)?;
-        let rank = src.value(&s::RANK)?;
-        let group = src.value(&s::GROUP)?;
-        let expert_counter = src.value(&s::EXPERT_COUNTER)?;
-        let moe_experts = src.value(&s::MOE_EXPERTS)?;
-        let expert_window = src.value(&s::EXPERT_WINDOW)?;
-        let expert_top = src.value(&s::EXPERT_TOP)?;
-        let expert_parallel = src.value(&s::EXPERT_PARALLEL)?;
-        let timing = src.value(&s::TIMING)?;
-        let host_clock = src.value(&s::HOST_CLOCK)?;
-        let service_name = src.value(&s::SERVICE_NAME)?;
-        let resource_attributes = src.value(&s::RESOURCE_ATTRIBUTES)?;
         let endpoint = src.value(&s::OTLP_ENDPOINT)?;
         let protocol = src.value(&s::OTLP_PROTOCOL)?;
         let headers = src.value(&s::OTLP_HEADERS)?;
@@ -1002,7 +909,6 @@ impl ConfigBuilder {
         let compression = src.value(&s::OTLP_COMPRESSION)?;
         let certificate = src.value(&s::OTLP_CERTIFICATE)?;
         let histogram = src.value(&s::OTLP_HISTOGRAM)?;
-        let metric_export_interval = src.value(&s::METRIC_EXPORT_INTERVAL)?;
         let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
@@ -1134,47 +1040,27 @@ impl ConfigBuilder {
             None => Listen::Off,
         };
         let prometheus = listen
-            .for_rank(rank)
+            .for_rank(plain.rank)
             .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
 
-        Ok(Config {
-            level,
-            spec_level,
-            trace_every,
-            trace_slower_than,
-            trace_slow_budget,
-            graph_read_every,
-            layer_attr,
-            summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
-            spec_summary_every,
-            prometheus,
-            prometheus_web_config: src.value(&s::PROMETHEUS_WEB_CONFIG)?,
-            queue,
-            rank,
-            group,
-            expert_counter,
-            moe_experts,
-            expert_window,
-            expert_top,
-            expert_parallel,
-            timing,
-            host_clock,
-            sdk_disabled,
-            service_name,
-            resource_attributes,
-            traces_otlp,
-            traces_console: traces_exporter == Some(TracesExporter::Console),
-            metrics_otlp,
-            otlp: general,
-            given_traces,
-            given_metrics,
-            metric_export_interval,
-            shutdown_timeout: self.shutdown_timeout.unwrap_or(Duration::from_millis(
-                crate::names::default::SHUTDOWN_TIMEOUT_MS,
-            )),
-            origins: src.origins,
-            alias_warnings: src.alias_warnings,
-        })
+        Ok(Config::assemble(
+            plain,
+            table::Derived {
+                summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
+                prometheus,
+                otlp: general,
+                traces_otlp,
+                traces_console: traces_exporter == Some(TracesExporter::Console),
+                metrics_otlp,
+                given_traces,
+                given_metrics,
+                shutdown_timeout: self.shutdown_timeout.unwrap_or(Duration::from_millis(
+                    crate::names::default::SHUTDOWN_TIMEOUT_MS,
+                )),
+                origins: src.origins,
+                alias_warnings: src.alias_warnings,
+            },
+        ))
     }
 }
 

@@ -1,10 +1,7 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
 use crate::config::settings::{self, Setting, SettingValue};
-use crate::config::{
-    Compression, Config, ConfigBuilder, ConfigError, Level, Listen, Origin, Protocol, SpecLevel,
-    Timing,
-};
+use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, SpecLevel, Timing};
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
@@ -107,102 +104,6 @@ impl ProfilerBuilder {
         self.with_tracer_provider(opentelemetry::global::tracer_provider())
     }
 
-    /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
-    pub fn with_level(mut self, level: Level) -> Self {
-        self.cfg.set(&settings::LEVEL, level);
-        self
-    }
-
-    /// Speculative-decoding detail. Env: `PHASETRACE_SPEC_LEVEL`; default off.
-    pub fn with_spec_level(mut self, level: SpecLevel) -> Self {
-        self.cfg.set(&settings::SPEC_LEVEL, level);
-        self
-    }
-
-    /// Build spans for one step (and one round) in `n`; 0 = none.
-    /// Env: `PHASETRACE_TRACE_EVERY`; default 100.
-    pub fn with_trace_every(mut self, n: u64) -> Self {
-        self.cfg.set(&settings::TRACE_EVERY, n);
-        self
-    }
-
-    /// Also trace steps (and rounds) slower than this: a duration, a percentile of the rank's
-    /// recent steps, or off. Decided on the worker after the step has ended, so the hot path
-    /// pays nothing. Env: `PHASETRACE_TRACE_SLOWER_THAN`; default `p99`.
-    pub fn with_trace_slower_than(mut self, threshold: crate::config::TraceSlowerThan) -> Self {
-        self.cfg.set(&settings::TRACE_SLOWER_THAN, threshold);
-        self
-    }
-
-    /// Most slow-step (tail) traces a second per rank, 1 to 10000; slow steps over it are
-    /// counted as `phasetrace.records.dropped{reason="tail_budget"}`.
-    /// Env: `PHASETRACE_TRACE_SLOW_BUDGET`; default 5.
-    pub fn with_trace_slow_budget(mut self, per_second: u32) -> Self {
-        self.cfg.set(&settings::TRACE_SLOW_BUDGET, per_second);
-        self
-    }
-
-    /// Read one CUDA-graph replay in `n` ([`crate::Recorder::replay`]); 0 = none. Reading a
-    /// replay costs the worker one event query per captured boundary; the others cost the hot
-    /// path one atomic increment. Env: `PHASETRACE_GRAPH_READ_EVERY`; default 1 (every replay).
-    pub fn with_graph_read_every(mut self, n: u64) -> Self {
-        self.cfg.set(&settings::GRAPH_READ_EVERY, n);
-        self
-    }
-
-    /// The per-layer section counters (`phasetrace.section.layer.time` and `.calls`, two series
-    /// per (bucket, layer)). Env: `PHASETRACE_LAYER_ATTR`; default on.
-    pub fn with_layer_attr(mut self, on: bool) -> Self {
-        self.cfg.set(&settings::LAYER_ATTR, on);
-        self
-    }
-
-    /// Console summary table every `n` steps; 0 = off. Env: `PHASETRACE_SUMMARY_EVERY`;
-    /// default 0 (100 when `OTEL_METRICS_EXPORTER` includes `console`).
-    pub fn with_summary_every(mut self, n: u64) -> Self {
-        self.cfg.set(&settings::SUMMARY_EVERY, n);
-        self
-    }
-
-    /// Console speculative line every `n` rounds; 0 = off.
-    /// Env: `PHASETRACE_SPEC_SUMMARY_EVERY`; default 0.
-    pub fn with_spec_summary_every(mut self, n: u64) -> Self {
-        self.cfg.set(&settings::SPEC_SUMMARY_EVERY, n);
-        self
-    }
-
-    /// Serves metrics on the embedded Prometheus endpoint at `addr`
-    /// (`([0, 0, 0, 0], 9464)`, a [`SocketAddr`]; port 0 picks a free one, see
-    /// [`Profiler::prometheus_addr`]). Env: `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464`
-    /// when no OTLP endpoint is set, else off. Leave it unset to keep that default.
-    pub fn with_prometheus_at(mut self, addr: impl Into<SocketAddr>) -> Self {
-        self.cfg.set(&settings::PROMETHEUS, Listen::At(addr.into()));
-        self
-    }
-
-    /// The Prometheus endpoint's web configuration file: TLS (`tls_server_config`) and basic
-    /// auth (`basic_auth_users`, bcrypt hashes) in the Prometheus exporter-toolkit format. Read
-    /// and checked by `build()`: an unreadable or invalid file is an error naming the file and
-    /// the field. While the endpoint runs, it is re-read when it or a file it names changes (new
-    /// connections get new certificates, requests new users); a broken change keeps the last
-    /// good configuration, warns on stderr and counts
-    /// `phasetrace.prometheus.web_config.reloads{result="failed"}`, and
-    /// `phasetrace.prometheus.web_config.last_reload_successful` reads 0 until a change that
-    /// works. Whether the endpoint speaks TLS is fixed at start. Env: `PHASETRACE_PROMETHEUS_WEB_CONFIG`; default none (plain HTTP,
-    /// no auth).
-    pub fn with_prometheus_web_config(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.cfg
-            .set(&settings::PROMETHEUS_WEB_CONFIG, Some(path.into()));
-        self
-    }
-
-    /// Turns the embedded Prometheus endpoint off, the default one included (engines that only
-    /// push OTLP, tests). Env: `PHASETRACE_PROMETHEUS=off`.
-    pub fn without_prometheus(mut self) -> Self {
-        self.cfg.set(&settings::PROMETHEUS, Listen::Off);
-        self
-    }
-
     /// The embedded Prometheus endpoint as its variable spells it: `None` turned it **off**,
     /// the default endpoint included. Replaced by [`Self::with_prometheus_at`] and
     /// [`Self::without_prometheus`], which cannot be misread.
@@ -220,8 +121,8 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Sets any setting in code, typed (the `with_*` setters are shorthands for this).
-    #[allow(dead_code)]
+    /// Sets any setting in code, typed: what the `with_*` setters that `config/table.rs`
+    /// declares do.
     pub(crate) fn with<T: SettingValue>(mut self, setting: &Setting<T>, value: T) -> Self {
         self.cfg.set(setting, value);
         self
@@ -244,95 +145,6 @@ impl ProfilerBuilder {
         Ok(self)
     }
 
-    /// Routed experts per MoE layer: ids at or above it are dropped and counted (0: the
-    /// highest id seen + 1). Env: `PHASETRACE_MOE_EXPERTS`; default 0.
-    pub fn with_moe_experts(mut self, experts: u32) -> Self {
-        self.cfg.set(&settings::MOE_EXPERTS, experts);
-        self
-    }
-
-    /// Steps of a rank per expert-load window (imbalance and hot experts read the last complete
-    /// one). Env: `PHASETRACE_EXPERT_WINDOW`; default 64.
-    pub fn with_expert_window(mut self, steps: u32) -> Self {
-        self.cfg.set(&settings::EXPERT_WINDOW, steps);
-        self
-    }
-
-    /// Hot experts exported per (layer, rank), 0 to 10. Env: `PHASETRACE_EXPERT_TOP`; default 4.
-    pub fn with_expert_top(mut self, n: u32) -> Self {
-        self.cfg.set(&settings::EXPERT_TOP, n);
-        self
-    }
-
-    /// Expert-parallel ranks hosting each layer's experts in contiguous blocks (the `ep_rank`
-    /// attribute of hot experts; 0: none). Env: `PHASETRACE_EXPERT_PARALLEL`; default 0.
-    pub fn with_expert_parallel(mut self, ranks: u32) -> Self {
-        self.cfg.set(&settings::EXPERT_PARALLEL, ranks);
-        self
-    }
-
-    /// Where the host clock reads: `auto` (the TSC where usable), `tsc` or `monotonic`.
-    /// Env: `PHASETRACE_HOST_CLOCK`; default `auto`.
-    pub fn with_host_clock(mut self, choice: crate::config::HostSourceChoice) -> Self {
-        self.cfg.set(&settings::HOST_CLOCK, choice);
-        self
-    }
-
-    /// Where spans go when phasetrace builds its own pipeline: OTLP, the console or nowhere.
-    /// Env: `OTEL_TRACES_EXPORTER`; default `otlp` when an OTLP endpoint is set, else none.
-    pub fn with_traces_exporter(mut self, exporter: crate::config::TracesExporter) -> Self {
-        self.cfg.set(&settings::TRACES_EXPORTER, exporter);
-        self
-    }
-
-    /// The OTLP export timeout. Env: `OTEL_EXPORTER_OTLP_TIMEOUT` (ms); default 10 s.
-    pub fn with_otlp_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.set(&settings::OTLP_TIMEOUT, timeout);
-        self
-    }
-
-    /// Per-recorder buffer capacity in records (24 bytes each; rounded up to a power of two).
-    /// Env: `PHASETRACE_QUEUE`; default 65536 (1.5 MiB per recorder).
-    pub fn with_queue(mut self, records: usize) -> Self {
-        self.cfg.set(&settings::QUEUE, records);
-        self
-    }
-
-    /// This process's rank. Env: `PHASETRACE_RANK`, then `RANK`, `LOCAL_RANK`,
-    /// `OMPI_COMM_WORLD_RANK`; default 0.
-    pub fn with_rank(mut self, rank: u32) -> Self {
-        self.cfg.set(&settings::RANK, rank);
-        self
-    }
-
-    /// The collective group of this process's ranks: the `group` attribute on every series and
-    /// span, so rules and dashboards compare ranks only within their group (two tensor-parallel
-    /// groups of one job both have ranks 0..N). Letters, digits, `_`, `-`, `.`, `:`, at most 64
-    /// bytes. Env: `PHASETRACE_GROUP`; default `default`.
-    pub fn with_group(mut self, group: impl Into<String>) -> Self {
-        self.cfg.set(&settings::GROUP, group.into());
-        self
-    }
-
-    /// The MoE expert-load telemetry: tokens per (layer, rank), routing imbalance and hot
-    /// experts per (layer, rank), at most `(3 + PHASETRACE_EXPERT_TOP) x layers` series a rank
-    /// whatever the number of experts, and the full counts in process
-    /// ([`Profiler::expert_load`]). Env: `PHASETRACE_EXPERT_COUNTER`; default off. The window,
-    /// the number of experts and of hot experts, and the expert-parallel placement are
-    /// [`Self::with_expert_window`], [`Self::with_moe_experts`], [`Self::with_expert_top`] and
-    /// [`Self::with_expert_parallel`]; see `docs/moe.md`.
-    pub fn with_expert_counter(mut self, on: bool) -> Self {
-        self.cfg.set(&settings::EXPERT_COUNTER, on);
-        self
-    }
-
-    /// The timing backend by name. Env: `PHASETRACE_TIMING`; default `host`. `sync` and
-    /// `events` need a clock for the engine's stream: pass it with [`Self::with_clock`].
-    pub fn with_timing(mut self, timing: Timing) -> Self {
-        self.cfg.set(&settings::TIMING, timing);
-        self
-    }
-
     /// The default clock of every recorder (the engine's stream). Its name must match the
     /// selected timing backend.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
@@ -351,12 +163,6 @@ impl ProfilerBuilder {
         self
     }
 
-    /// Resource `service.name`. Env: `OTEL_SERVICE_NAME`; default `phasetrace`.
-    pub fn with_service_name(mut self, name: impl Into<String>) -> Self {
-        self.cfg.set(&settings::SERVICE_NAME, name.into());
-        self
-    }
-
     /// The OTLP endpoint (`http(s)://host:port`; checked by `build()`), or `None` for no OTLP
     /// even when the variable sets one. Env: `OTEL_EXPORTER_OTLP_ENDPOINT`; default none.
     pub fn with_otlp_endpoint(mut self, endpoint: Option<&str>) -> Self {
@@ -368,49 +174,6 @@ impl ProfilerBuilder {
                 }
             }
         }
-        self
-    }
-
-    /// The OTLP transport. Env: `OTEL_EXPORTER_OTLP_PROTOCOL`; default `grpc`.
-    pub fn with_otlp_protocol(mut self, protocol: Protocol) -> Self {
-        self.cfg.set(&settings::OTLP_PROTOCOL, protocol);
-        self
-    }
-
-    /// OTLP request headers (API keys); values are never printed.
-    /// Env: `OTEL_EXPORTER_OTLP_HEADERS`; default none.
-    pub fn with_otlp_headers(mut self, headers: Vec<(String, String)>) -> Self {
-        self.cfg.set(&settings::OTLP_HEADERS, headers);
-        self
-    }
-
-    /// gzip-compress OTLP request bodies. Env: `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`, `none`);
-    /// default none.
-    pub fn with_otlp_gzip(mut self, on: bool) -> Self {
-        self.cfg
-            .set(&settings::OTLP_COMPRESSION, Compression::from_gzip(on));
-        self
-    }
-
-    /// Histogram aggregation of OTLP metrics: explicit buckets (1 µs to 10 s) or base-2
-    /// exponential. Env: `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`; default
-    /// explicit. The Prometheus endpoint always keeps explicit buckets.
-    pub fn with_otlp_histogram(mut self, aggregation: crate::config::HistogramAggregation) -> Self {
-        self.cfg.set(&settings::OTLP_HISTOGRAM, aggregation);
-        self
-    }
-
-    /// A PEM file of the CA that signed the collector's certificate (`https://` endpoints).
-    /// Env: `OTEL_EXPORTER_OTLP_CERTIFICATE`; default: the system's roots.
-    pub fn with_otlp_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
-        self.cfg.set(&settings::OTLP_CERTIFICATE, Some(path.into()));
-        self
-    }
-
-    /// How often metrics are pushed over OTLP. Env: `OTEL_METRIC_EXPORT_INTERVAL` (ms);
-    /// default 10 s.
-    pub fn with_metric_export_interval(mut self, every: Duration) -> Self {
-        self.cfg.set(&settings::METRIC_EXPORT_INTERVAL, every);
         self
     }
 

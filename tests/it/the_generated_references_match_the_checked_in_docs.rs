@@ -79,14 +79,15 @@ fn configuration() -> String {
 // ---- the telemetry contract ------------------------------------------------------------------
 
 /// One `pub const` of `names.rs`.
-struct Constant {
-    name: String,
-    value: String,
-    doc: String,
+pub(crate) struct Constant {
+    pub(crate) name: String,
+    /// The value as written, a string without its quotes.
+    pub(crate) value: String,
+    pub(crate) doc: String,
 }
 
 /// One `pub mod` or `pub enum` of `names.rs`, in file order.
-enum Item {
+pub(crate) enum Item {
     Module {
         name: String,
         doc: String,
@@ -147,7 +148,7 @@ fn code_only(line: &str) -> String {
 
 /// Reads `names.rs`: its modules' constants and its enums, each with its doc comment. The file
 /// is regular (rustfmt'd, one item a line or a few), which a line reader follows.
-fn parse_names(source: &str) -> Result<Vec<Item>, String> {
+pub(crate) fn parse_names(source: &str) -> Result<Vec<Item>, String> {
     enum Scope {
         Module(usize),
         Enum(usize),
