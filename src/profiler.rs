@@ -580,11 +580,12 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
-            .zip(&exporters.distributions)
-            .map(|(m, d)| {
+            .zip(exporters.distributions.iter().zip(&exporters.twins))
+            .map(|(m, (d, t))| {
                 Instruments::new(m, &layers, &open, self.k_max)
                     .with_experts(m, &shared.experts)
                     .with_distributions(d.as_ref())
+                    .with_native_twins(t.as_ref())
             })
             .collect();
         if given.meter.is_some()

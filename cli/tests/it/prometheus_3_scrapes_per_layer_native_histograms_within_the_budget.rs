@@ -1,11 +1,10 @@
 //! Native histograms on the scrape path: one demo rank of a 96-layer model
 //! (`--ranks 1 --layers 96 --dense-layers 3`) scraped by two real Prometheus 3 servers. One
-//! scrapes with `scrape_native_histograms: true` and the protobuf protocol first (and
-//! `convert_classic_histograms_to_nhcb: true`, which turns the explicit-bucket section
-//! histograms into native histograms with custom buckets): every layer has a per-layer p99 of
-//! its sections and of its rendezvous waits, `histogram_count(rate(..section_duration..))`
-//! returns data, its own series count stays within 5,000 and the protobuf response within
-//! 600 KB. The other scrapes the text formats only and still gets today's classic series and
+//! scrapes with `scrape_native_histograms: true` and the protobuf protocol first, nothing
+//! else (no `convert_classic_histograms_to_nhcb`): every layer has a per-layer p99 of its
+//! sections and of its rendezvous waits, the section and step histograms are native
+//! (`histogram_count(rate(..))` returns data, no classic `_bucket` series are stored), its own
+//! series count stays within 5,000 and the protobuf response within 600 KB. The other scrapes the text formats only and still gets today's classic series and
 //! no per-layer distribution. The bundled recording rule on the native form
 //! (`phasetrace:collective_layer_wait_seconds:p99_5m`) and the dashboard's per-layer panels
 //! return data for every layer.
@@ -25,7 +24,7 @@ const PROTOBUF: &str =
 
 fn job(name: &str, target: &str, native: bool) -> String {
     let protocols = if native {
-        "scrape_native_histograms: true\nconvert_classic_histograms_to_nhcb: true\n\
+        "scrape_native_histograms: true\n\
          scrape_protocols: [PrometheusProto, OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
     } else {
         "scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
@@ -88,10 +87,23 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
     );
     // The recording rule on the native form: the per-layer p99 of the rendezvous wait.
     native.wait_for_query("phasetrace:collective_layer_wait_seconds:p99_5m", all, WAIT);
+    // The explicit-bucket histograms carry a native half (base-2 exponential): stored as
+    // native histograms, their classic buckets not (no `always_scrape_classic_histograms`).
     let counts = native.wait_for_query(
         "histogram_count(rate(phasetrace_section_duration_seconds[1m]))",
         |s| !s.is_empty() && s.iter().any(|(_, v)| *v > 0.0),
         WAIT,
+    );
+    native.wait_for_query(
+        "histogram_quantile(0.99, sum by (rank) (rate(phasetrace_step_duration_seconds[1m])))",
+        |s| s.iter().any(|(_, v)| v.is_finite() && *v > 0.0),
+        WAIT,
+    );
+    assert!(
+        native
+            .query_vector("{__name__=~\"phasetrace_(section|step)_duration_seconds_bucket\"}")
+            .is_empty(),
+        "the native scrape stores the native halves only"
     );
     // The per-layer sums are what the text scrape's per-layer time counters say.
     native.wait_for_query(

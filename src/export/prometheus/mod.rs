@@ -151,9 +151,9 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: Source,
-    /// The per-layer distributions' own reader, when `reader` is the OTLP one (protobuf
-    /// scrapes only).
-    distributions: Option<PrometheusReader>,
+    /// The native provider's reader (the per-layer distributions and the exponential twins
+    /// of the explicit-bucket histograms): read by protobuf scrapes only.
+    native: Option<PrometheusReader>,
     /// TLS and basic auth, re-read when the file changed.
     web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
@@ -162,23 +162,23 @@ struct Endpoint {
     last_size: AtomicUsize,
 }
 
-/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
-/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
-/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
-/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
-/// provider.
 /// The OTLP metrics reader that scrapes may share (none in builds without OTLP).
 #[cfg(feature = "otlp")]
 pub(super) type SharedReader = super::OtlpMetricReader;
 #[cfg(not(feature = "otlp"))]
 pub(super) type SharedReader = std::convert::Infallible;
 
+/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
+/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
+/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
+/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
+/// provider. Protobuf scrapes also collect `native` (the native provider's reader).
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
     otlp: Option<SharedReader>,
-    distributions: Option<PrometheusReader>,
+    native: PrometheusReader,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         #[cfg(feature = "otlp")]
@@ -207,7 +207,7 @@ pub(super) fn start(
     let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
     let endpoint = Arc::new(Endpoint {
         reader: source,
-        distributions,
+        native: Some(native),
         web,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
@@ -389,7 +389,7 @@ impl Endpoint {
     fn render(&self, format: Format, gzip: bool) -> Result<Vec<u8>, String> {
         let body = scrape(
             &self.reader,
-            self.distributions.as_ref(),
+            self.native.as_ref(),
             format,
             self.last_size.load(Ordering::Relaxed),
             self.exemplars.as_deref(),
@@ -427,7 +427,7 @@ pub(crate) fn scrape_text(
 /// holds (only of exported traces) on the buckets of their series.
 pub(crate) fn scrape(
     reader: &Source,
-    distributions: Option<&PrometheusReader>,
+    native: Option<&PrometheusReader>,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
@@ -456,11 +456,11 @@ pub(crate) fn scrape(
     match format {
         Format::Protobuf => {
             let mut extra = ResourceMetrics::default();
-            if let Some(d) = distributions {
-                d.collect(&mut extra).map_err(|e| e.to_string())?;
+            if let Some(n) = native {
+                n.collect(&mut extra).map_err(|e| e.to_string())?;
             }
             let mut out = Vec::with_capacity(capacity + capacity / 8);
-            encode::encode_protobuf(&rm, distributions.map(|_| &extra), source, &mut out);
+            encode::encode_protobuf(&rm, native.map(|_| &extra), source, &mut out);
             Ok(out)
         }
         Format::OpenMetrics { .. } => {
