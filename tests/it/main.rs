@@ -8,6 +8,7 @@ mod manual_clock;
 
 mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
+mod an_engines_provider_with_the_exponential_view_gets_the_per_layer_distributions;
 mod arbitrary_api_call_sequences_never_panic;
 mod build_flush_and_shutdown_never_panic_inside_a_tokio_runtime;
 mod every_drop_reason_reads_zero_before_anything_drops;
