@@ -163,6 +163,12 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         body.len(),
         counts.len()
     );
+    // Where the series go (for BENCHMARKS.md).
+    let mut by_name = native.query_vector("count by (__name__) ({__name__=~\".+\"})");
+    by_name.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (l, n) in by_name.iter().take(12) {
+        eprintln!("  {n:>6} {}", l.get("__name__").map_or("", String::as_str));
+    }
     assert!(series <= SERIES_BUDGET, "{series} series");
     assert!(body.len() <= BYTES_BUDGET, "{} bytes", body.len());
     // What a scrape costs in each format (for BENCHMARKS.md; not asserted).
