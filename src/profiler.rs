@@ -592,7 +592,7 @@ impl Start {
                     crate::export::views::exponential_views_applied() > exponential_before;
                 let d = d.clone().or_else(|| exponential.then(|| m.clone()));
                 i.with_distributions(d.as_ref())
-                    .with_native_twins(t.as_ref())
+                    .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
         if given.meter.is_some()

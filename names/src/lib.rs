@@ -174,6 +174,21 @@ pub mod metric {
         [SECTION_LAYER_TIME, SECTION_LAYER_CALLS];
     /// The most buckets of one per-layer distribution (the SDK lowers the scale to fit).
     pub const LAYER_DISTRIBUTION_MAX_BUCKETS: u32 = 160;
+    /// The explicit-bucket duration histograms that carry a native half (base-2 exponential)
+    /// on the protobuf scrape, in the same `Histogram` message as their classic buckets. The
+    /// halves count from the endpoint's first protobuf scrape on (before it, no scraper asked
+    /// for them and the worker records none): their count and sum, which the message's
+    /// `_count` and `_sum` are, leave out what came before, so with Prometheus's
+    /// `always_scrape_classic_histograms` the classic `_count` may stay below the `+Inf`
+    /// bucket by a constant (rates agree).
+    pub const NATIVE_HALVES: [&str; 6] = [
+        SECTION_DURATION,
+        STEP_DURATION,
+        COLLECTIVE_WAIT,
+        STEP_COLLECTIVE_WAIT,
+        SPEC_PHASE_DURATION,
+        SPEC_VERIFY_PART_DURATION,
+    ];
 
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [

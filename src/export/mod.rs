@@ -197,6 +197,9 @@ pub(crate) struct Exporters {
     /// explicit-bucket duration histograms (the native halves of the protobuf scrape's
     /// histograms), if any: the native provider's, for the meter that serves the endpoint.
     pub(crate) twins: Vec<Option<Meter>>,
+    /// Set by the endpoint when it serves its first protobuf scrape: the twins are recorded
+    /// from then on (a text-only scraper never pays for them).
+    pub(crate) native_wanted: Arc<std::sync::atomic::AtomicBool>,
     /// The providers phasetrace built, flushed and shut down with it.
     own_meter_providers: Vec<SdkMeterProvider>,
     /// The tracer of step and round spans, on the given tracer provider or phasetrace's own.
@@ -351,7 +354,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     // that only the protobuf scrape reads: the text scrapes keep their shape and budget, and
     // an OTLP exporter whose reader the scrapes share does not carry them.
     #[cfg(feature = "prometheus")]
-    let mut native_reader: Option<self::prometheus::PrometheusReader> = None;
+    let mut native_reader: Option<self::prometheus::Native> = None;
+    let native_wanted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     #[cfg(feature = "prometheus")]
     let (prometheus_reader, prometheus) = match cfg.prometheus {
         Some(addr) => {
@@ -366,7 +370,10 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
             let shared = otlp_reader.clone().filter(|_| !exponential);
             #[cfg(not(feature = "otlp"))]
             let shared = None;
-            let native = self::prometheus::PrometheusReader::manual();
+            let native = self::prometheus::Native {
+                reader: self::prometheus::PrometheusReader::manual(),
+                wanted: native_wanted.clone(),
+            };
             match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
                 Ok((reader, server)) => {
                     native_reader = Some(native);
@@ -404,8 +411,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     // The native provider: exponential histograms only (its view), read by the protobuf
     // scrape only.
     #[cfg(feature = "prometheus")]
-    let native_meter = native_reader.map(|r| {
-        let p = provider(vec![with_reader(r)], true);
+    let native_meter = native_reader.map(|n| {
+        let p = provider(vec![with_reader(n.reader)], true);
         let m = p.meter_with_scope(scope());
         own_meter_providers.push(p);
         m
@@ -536,6 +543,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         meters,
         distributions,
         twins,
+        native_wanted,
         own_meter_providers,
         tracer: tracer.map(Arc::new),
         own_tracer_provider,

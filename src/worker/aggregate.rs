@@ -17,6 +17,7 @@ use crate::vocab::{Phase, Section, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
@@ -226,7 +227,7 @@ impl Instruments {
     pub(crate) fn section(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::SECTION_DURATION, kv, secs);
         self.section.record(secs, kv);
-        if let Some(t) = &self.twins {
+        if let Some(t) = self.twins() {
             t.section.record(secs, kv);
         }
     }
@@ -236,7 +237,7 @@ impl Instruments {
     pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::COLLECTIVE_WAIT, kv, secs);
         self.wait.record(secs, kv);
-        if let Some(t) = &self.twins {
+        if let Some(t) = self.twins() {
             t.wait.record(secs, kv);
         }
     }
@@ -273,9 +274,23 @@ impl Instruments {
     /// same names, units and descriptions, so that the encoder can merge each twin's data
     /// point into its classic one (one native + classic histogram per series, as Prometheus's
     /// client_golang writes them). `None`: not recorded.
-    pub(crate) fn with_native_twins(mut self, meter: Option<&Meter>) -> Self {
-        self.twins = meter.map(|m| Box::new(Twins::new(m)));
+    /// `wanted`: set by the endpoint at its first protobuf scrape; until then nothing asked for
+    /// the twins and they cost the worker nothing but a relaxed load.
+    pub(crate) fn with_native_twins(
+        mut self,
+        meter: Option<&Meter>,
+        wanted: &Arc<AtomicBool>,
+    ) -> Self {
+        self.twins = meter.map(|m| Box::new(Twins::new(m, wanted.clone())));
         self
+    }
+
+    /// The twins, once a protobuf scrape asked for them.
+    #[inline]
+    fn twins(&self) -> Option<&Twins> {
+        self.twins
+            .as_deref()
+            .filter(|t| t.wanted.load(Ordering::Relaxed))
     }
 
     /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
@@ -307,7 +322,7 @@ impl Instruments {
         self.steps.add(1, kv);
         self.note(metric::STEP_COLLECTIVE_WAIT, kv, wait_secs);
         self.step_wait.record(wait_secs, kv);
-        if let Some(t) = &self.twins {
+        if let Some(t) = self.twins() {
             t.step.record(secs, kv);
             t.step_wait.record(wait_secs, kv);
         }
@@ -386,7 +401,7 @@ impl Instruments {
         ];
         self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
         self.phase.record(secs, &kv);
-        if let Some(t) = &self.twins {
+        if let Some(t) = self.twins() {
             t.phase.record(secs, &kv);
         }
     }
@@ -399,7 +414,7 @@ impl Instruments {
         ];
         self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
         self.part.record(secs, &kv);
-        if let Some(t) = &self.twins {
+        if let Some(t) = self.twins() {
             t.part.record(secs, &kv);
         }
     }
@@ -420,6 +435,8 @@ impl Instruments {
 /// The explicit-bucket duration histograms' base-2 exponential twins (see
 /// [`Instruments::with_native_twins`]).
 struct Twins {
+    /// Set once the endpoint served a protobuf scrape.
+    wanted: Arc<AtomicBool>,
     section: Histogram<f64>,
     step: Histogram<f64>,
     wait: Histogram<f64>,
@@ -429,7 +446,7 @@ struct Twins {
 }
 
 impl Twins {
-    fn new(meter: &Meter) -> Twins {
+    fn new(meter: &Meter, wanted: Arc<AtomicBool>) -> Twins {
         let dur = |(name, desc): (&'static str, &'static str)| {
             meter
                 .f64_histogram(name)
@@ -438,6 +455,7 @@ impl Twins {
                 .build()
         };
         Twins {
+            wanted,
             section: dur(D_SECTION),
             step: dur(D_STEP),
             wait: dur(D_WAIT),

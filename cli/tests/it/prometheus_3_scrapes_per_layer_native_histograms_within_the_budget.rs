@@ -112,37 +112,42 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         WAIT,
     );
 
-    // The dashboard's per-layer panels: the native-histogram ones, and the per-layer time ones
-    // that fall back to the distributions' sums where the counters are left out.
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(support::repo_root().join("dashboards/decode-sections.json"))
-            .expect("dashboard"),
-    )
-    .expect("dashboard JSON");
+    // The dashboards' per-layer panels: the native-histogram ones (decode sections and
+    // collectives), and the per-layer time ones that fall back to the distributions' sums
+    // where the counters are left out.
     let mut checked = 0;
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        let title = panel["title"].as_str().unwrap_or_default();
-        let Some(targets) = panel["targets"].as_array() else {
-            continue;
-        };
-        for t in targets {
-            let expr = t["expr"].as_str().unwrap_or_default();
-            if !expr.contains("phasetrace_section_layer_") {
+    for file in ["decode-sections.json", "collectives-rank-skew.json"] {
+        let dashboard: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(support::repo_root().join("dashboards").join(file))
+                .expect("dashboard"),
+        )
+        .expect("dashboard JSON");
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            let title = panel["title"].as_str().unwrap_or_default();
+            let Some(targets) = panel["targets"].as_array() else {
                 continue;
+            };
+            for t in targets {
+                let expr = t["expr"].as_str().unwrap_or_default();
+                if !expr.contains("phasetrace_section_layer_")
+                    && !title.contains("(native histograms)")
+                {
+                    continue;
+                }
+                let q = expr
+                    .replace("$__rate_interval", "1m")
+                    .replace("$__range", "5m")
+                    .replace("$nested", "kda_mixer");
+                let q = ["$job", "$group", "$rank", "$layer", "$bucket", "$site"]
+                    .iter()
+                    .fold(q, |q, v| q.replace(v, ".*"));
+                let got = native.wait_for_query(&q, |s| layers(s).len() == LAYERS, WAIT);
+                assert_eq!(layers(&got).len(), LAYERS, "{file}: {title}");
+                checked += 1;
             }
-            let q = expr
-                .replace("$__rate_interval", "1m")
-                .replace("$__range", "5m")
-                .replace("$nested", "kda_mixer");
-            let q = ["$job", "$group", "$rank", "$layer", "$bucket"]
-                .iter()
-                .fold(q, |q, v| q.replace(v, ".*"));
-            let got = native.wait_for_query(&q, |s| layers(s).len() == LAYERS, WAIT);
-            assert_eq!(layers(&got).len(), LAYERS, "{title}");
-            checked += 1;
         }
     }
-    assert!(checked >= 4, "{checked} per-layer panel expressions");
+    assert!(checked >= 5, "{checked} per-layer panel expressions");
 
     // The budget, in Prometheus's own count (its TSDB head) and in bytes.
     let head = native.get_json("/api/v1/status/tsdb").expect("tsdb status");

@@ -505,18 +505,24 @@ pub(crate) fn encode_protobuf(
     let has_distribution = metrics()
         .chain(natives.iter().copied())
         .any(|m| m.name() == metric::SECTION_LAYER_DURATION);
-    let twin_of = |m: &Metric| {
-        natives
-            .iter()
-            .copied()
-            .find(|t| t.name() == m.name() && is_exponential(t))
-            .filter(|_| is_explicit(m))
+    // With the native side collected, each histogram of `NATIVE_HALVES` gets its native half:
+    // its twin's data point, or an empty one before the twin recorded anything (so that a
+    // series never switches between classic and native).
+    let halves_of = |m: &Metric| {
+        (native.is_some() && is_explicit(m) && metric::NATIVE_HALVES.contains(&m.name())).then(
+            || {
+                natives
+                    .iter()
+                    .copied()
+                    .find(|t| t.name() == m.name() && is_exponential(t))
+            },
+        )
     };
     for m in metrics() {
         if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
             continue;
         }
-        push(proto_family(m, twin_of(m), exemplars), out);
+        push(proto_family(m, halves_of(m), exemplars), out);
     }
     // Native-only families (the per-layer distributions); twins went into their classic ones.
     for t in &natives {
@@ -628,18 +634,19 @@ fn proto_exemplar(e: &Exemplar) -> proto::Exemplar {
     }
 }
 
-/// One metric's family; `twin` (an exponential histogram of the same name) adds the native
-/// half to each classic histogram of the same labels.
+/// One metric's family; `halves` (`Some`: this histogram has native halves; the twin, an
+/// exponential histogram of the same name, if it recorded anything) adds the native half to
+/// each classic histogram: its twin's data point of the same labels, or an empty one.
 fn proto_family(
     m: &Metric,
-    twin: Option<&Metric>,
+    halves: Option<Option<&Metric>>,
     exemplars: Option<ExemplarSource<'_>>,
 ) -> proto::MetricFamily {
     let base = base_name(m.name(), m.unit());
     let mut f = match m.data() {
-        AggregatedMetrics::F64(d) => family_of(&base, m, d, twin, exemplars),
-        AggregatedMetrics::U64(d) => family_of(&base, m, d, twin, exemplars),
-        AggregatedMetrics::I64(d) => family_of(&base, m, d, twin, exemplars),
+        AggregatedMetrics::F64(d) => family_of(&base, m, d, halves, exemplars),
+        AggregatedMetrics::U64(d) => family_of(&base, m, d, halves, exemplars),
+        AggregatedMetrics::I64(d) => family_of(&base, m, d, halves, exemplars),
     };
     f.unit = unit_suffix(m.unit()).unwrap_or_default().to_owned();
     f
@@ -649,7 +656,7 @@ fn family_of<T: Num>(
     base: &str,
     m: &Metric,
     d: &MetricData<T>,
-    twin: Option<&Metric>,
+    halves: Option<Option<&Metric>>,
     exemplars: Option<ExemplarSource<'_>>,
 ) -> proto::MetricFamily {
     let help = m.description();
@@ -675,7 +682,7 @@ fn family_of<T: Num>(
             family(base, help, proto::MetricType::Gauge, metric)
         }
         MetricData::Histogram(h) => {
-            let mut natives = twin.map(natives_of).unwrap_or_default();
+            let mut natives = halves.flatten().map(natives_of).unwrap_or_default();
             let metric = h
                 .data_points()
                 .map(|dp| {
@@ -704,7 +711,10 @@ fn family_of<T: Num>(
                     // The native half keeps its own count and sum: Prometheus checks them
                     // against its buckets. The twin was collected just after the classic
                     // histogram, so it may hold a few more observations than `bucket`.
-                    let histogram = match take_native(&mut natives, &label) {
+                    let native_half = take_native(&mut natives, &label).or_else(|| {
+                        halves.map(|_| native(0, 0.0, 0, (0, [].into_iter()), (0, [].into_iter())))
+                    });
+                    let histogram = match native_half {
                         Some(mut n) => {
                             n.bucket = bucket;
                             n
@@ -1203,6 +1213,19 @@ mod tests {
         }
         classic.record(0.5, &other);
         twin.record(0.5, &other);
+        // A histogram with native halves whose twin recorded nothing yet, and one without.
+        let m = classic_p.meter("phasetrace");
+        let step = m
+            .f64_histogram(crate::names::metric::STEP_DURATION)
+            .with_unit("s")
+            .with_boundaries(vec![0.1])
+            .build();
+        step.record(0.05, &a);
+        let accepted = m
+            .u64_histogram(crate::names::metric::SPEC_ACCEPTED_LENGTH)
+            .with_boundaries(vec![1.0, 2.0])
+            .build();
+        accepted.record(2, &a);
         // Recorded between the two collections: only the twin has it.
         let mut rm = ResourceMetrics::default();
         opentelemetry_sdk::metrics::reader::MetricReader::collect(&classic_r, &mut rm).unwrap();
@@ -1229,8 +1252,31 @@ mod tests {
         assert_eq!(sections[0].metric.len(), 2);
         assert_eq!(
             enc.series,
-            2 + 2,
-            "two histograms, target_info, otel_scope_info"
+            4 + 2,
+            "four histograms, target_info, otel_scope_info"
+        );
+        let only = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name == name)
+                .and_then(|f| f.metric[0].histogram.clone())
+                .unwrap_or_else(|| panic!("{name} in {families:?}"))
+        };
+        let step = only("phasetrace_step_duration_seconds");
+        assert_eq!(step.bucket.len(), 2, "classic buckets kept");
+        assert_eq!(
+            (
+                step.sample_count,
+                step.positive_span.len(),
+                step.positive_delta.len()
+            ),
+            (0, 1, 0),
+            "an empty native half: native from its first scrape"
+        );
+        let accepted = only("phasetrace_spec_accepted_length");
+        assert!(
+            accepted.positive_span.is_empty() && accepted.sample_count == 1,
+            "no native half outside NATIVE_HALVES"
         );
         let of = |bucket: &str| {
             sections[0]
