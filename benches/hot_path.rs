@@ -8,7 +8,8 @@
 //!   `tracing` span current; sampled inside an entered `tracing` span under a
 //!   `tracing-opentelemetry` layer (the parent's ids read and carried in three more marks).
 //! - `spec/*`: one phase mark inside a round, a disabled round.
-//! - `worker/drain`: section records drained into histograms per second on one core.
+//! - `worker/drain`: section records drained into histograms per second on one core; `_native_halves`:
+//!   after a protobuf scrape, so that each section is also recorded in its native half.
 //! - `graph/*`: one `Recorder::replay` guard around a CUDA-graph launch (simulated stream, event
 //!   clock): off, a replay the read-every setting skips, a replay that is read (two fences).
 //! - `worker/drain_steps_tail_*`: 48-section steps drained with tail-based tracing off, on with
@@ -280,7 +281,7 @@ fn worker(c: &mut Criterion) {
     g.sample_size(10);
     let records: u64 = 200_000;
     g.throughput(Throughput::Elements(records));
-    for layer_attr in [true, false] {
+    for (layer_attr, protobuf) in [(true, false), (false, false), (true, true)] {
         let p = Profiler::builder()
             .without_env()
             .with_level(Level::Full)
@@ -291,6 +292,9 @@ fn worker(c: &mut Criterion) {
             .with_drain_interval(Duration::from_secs(3600))
             .build()
             .expect("profiler");
+        if protobuf {
+            protobuf_scrape(p.prometheus_addr().expect("endpoint"));
+        }
         let rec = p.recorder();
         let sections = [
             Section::KDA_MIXER,
@@ -300,10 +304,10 @@ fn worker(c: &mut Criterion) {
         ];
         g.bench_with_input(
             BenchmarkId::new(
-                if layer_attr {
-                    "drain_sections_into_histograms"
-                } else {
-                    "drain_sections_into_histograms_no_layer_attr"
+                match (layer_attr, protobuf) {
+                    (true, false) => "drain_sections_into_histograms",
+                    (false, _) => "drain_sections_into_histograms_no_layer_attr",
+                    (true, true) => "drain_sections_into_histograms_native_halves",
                 },
                 records,
             ),
@@ -327,6 +331,21 @@ fn worker(c: &mut Criterion) {
         p.shutdown();
     }
     g.finish();
+}
+
+/// One protobuf scrape of the endpoint at `addr`, as Prometheus with native histograms asks:
+/// from then on the worker also records the native halves of the duration histograms.
+fn protobuf_scrape(addr: std::net::SocketAddr) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(
+        b"GET /metrics HTTP/1.1\r\nHost: b\r\nAccept: application/vnd.google.protobuf;\
+          proto=io.prometheus.client.MetricFamily;encoding=delimited\r\nConnection: close\r\n\r\n",
+    )
+    .expect("write");
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).expect("read");
+    assert!(buf.starts_with(b"HTTP/1.1 200"), "protobuf scrape failed");
 }
 
 /// The replay guard around a launch of a graph of 8 captured sections (the launch itself, the

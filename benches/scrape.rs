@@ -2,8 +2,9 @@
 //! layout: 3 dense layers, DSA every 4th, MoE elsewhere, two all-reduces a layer) scraped every
 //! 100 ms, against no scraping, in one run.
 //!
-//! 1. criterion: one scrape end to end (HTTP GET on loopback, collect, encode; classic text and
-//!    gzip-compressed OpenMetrics), the two side by side.
+//! 1. criterion: one scrape end to end (HTTP GET on loopback, collect, encode; classic text,
+//!    gzip-compressed OpenMetrics, and the delimited protobuf format with native histograms,
+//!    uncompressed and gzip-compressed), side by side.
 //! 2. The engine's step time spent in phasetrace (a step of the 96 layers' ~1,700 sections,
 //!    paced 2 ms apart) in alternating 2 s phases without and with a scraper every 100 ms:
 //!    p50/p99 of each and their ratio, the scrape's wall time, and the CPU time of the
@@ -104,6 +105,9 @@ fn scrape(addr: SocketAddr, extra: &str) -> usize {
     buf.len()
 }
 
+/// What Prometheus 3 sends with `scrape_native_histograms: true`: protobuf first.
+const PROTOBUF_HEADERS: &str = "Accept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.5\r\n";
+
 const PROMETHEUS_HEADERS: &str = "Accept: application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n";
 
 /// CPU time (user + system) of this process's threads whose name starts with `prefix`.
@@ -156,6 +160,9 @@ fn main() {
     g.bench_function("openmetrics_gzip", |b| {
         b.iter(|| scrape(addr, PROMETHEUS_HEADERS))
     });
+    g.bench_function("protobuf", |b| b.iter(|| scrape(addr, PROTOBUF_HEADERS)));
+    let protobuf_gzip = format!("{PROTOBUF_HEADERS}Accept-Encoding: gzip\r\n");
+    g.bench_function("protobuf_gzip", |b| b.iter(|| scrape(addr, &protobuf_gzip)));
     g.finish();
     c.final_summary();
 

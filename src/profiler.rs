@@ -343,11 +343,19 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
-            .zip(&exporters.distributions)
-            .map(|(m, d)| {
-                Instruments::new(m, &layers, &open, self.k_max)
-                    .with_experts(m, &shared.experts)
-                    .with_distributions(d.as_ref())
+            .zip(exporters.distributions.iter().zip(&exporters.twins))
+            .map(|(m, (d, t))| {
+                let exponential_before = crate::export::views::exponential_views_applied();
+                let i = Instruments::new(m, &layers, &open, self.k_max)
+                    .with_experts(m, &shared.experts);
+                // A provider whose histograms a `view(true)` made exponential (the engine's
+                // own, told so by its view) carries the per-layer distributions at one
+                // series each; explicit buckets would cost B + 3 series per layer.
+                let exponential =
+                    crate::export::views::exponential_views_applied() > exponential_before;
+                let d = d.clone().or_else(|| exponential.then(|| m.clone()));
+                i.with_distributions(d.as_ref())
+                    .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
         if given.meter.is_some()

@@ -21,7 +21,9 @@ pub mod metric {
     /// Histogram of one section's duration in seconds (all layers: quantiles per bucket),
     /// attributes `bucket`, `site` (when given), `rank`: the buckets that quantiles need, without
     /// `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`], two
-    /// series per (bucket, layer) instead of 25).
+    /// series per (bucket, layer) instead of 25). On the protobuf scrape this and the other
+    /// duration histograms also carry a native half (base-2 exponential, in the same
+    /// `Histogram` message), which Prometheus stores with `scrape_native_histograms: true`.
     pub const SECTION_DURATION: &str = "phasetrace.section.duration";
     /// Counter of the time spent in one section per layer, in seconds, attributes `bucket`,
     /// `layer`, `site` (when given), `rank` (`phasetrace_section_layer_time_seconds_total`). Off
@@ -151,8 +153,9 @@ pub mod metric {
     /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
     /// protobuf scrape (Prometheus with `scrape_native_histograms: true`) and over OTLP when
     /// its histograms are exponential; the text scrapes and OTLP with explicit buckets leave it
-    /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]), and
-    /// so does an engine's own meter provider. Off with `PHASETRACE_LAYER_ATTR=off`.
+    /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]); an
+    /// engine's own meter provider gets it only with `phasetrace::view(true)` registered. Off
+    /// with `PHASETRACE_LAYER_ATTR=off`.
     pub const SECTION_LAYER_DURATION: &str = "phasetrace.section.layer.duration";
     /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
     /// layer, in seconds, attributes `site`, `layer`, `rank`, `group`
@@ -171,6 +174,21 @@ pub mod metric {
         [SECTION_LAYER_TIME, SECTION_LAYER_CALLS];
     /// The most buckets of one per-layer distribution (the SDK lowers the scale to fit).
     pub const LAYER_DISTRIBUTION_MAX_BUCKETS: u32 = 160;
+    /// The explicit-bucket duration histograms that carry a native half (base-2 exponential)
+    /// on the protobuf scrape, in the same `Histogram` message as their classic buckets. The
+    /// halves count from the endpoint's first protobuf scrape on (before it, no scraper asked
+    /// for them and the worker records none): their count and sum, which the message's
+    /// `_count` and `_sum` are, leave out what came before, so with Prometheus's
+    /// `always_scrape_classic_histograms` the classic `_count` may stay below the `+Inf`
+    /// bucket by a constant (rates agree).
+    pub const NATIVE_HALVES: [&str; 6] = [
+        SECTION_DURATION,
+        STEP_DURATION,
+        COLLECTIVE_WAIT,
+        STEP_COLLECTIVE_WAIT,
+        SPEC_PHASE_DURATION,
+        SPEC_VERIFY_PART_DURATION,
+    ];
 
     /// Explicit histogram boundaries in seconds: 1 µs to 10 s, log-spaced at 1-2-5 per decade.
     pub const DURATION_BOUNDARIES: [f64; 22] = [

@@ -8,9 +8,9 @@
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
 //!                                                   TLS, basic auth, classic | OpenMetrics |
 //!                                                   protobuf with native histograms, gzip)
-//!        ──> per-layer distributions: on the provider above; when scrapes read the OTLP
-//!            reader and OTLP has explicit buckets, a provider + ManualReader of their own
-//!            that only the protobuf scrape reads (see `Exporters::distributions`)
+//!        ──> native provider (with the endpoint): ManualReader that only the protobuf
+//!            scrape reads: the per-layer distributions and the exponential twins of the
+//!            explicit-bucket duration histograms (see `Exporters::distributions`, `twins`)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```
@@ -193,6 +193,13 @@ pub(crate) struct Exporters {
     /// For each of [`Exporters::meters`], the meter its per-layer distributions are created
     /// on, if any (see `build`).
     pub(crate) distributions: Vec<Option<Meter>>,
+    /// For each of [`Exporters::meters`], the meter of the base-2 exponential twins of its
+    /// explicit-bucket duration histograms (the native halves of the protobuf scrape's
+    /// histograms), if any: the native provider's, for the meter that serves the endpoint.
+    pub(crate) twins: Vec<Option<Meter>>,
+    /// Set by the endpoint when it serves its first protobuf scrape: the twins are recorded
+    /// from then on (a text-only scraper never pays for them).
+    pub(crate) native_wanted: Arc<std::sync::atomic::AtomicBool>,
     /// The providers phasetrace built, flushed and shut down with it.
     own_meter_providers: Vec<SdkMeterProvider>,
     /// The tracer of step and round spans, on the given tracer provider or phasetrace's own.
@@ -342,12 +349,13 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         bool,
     ) = (None, None, false);
 
-    // With scrapes reading the OTLP reader, the per-layer distributions (native histograms
-    // for the protobuf scrape) get a provider and reader of their own, so that an OTLP
-    // exporter with explicit buckets (a backend not said to take exponential histograms)
-    // does not carry them.
+    // The endpoint's native histograms (the per-layer distributions, and the exponential
+    // twins of the explicit-bucket histograms) live on a provider and reader of their own
+    // that only the protobuf scrape reads: the text scrapes keep their shape and budget, and
+    // an OTLP exporter whose reader the scrapes share does not carry them.
     #[cfg(feature = "prometheus")]
-    let mut distribution_reader: Option<self::prometheus::PrometheusReader> = None;
+    let mut native_reader: Option<self::prometheus::Native> = None;
+    let native_wanted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     #[cfg(feature = "prometheus")]
     let (prometheus_reader, prometheus) = match cfg.prometheus {
         Some(addr) => {
@@ -362,17 +370,15 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
             let shared = otlp_reader.clone().filter(|_| !exponential);
             #[cfg(not(feature = "otlp"))]
             let shared = None;
-            if shared.is_some() {
-                distribution_reader = Some(self::prometheus::PrometheusReader::manual());
-            }
-            match self::prometheus::start(
-                addr,
-                web,
-                exemplars.clone(),
-                shared,
-                distribution_reader.clone(),
-            ) {
-                Ok((reader, server)) => (reader, Some(server)),
+            let native = self::prometheus::Native {
+                reader: self::prometheus::PrometheusReader::manual(),
+                wanted: native_wanted.clone(),
+            };
+            match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
+                Ok((reader, server)) => {
+                    native_reader = Some(native);
+                    (reader, Some(server))
+                }
                 // The built-in default address is a convenience, not a promise: taken (the
                 // engine's own exporter, another rank), it is said once and skipped.
                 Err(ExportError::PrometheusBind { addr, source })
@@ -402,31 +408,51 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         }
         b.with_view(view(exp)).build()
     };
+    // The native provider: exponential histograms only (its view), read by the protobuf
+    // scrape only.
+    #[cfg(feature = "prometheus")]
+    let native_meter = native_reader.map(|n| {
+        let p = provider(vec![with_reader(n.reader)], true);
+        let m = p.meter_with_scope(scope());
+        own_meter_providers.push(p);
+        m
+    });
+    #[cfg(not(feature = "prometheus"))]
+    let native_meter: Option<Meter> = None;
     // The meters the instruments are created on and, for each, where its per-layer
-    // distributions go: the same meter when its provider serves the Prometheus endpoint or an
-    // OTLP exporter of exponential histograms, the distribution provider's meter when the
-    // endpoint reads the OTLP reader, none otherwise (OTLP with explicit buckets only; the
-    // engine's own provider).
+    // distributions and exponential twins go: the native provider's meter for the provider
+    // that serves the endpoint; the same meter (distributions only: its histograms are
+    // exponential already) for an OTLP exporter of exponential histograms; none otherwise
+    // (OTLP with explicit buckets only; the engine's own provider).
     let mut meters: Vec<Meter> = given
         .meter
         .iter()
         .map(|p| p.meter_with_scope(scope()))
         .collect();
     let mut distributions: Vec<Option<Meter>> = vec![None; meters.len()];
-    let mut own = |p: SdkMeterProvider, dist: bool| {
+    let mut twins: Vec<Option<Meter>> = vec![None; meters.len()];
+    let mut own = |p: SdkMeterProvider, exponential_otlp: bool, serves_endpoint: bool| {
         let m = p.meter_with_scope(scope());
-        distributions.push(dist.then(|| m.clone()));
+        let native = native_meter.clone().filter(|_| serves_endpoint);
+        distributions.push(
+            native
+                .clone()
+                .or_else(|| exponential_otlp.then(|| m.clone())),
+        );
+        twins.push(native);
         meters.push(m);
         own_meter_providers.push(p);
     };
-    let has_prometheus = prometheus_reader.is_some();
+    // Scrapes read this provider's reader when the endpoint runs and has none of its own.
+    let shared_with_endpoint = native_meter.is_some() && prometheus_reader.is_none();
     match (otlp_reader, prometheus_reader, exponential) {
         (Some(o), Some(p), true) => {
-            own(provider(vec![with_reader(o)], true), true);
-            own(provider(vec![with_reader(p)], false), true);
+            own(provider(vec![with_reader(o)], true), true, false);
+            own(provider(vec![with_reader(p)], false), false, true);
         }
         (None, None, _) => {}
         (o, p, exp) => {
+            let serves = p.is_some() || shared_with_endpoint;
             let mut readers = Vec::new();
             if let Some(o) = o {
                 readers.push(with_reader(o));
@@ -434,17 +460,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
             if let Some(p) = p {
                 readers.push(with_reader(p));
             }
-            own(provider(readers, exp), has_prometheus || exp);
+            own(provider(readers, exp), exp, serves);
         }
-    }
-    #[cfg(feature = "prometheus")]
-    if let Some(r) = distribution_reader {
-        let p = provider(vec![with_reader(r)], false);
-        let m = p.meter_with_scope(scope());
-        for d in distributions.iter_mut().skip(given.meter.iter().count()) {
-            d.get_or_insert_with(|| m.clone());
-        }
-        own_meter_providers.push(p);
     }
 
     // The web configuration file's reloads (and whether the last one worked) and the OTLP
@@ -525,6 +542,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     Ok(Exporters {
         meters,
         distributions,
+        twins,
+        native_wanted,
         own_meter_providers,
         tracer: tracer.map(Arc::new),
         own_tracer_provider,
@@ -705,6 +724,10 @@ mod tests {
             e.distributions[0].is_none(),
             "no per-layer distributions on the engine's provider"
         );
+        assert!(
+            e.twins[0].is_none(),
+            "no native twins on the engine's provider"
+        );
         assert!(e.own_meter_providers.is_empty());
         assert!(e.own_tracer_provider.is_none());
         assert!(e.tracer.is_some(), "spans on the engine's provider");
@@ -721,12 +744,18 @@ mod tests {
         let mut e = build(&everything(), &Given::default()).expect("exporters");
         assert!(!e.own_meter_providers.is_empty());
         assert_eq!(e.distributions.len(), e.meters.len());
+        assert_eq!(e.twins.len(), e.meters.len());
         assert!(e.distributions.iter().all(Option::is_some));
-        #[cfg(all(feature = "prometheus", feature = "otlp"))]
+        #[cfg(feature = "prometheus")]
+        assert!(
+            e.twins.iter().all(Option::is_some),
+            "the meter that serves the endpoint has native twins"
+        );
+        #[cfg(feature = "prometheus")]
         assert_eq!(
             e.own_meter_providers.len(),
             e.meters.len() + 1,
-            "scrapes read the OTLP reader: the distributions get a provider of their own, off OTLP"
+            "the native histograms get a provider of their own, read by protobuf scrapes only"
         );
         assert!(e.own_tracer_provider.is_some());
         assert!(e.span_counts.tracked);
@@ -734,6 +763,24 @@ mod tests {
         assert!(e.runtime.is_some());
         #[cfg(feature = "prometheus")]
         assert!(e.prometheus_addr().is_some());
+        e.shutdown(Duration::from_millis(500));
+    }
+
+    #[cfg(all(feature = "prometheus", feature = "otlp"))]
+    #[test]
+    fn exponential_otlp_carries_the_distributions_and_only_the_endpoint_gets_twins() {
+        let mut cfg = everything();
+        if let Some(o) = cfg.metrics_otlp.as_mut() {
+            o.histogram = HistogramAggregation::Exponential;
+        }
+        let mut e = build(&cfg, &Given::default()).expect("exporters");
+        assert_eq!(e.meters.len(), 2, "OTLP's provider and the endpoint's");
+        assert!(e.distributions.iter().all(Option::is_some));
+        assert_eq!(
+            e.twins.iter().filter(|t| t.is_some()).count(),
+            1,
+            "twins for the endpoint's explicit buckets only: OTLP's histograms are exponential"
+        );
         e.shutdown(Duration::from_millis(500));
     }
 }

@@ -30,6 +30,18 @@ pub(crate) fn layer_views_applied() -> u64 {
     LAYER_VIEWS_APPLIED.load(Relaxed)
 }
 
+std::thread_local! {
+    /// How many duration histograms a `view(true)` made exponential on this thread. The SDK
+    /// asks the views while an instrument is built, on the building thread, so `build()`
+    /// reads it before and after creating its instruments on a given provider to learn that
+    /// the provider's histograms are exponential (its backend takes them), race-free.
+    static EXPONENTIAL_VIEWS_APPLIED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+pub(crate) fn exponential_views_applied() -> u64 {
+    EXPONENTIAL_VIEWS_APPLIED.with(std::cell::Cell::get)
+}
+
 /// The view phasetrace's instruments need, for an engine that brings its own
 /// `SdkMeterProvider` (`ProfilerBuilder::with_meter_provider`): register it on the provider's
 /// builder.
@@ -46,7 +58,9 @@ pub(crate) fn layer_views_applied() -> u64 {
 ///
 /// - The per-layer distributions (`phasetrace.section.layer.duration`,
 ///   `phasetrace.collective.layer.wait.duration`) are always base-2 exponential histograms with
-///   the same cardinality limit.
+///   the same cardinality limit. phasetrace creates them on a given provider only when it has
+///   `view(true)` (its backend takes exponential histograms: one series per section and
+///   layer); with `view(false)` or no view the per-layer counters carry the per-layer totals.
 ///
 /// Instruments of other libraries and of the engine pass through unchanged (the view returns
 /// `None` for them).
@@ -85,6 +99,7 @@ pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send 
         }
         (exponential && i.kind() == InstrumentKind::Histogram && i.unit() == metric::UNIT_SECONDS)
             .then(|| {
+                EXPONENTIAL_VIEWS_APPLIED.with(|n| n.set(n.get() + 1));
                 Stream::builder()
                     .with_aggregation(Aggregation::Base2ExponentialHistogram {
                         max_size: 160,

@@ -17,6 +17,7 @@ use crate::vocab::{Phase, Section, VerifyPart};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
@@ -28,6 +29,10 @@ pub(crate) struct Instruments {
     /// the meter `export::build` chose for this provider; none where nothing exports them.
     section_layer: Option<Histogram<f64>>,
     wait_layer: Option<Histogram<f64>>,
+    /// Base-2 exponential twins of the explicit-bucket duration histograms, on the meter
+    /// whose reader only the protobuf scrape reads (see `with_native_twins`); none where
+    /// nothing serves them.
+    twins: Option<Box<Twins>>,
     step_wait: Histogram<f64>,
     /// The expert-load instruments (`PHASETRACE_EXPERT_COUNTER=on`), registered callbacks.
     _expert_tokens: Option<ObservableCounter<u64>>,
@@ -80,7 +85,7 @@ impl Instruments {
         open: &Arc<OpenSteps>,
         k_max: u32,
     ) -> Instruments {
-        let dur = |name: &'static str, desc: &'static str| {
+        let dur = |(name, desc): (&'static str, &'static str)| {
             meter
                 .f64_histogram(name)
                 .with_unit(metric::UNIT_SECONDS)
@@ -172,35 +177,24 @@ impl Instruments {
         Instruments {
             section_layer: None,
             wait_layer: None,
+            twins: None,
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
-            section: dur(metric::SECTION_DURATION, "Duration of one decode section"),
-            step: dur(metric::STEP_DURATION, "Duration of one decode step (token)"),
+            section: dur(D_SECTION),
+            step: dur(D_STEP),
             steps: meter
                 .u64_counter(metric::STEPS)
                 .with_unit(metric::UNIT_STEPS)
                 .with_description("Decode steps")
                 .build(),
-            wait: dur(
-                metric::COLLECTIVE_WAIT,
-                "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
-            ),
-            step_wait: dur(
-                metric::STEP_COLLECTIVE_WAIT,
-                "Time one decode step of this rank spent waiting at collective rendezvous probes",
-            ),
+            wait: dur(D_WAIT),
+            step_wait: dur(D_STEP_WAIT),
             _expert_tokens: None,
             _expert_gauges: Vec::new(),
             dropped,
-            phase: dur(
-                metric::SPEC_PHASE_DURATION,
-                "Duration of one speculative phase in one round",
-            ),
-            part: dur(
-                metric::SPEC_VERIFY_PART_DURATION,
-                "Duration of one verify part in one round",
-            ),
+            phase: dur(D_PHASE),
+            part: dur(D_PART),
             rounds: meter
                 .u64_counter(metric::SPEC_ROUNDS)
                 .with_unit(metric::UNIT_ROUNDS)
@@ -233,6 +227,9 @@ impl Instruments {
     pub(crate) fn section(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::SECTION_DURATION, kv, secs);
         self.section.record(secs, kv);
+        if let Some(t) = self.twins() {
+            t.section.record(secs, kv);
+        }
     }
 
     /// One rendezvous wait: `kv` from [`super::series::WaitSeries::attrs`].
@@ -240,6 +237,9 @@ impl Instruments {
     pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
         self.note(metric::COLLECTIVE_WAIT, kv, secs);
         self.wait.record(secs, kv);
+        if let Some(t) = self.twins() {
+            t.wait.record(secs, kv);
+        }
     }
 
     /// The per-layer distributions, created on `meter` (the provider's own, or the one that
@@ -267,6 +267,30 @@ impl Instruments {
             )
         });
         self
+    }
+
+    /// The exponential twins of the duration histograms, created on `meter` (a provider whose
+    /// view makes them base-2 exponential and whose reader only the protobuf scrape reads):
+    /// same names, units and descriptions, so that the encoder can merge each twin's data
+    /// point into its classic one (one native + classic histogram per series, as Prometheus's
+    /// client_golang writes them). `None`: not recorded.
+    /// `wanted`: set by the endpoint at its first protobuf scrape; until then nothing asked for
+    /// the twins and they cost the worker nothing but a relaxed load.
+    pub(crate) fn with_native_twins(
+        mut self,
+        meter: Option<&Meter>,
+        wanted: &Arc<AtomicBool>,
+    ) -> Self {
+        self.twins = meter.map(|m| Box::new(Twins::new(m, wanted.clone())));
+        self
+    }
+
+    /// The twins, once a protobuf scrape asked for them.
+    #[inline]
+    fn twins(&self) -> Option<&Twins> {
+        self.twins
+            .as_deref()
+            .filter(|t| t.wanted.load(Ordering::Relaxed))
     }
 
     /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
@@ -298,6 +322,10 @@ impl Instruments {
         self.steps.add(1, kv);
         self.note(metric::STEP_COLLECTIVE_WAIT, kv, wait_secs);
         self.step_wait.record(wait_secs, kv);
+        if let Some(t) = self.twins() {
+            t.step.record(secs, kv);
+            t.step_wait.record(wait_secs, kv);
+        }
     }
 
     /// Registers the expert-load instruments on `meter` when the expert telemetry is on: they
@@ -373,6 +401,9 @@ impl Instruments {
         ];
         self.note(metric::SPEC_PHASE_DURATION, &kv, secs);
         self.phase.record(secs, &kv);
+        if let Some(t) = self.twins() {
+            t.phase.record(secs, &kv);
+        }
     }
 
     pub(crate) fn part(&self, part: &'static str, rank: u32, secs: f64) {
@@ -383,6 +414,9 @@ impl Instruments {
         ];
         self.note(metric::SPEC_VERIFY_PART_DURATION, &kv, secs);
         self.part.record(secs, &kv);
+        if let Some(t) = self.twins() {
+            t.part.record(secs, &kv);
+        }
     }
 
     pub(crate) fn round(&self, rank: u32, k: u32, accepted: Option<u32>) {
@@ -397,6 +431,62 @@ impl Instruments {
         }
     }
 }
+
+/// The explicit-bucket duration histograms' base-2 exponential twins (see
+/// [`Instruments::with_native_twins`]).
+struct Twins {
+    /// Set once the endpoint served a protobuf scrape.
+    wanted: Arc<AtomicBool>,
+    section: Histogram<f64>,
+    step: Histogram<f64>,
+    wait: Histogram<f64>,
+    step_wait: Histogram<f64>,
+    phase: Histogram<f64>,
+    part: Histogram<f64>,
+}
+
+impl Twins {
+    fn new(meter: &Meter, wanted: Arc<AtomicBool>) -> Twins {
+        let dur = |(name, desc): (&'static str, &'static str)| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .build()
+        };
+        Twins {
+            wanted,
+            section: dur(D_SECTION),
+            step: dur(D_STEP),
+            wait: dur(D_WAIT),
+            step_wait: dur(D_STEP_WAIT),
+            phase: dur(D_PHASE),
+            part: dur(D_PART),
+        }
+    }
+}
+
+/// The explicit-bucket duration histograms, name and description, shared by the classic
+/// instruments and their twins.
+type Described = (&'static str, &'static str);
+const D_SECTION: Described = (metric::SECTION_DURATION, "Duration of one decode section");
+const D_STEP: Described = (metric::STEP_DURATION, "Duration of one decode step (token)");
+const D_WAIT: Described = (
+    metric::COLLECTIVE_WAIT,
+    "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
+);
+const D_STEP_WAIT: Described = (
+    metric::STEP_COLLECTIVE_WAIT,
+    "Time one decode step of this rank spent waiting at collective rendezvous probes",
+);
+const D_PHASE: Described = (
+    metric::SPEC_PHASE_DURATION,
+    "Duration of one speculative phase in one round",
+);
+const D_PART: Described = (
+    metric::SPEC_VERIFY_PART_DURATION,
+    "Duration of one verify part in one round",
+);
 
 /// `kv` (at most 4) and `layer`, on the stack: no allocation per measurement.
 #[inline]

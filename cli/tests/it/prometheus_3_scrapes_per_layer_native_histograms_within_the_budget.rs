@@ -1,11 +1,10 @@
 //! Native histograms on the scrape path: one demo rank of a 96-layer model
 //! (`--ranks 1 --layers 96 --dense-layers 3`) scraped by two real Prometheus 3 servers. One
-//! scrapes with `scrape_native_histograms: true` and the protobuf protocol first (and
-//! `convert_classic_histograms_to_nhcb: true`, which turns the explicit-bucket section
-//! histograms into native histograms with custom buckets): every layer has a per-layer p99 of
-//! its sections and of its rendezvous waits, `histogram_count(rate(..section_duration..))`
-//! returns data, its own series count stays within 5,000 and the protobuf response within
-//! 600 KB. The other scrapes the text formats only and still gets today's classic series and
+//! scrapes with `scrape_native_histograms: true` and the protobuf protocol first, nothing
+//! else (no `convert_classic_histograms_to_nhcb`): every layer has a per-layer p99 of its
+//! sections and of its rendezvous waits, the section and step histograms are native
+//! (`histogram_count(rate(..))` returns data, no classic `_bucket` series are stored), its own
+//! series count stays within 5,000 and the protobuf response within 600 KB. The other scrapes the text formats only and still gets today's classic series and
 //! no per-layer distribution. The bundled recording rule on the native form
 //! (`phasetrace:collective_layer_wait_seconds:p99_5m`) and the dashboard's per-layer panels
 //! return data for every layer.
@@ -25,7 +24,7 @@ const PROTOBUF: &str =
 
 fn job(name: &str, target: &str, native: bool) -> String {
     let protocols = if native {
-        "scrape_native_histograms: true\nconvert_classic_histograms_to_nhcb: true\n\
+        "scrape_native_histograms: true\n\
          scrape_protocols: [PrometheusProto, OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
     } else {
         "scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
@@ -88,10 +87,23 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
     );
     // The recording rule on the native form: the per-layer p99 of the rendezvous wait.
     native.wait_for_query("phasetrace:collective_layer_wait_seconds:p99_5m", all, WAIT);
+    // The explicit-bucket histograms carry a native half (base-2 exponential): stored as
+    // native histograms, their classic buckets not (no `always_scrape_classic_histograms`).
     let counts = native.wait_for_query(
         "histogram_count(rate(phasetrace_section_duration_seconds[1m]))",
         |s| !s.is_empty() && s.iter().any(|(_, v)| *v > 0.0),
         WAIT,
+    );
+    native.wait_for_query(
+        "histogram_quantile(0.99, sum by (rank) (rate(phasetrace_step_duration_seconds[1m])))",
+        |s| s.iter().any(|(_, v)| v.is_finite() && *v > 0.0),
+        WAIT,
+    );
+    assert!(
+        native
+            .query_vector("{__name__=~\"phasetrace_(section|step)_duration_seconds_bucket\"}")
+            .is_empty(),
+        "the native scrape stores the native halves only"
     );
     // The per-layer sums are what the text scrape's per-layer time counters say.
     native.wait_for_query(
@@ -100,37 +112,42 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         WAIT,
     );
 
-    // The dashboard's per-layer panels: the native-histogram ones, and the per-layer time ones
-    // that fall back to the distributions' sums where the counters are left out.
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(support::repo_root().join("dashboards/decode-sections.json"))
-            .expect("dashboard"),
-    )
-    .expect("dashboard JSON");
+    // The dashboards' per-layer panels: the native-histogram ones (decode sections and
+    // collectives), and the per-layer time ones that fall back to the distributions' sums
+    // where the counters are left out.
     let mut checked = 0;
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        let title = panel["title"].as_str().unwrap_or_default();
-        let Some(targets) = panel["targets"].as_array() else {
-            continue;
-        };
-        for t in targets {
-            let expr = t["expr"].as_str().unwrap_or_default();
-            if !expr.contains("phasetrace_section_layer_") {
+    for file in ["decode-sections.json", "collectives-rank-skew.json"] {
+        let dashboard: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(support::repo_root().join("dashboards").join(file))
+                .expect("dashboard"),
+        )
+        .expect("dashboard JSON");
+        for panel in dashboard["panels"].as_array().expect("panels") {
+            let title = panel["title"].as_str().unwrap_or_default();
+            let Some(targets) = panel["targets"].as_array() else {
                 continue;
+            };
+            for t in targets {
+                let expr = t["expr"].as_str().unwrap_or_default();
+                if !expr.contains("phasetrace_section_layer_")
+                    && !title.contains("(native histograms)")
+                {
+                    continue;
+                }
+                let q = expr
+                    .replace("$__rate_interval", "1m")
+                    .replace("$__range", "5m")
+                    .replace("$nested", "kda_mixer");
+                let q = ["$job", "$group", "$rank", "$layer", "$bucket", "$site"]
+                    .iter()
+                    .fold(q, |q, v| q.replace(v, ".*"));
+                let got = native.wait_for_query(&q, |s| layers(s).len() == LAYERS, WAIT);
+                assert_eq!(layers(&got).len(), LAYERS, "{file}: {title}");
+                checked += 1;
             }
-            let q = expr
-                .replace("$__rate_interval", "1m")
-                .replace("$__range", "5m")
-                .replace("$nested", "kda_mixer");
-            let q = ["$job", "$group", "$rank", "$layer", "$bucket"]
-                .iter()
-                .fold(q, |q, v| q.replace(v, ".*"));
-            let got = native.wait_for_query(&q, |s| layers(s).len() == LAYERS, WAIT);
-            assert_eq!(layers(&got).len(), LAYERS, "{title}");
-            checked += 1;
         }
     }
-    assert!(checked >= 4, "{checked} per-layer panel expressions");
+    assert!(checked >= 5, "{checked} per-layer panel expressions");
 
     // The budget, in Prometheus's own count (its TSDB head) and in bytes.
     let head = native.get_json("/api/v1/status/tsdb").expect("tsdb status");
@@ -151,6 +168,12 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         body.len(),
         counts.len()
     );
+    // Where the series go (for BENCHMARKS.md).
+    let mut by_name = native.query_vector("count by (__name__) ({__name__=~\".+\"})");
+    by_name.sort_by(|a, b| b.1.total_cmp(&a.1));
+    for (l, n) in by_name.iter().take(12) {
+        eprintln!("  {n:>6} {}", l.get("__name__").map_or("", String::as_str));
+    }
     assert!(series <= SERIES_BUDGET, "{series} series");
     assert!(body.len() <= BYTES_BUDGET, "{} bytes", body.len());
     // What a scrape costs in each format (for BENCHMARKS.md; not asserted).

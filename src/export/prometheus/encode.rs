@@ -433,12 +433,19 @@ fn write_exemplar(out: &mut String, e: &Exemplar) {
 /// Writes `rm` as delimited `MetricFamily` messages to `out`: counters, gauges, explicit-bucket
 /// histograms as classic histograms, and base-2 exponential histograms as native histograms
 /// (schema, zero bucket, spans and deltas); `exemplars` may add exemplars to classic buckets.
-/// Names and labels as in the text formats. With the per-layer section distribution present,
-/// the per-layer section counters it carries are left out
+/// Names and labels as in the text formats.
+///
+/// `native` is what the native provider collected: the per-layer distributions (families of
+/// their own) and the exponential twins of `rm`'s explicit-bucket histograms (same names),
+/// each twin's data point merged into the classic one of the same labels, so that one
+/// `Histogram` message carries both halves (as Prometheus's client_golang writes them:
+/// Prometheus stores the native half, and the classic buckets too with
+/// `always_scrape_classic_histograms`). With the per-layer section distribution present, the
+/// per-layer section counters it carries are left out
 /// ([`metric::LAYER_COUNTERS_IN_DISTRIBUTIONS`]).
 pub(crate) fn encode_protobuf(
     rm: &ResourceMetrics,
-    more: Option<&ResourceMetrics>,
+    native: Option<&ResourceMetrics>,
     exemplars: Option<ExemplarSource<'_>>,
     out: &mut Vec<u8>,
 ) -> Encoded {
@@ -452,11 +459,6 @@ pub(crate) fn encode_protobuf(
         // Encoding into a Vec cannot run out of room.
         let _ = family.encode_length_delimited(out);
     };
-    let gauge = |labels: Vec<proto::LabelPair>, value: f64| proto::Metric {
-        label: labels,
-        gauge: Some(proto::Gauge { value }),
-        ..Default::default()
-    };
     let resource: Vec<KeyValue> = rm
         .resource()
         .iter()
@@ -468,7 +470,7 @@ pub(crate) fn encode_protobuf(
                 "target_info",
                 "Target metadata",
                 proto::MetricType::Gauge,
-                vec![gauge(label_pairs(&resource), 1.0)],
+                vec![scalar(label_pairs(&resource), 1.0, false)],
             ),
             out,
         );
@@ -481,7 +483,7 @@ pub(crate) fn encode_protobuf(
             if let Some(v) = scope.version() {
                 kv.push(KeyValue::new("otel_scope_version", v.to_owned()));
             }
-            gauge(label_pairs(&kv), 1.0)
+            scalar(label_pairs(&kv), 1.0, false)
         })
         .collect();
     push(
@@ -493,29 +495,77 @@ pub(crate) fn encode_protobuf(
         ),
         out,
     );
-    // The per-layer section counters are in the per-layer distributions' sums and counts.
-    let all = || {
-        rm.scope_metrics()
-            .chain(more.into_iter().flat_map(|m| m.scope_metrics()))
-    };
-    let has_distribution = all()
+    let natives: Vec<&Metric> = native
+        .into_iter()
+        .flat_map(|n| n.scope_metrics())
         .flat_map(|sm| sm.metrics())
+        .collect();
+    let metrics = || rm.scope_metrics().flat_map(|sm| sm.metrics());
+    // The per-layer section counters are in the per-layer distributions' sums and counts.
+    let has_distribution = metrics()
+        .chain(natives.iter().copied())
         .any(|m| m.name() == metric::SECTION_LAYER_DURATION);
-    for sm in all() {
-        for m in sm.metrics() {
-            if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
-                continue;
-            }
-            let base = base_name(m.name(), m.unit());
-            let f = match m.data() {
-                AggregatedMetrics::F64(d) => proto_family(&base, m, d, exemplars),
-                AggregatedMetrics::U64(d) => proto_family(&base, m, d, exemplars),
-                AggregatedMetrics::I64(d) => proto_family(&base, m, d, exemplars),
-            };
-            push(f, out);
+    // With the native side collected, each histogram of `NATIVE_HALVES` gets its native half:
+    // its twin's data point, or an empty one before the twin recorded anything (so that a
+    // series never switches between classic and native).
+    let halves_of = |m: &Metric| {
+        (native.is_some() && is_explicit(m) && metric::NATIVE_HALVES.contains(&m.name())).then(
+            || {
+                natives
+                    .iter()
+                    .copied()
+                    .find(|t| t.name() == m.name() && is_exponential(t))
+            },
+        )
+    };
+    for m in metrics() {
+        if has_distribution && metric::LAYER_COUNTERS_IN_DISTRIBUTIONS.contains(&m.name()) {
+            continue;
+        }
+        push(proto_family(m, halves_of(m), exemplars), out);
+    }
+    // Native-only families (the per-layer distributions); twins went into their classic ones.
+    for t in &natives {
+        if !metrics().any(|m| m.name() == t.name() && is_explicit(m)) {
+            push(proto_family(t, None, exemplars), out);
         }
     }
     Encoded { series }
+}
+
+fn is_explicit(m: &Metric) -> bool {
+    matches!(
+        m.data(),
+        AggregatedMetrics::F64(MetricData::Histogram(_))
+            | AggregatedMetrics::U64(MetricData::Histogram(_))
+            | AggregatedMetrics::I64(MetricData::Histogram(_))
+    )
+}
+
+fn is_exponential(m: &Metric) -> bool {
+    matches!(
+        m.data(),
+        AggregatedMetrics::F64(MetricData::ExponentialHistogram(_))
+            | AggregatedMetrics::U64(MetricData::ExponentialHistogram(_))
+            | AggregatedMetrics::I64(MetricData::ExponentialHistogram(_))
+    )
+}
+
+/// A counter's or a gauge's sample.
+fn scalar(label: Vec<proto::LabelPair>, value: f64, counter: bool) -> proto::Metric {
+    let mut m = proto::Metric {
+        label,
+        ..Default::default()
+    };
+    if counter {
+        m.counter = Some(proto::Counter {
+            value,
+            ..Default::default()
+        });
+    } else {
+        m.gauge = Some(proto::Gauge { value });
+    }
+    m
 }
 
 fn family(
@@ -534,8 +584,9 @@ fn family(
 }
 
 /// The labels of `kv`, sanitized; keys that collide once sanitized are joined with `;`.
-fn label_pairs(kv: &[KeyValue]) -> Vec<proto::LabelPair> {
-    let mut pairs: Vec<proto::LabelPair> = Vec::with_capacity(kv.len());
+fn label_pairs<'k>(kv: impl IntoIterator<Item = &'k KeyValue>) -> Vec<proto::LabelPair> {
+    let kv = kv.into_iter();
+    let mut pairs: Vec<proto::LabelPair> = Vec::with_capacity(kv.size_hint().0);
     for k in kv {
         let name = sanitize(k.key.as_str(), false);
         let value = value_text(&k.value);
@@ -583,65 +634,60 @@ fn proto_exemplar(e: &Exemplar) -> proto::Exemplar {
     }
 }
 
-fn proto_family<T: Num>(
+/// One metric's family; `halves` (`Some`: this histogram has native halves; the twin, an
+/// exponential histogram of the same name, if it recorded anything) adds the native half to
+/// each classic histogram: its twin's data point of the same labels, or an empty one.
+fn proto_family(
+    m: &Metric,
+    halves: Option<Option<&Metric>>,
+    exemplars: Option<ExemplarSource<'_>>,
+) -> proto::MetricFamily {
+    let base = base_name(m.name(), m.unit());
+    let mut f = match m.data() {
+        AggregatedMetrics::F64(d) => family_of(&base, m, d, halves, exemplars),
+        AggregatedMetrics::U64(d) => family_of(&base, m, d, halves, exemplars),
+        AggregatedMetrics::I64(d) => family_of(&base, m, d, halves, exemplars),
+    };
+    f.unit = unit_suffix(m.unit()).unwrap_or_default().to_owned();
+    f
+}
+
+fn family_of<T: Num>(
     base: &str,
     m: &Metric,
     d: &MetricData<T>,
+    halves: Option<Option<&Metric>>,
     exemplars: Option<ExemplarSource<'_>>,
 ) -> proto::MetricFamily {
-    let unit = unit_suffix(m.unit()).unwrap_or_default().to_owned();
-    let mut f = match d {
-        MetricData::Sum(s) if s.is_monotonic() => {
-            let family_name = base.strip_suffix("_total").unwrap_or(base);
-            let metric = s
-                .data_points()
-                .map(|dp| proto::Metric {
-                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
-                    counter: Some(proto::Counter {
-                        value: dp.value().as_f64(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                })
-                .collect();
-            family(
-                &format!("{family_name}_total"),
-                m.description(),
-                proto::MetricType::Counter,
-                metric,
-            )
-        }
+    let help = m.description();
+    match d {
         MetricData::Sum(s) => {
+            let counter = s.is_monotonic();
             let metric = s
                 .data_points()
-                .map(|dp| proto::Metric {
-                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
-                    gauge: Some(proto::Gauge {
-                        value: dp.value().as_f64(),
-                    }),
-                    ..Default::default()
-                })
+                .map(|dp| scalar(label_pairs(dp.attributes()), dp.value().as_f64(), counter))
                 .collect();
-            family(base, m.description(), proto::MetricType::Gauge, metric)
+            if counter {
+                let name = format!("{}_total", base.strip_suffix("_total").unwrap_or(base));
+                family(&name, help, proto::MetricType::Counter, metric)
+            } else {
+                family(base, help, proto::MetricType::Gauge, metric)
+            }
         }
         MetricData::Gauge(g) => {
             let metric = g
                 .data_points()
-                .map(|dp| proto::Metric {
-                    label: label_pairs(&dp.attributes().cloned().collect::<Vec<_>>()),
-                    gauge: Some(proto::Gauge {
-                        value: dp.value().as_f64(),
-                    }),
-                    ..Default::default()
-                })
+                .map(|dp| scalar(label_pairs(dp.attributes()), dp.value().as_f64(), false))
                 .collect();
-            family(base, m.description(), proto::MetricType::Gauge, metric)
+            family(base, help, proto::MetricType::Gauge, metric)
         }
         MetricData::Histogram(h) => {
+            let mut natives = halves.flatten().map(natives_of).unwrap_or_default();
             let metric = h
                 .data_points()
                 .map(|dp| {
                     let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
+                    let label = label_pairs(&kv);
                     let bounds: Vec<f64> = dp.bounds().collect();
                     let sdk = sdk_exemplars(dp, &bounds);
                     let mut cumulative = 0u64;
@@ -662,57 +708,110 @@ fn proto_family<T: Num>(
                             }
                         })
                         .collect();
-                    proto::Metric {
-                        label: label_pairs(&kv),
-                        histogram: Some(proto::Histogram {
+                    // The native half keeps its own count and sum: Prometheus checks them
+                    // against its buckets. The twin was collected just after the classic
+                    // histogram, so it may hold a few more observations than `bucket`.
+                    let native_half = take_native(&mut natives, &label).or_else(|| {
+                        halves.map(|_| native(0, 0.0, 0, (0, [].into_iter()), (0, [].into_iter())))
+                    });
+                    let histogram = match native_half {
+                        Some(mut n) => {
+                            n.bucket = bucket;
+                            n
+                        }
+                        None => proto::Histogram {
                             sample_count: dp.count(),
                             sample_sum: dp.sum().as_f64(),
                             bucket,
                             ..Default::default()
-                        }),
+                        },
+                    };
+                    proto::Metric {
+                        label,
+                        histogram: Some(histogram),
                         ..Default::default()
                     }
                 })
                 .collect();
-            family(base, m.description(), proto::MetricType::Histogram, metric)
+            family(base, help, proto::MetricType::Histogram, metric)
         }
         MetricData::ExponentialHistogram(h) => {
             let metric = h
                 .data_points()
-                .map(|dp| {
-                    let kv: Vec<KeyValue> = dp.attributes().cloned().collect();
-                    let mut hist = native(
-                        dp.scale(),
-                        dp.zero_threshold(),
-                        dp.zero_count(),
-                        (dp.positive_bucket().offset(), dp.positive_bucket().counts()),
-                        (dp.negative_bucket().offset(), dp.negative_bucket().counts()),
-                    );
-                    hist.sample_count = dp.count() as u64;
-                    hist.sample_sum = dp.sum().as_f64();
-                    hist.exemplars = dp
-                        .exemplars()
-                        .map(|e| {
-                            proto_exemplar(&Exemplar {
-                                trace_id: *e.trace_id(),
-                                span_id: *e.span_id(),
-                                value: e.value.as_f64(),
-                                time: e.time(),
-                            })
-                        })
-                        .collect();
-                    proto::Metric {
-                        label: label_pairs(&kv),
-                        histogram: Some(hist),
-                        ..Default::default()
-                    }
+                .map(|dp| proto::Metric {
+                    label: label_pairs(dp.attributes()),
+                    histogram: Some(native_of(dp)),
+                    ..Default::default()
                 })
                 .collect();
-            family(base, m.description(), proto::MetricType::Histogram, metric)
+            family(base, help, proto::MetricType::Histogram, metric)
         }
-    };
-    f.unit = unit;
-    f
+    }
+}
+
+/// The native histogram of each data point of an exponential histogram, with its labels
+/// sorted by name (the two providers of a classic histogram and its twin may list a data
+/// point's attributes in different orders).
+fn natives_of(m: &Metric) -> Vec<(Vec<proto::LabelPair>, proto::Histogram)> {
+    fn points<T: Num>(d: &MetricData<T>) -> Vec<(Vec<proto::LabelPair>, proto::Histogram)> {
+        match d {
+            MetricData::ExponentialHistogram(h) => h
+                .data_points()
+                .map(|dp| (sorted(label_pairs(dp.attributes())), native_of(dp)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+    match m.data() {
+        AggregatedMetrics::F64(d) => points(d),
+        AggregatedMetrics::U64(d) => points(d),
+        AggregatedMetrics::I64(d) => points(d),
+    }
+}
+
+fn sorted(mut label: Vec<proto::LabelPair>) -> Vec<proto::LabelPair> {
+    label.sort_by(|a, b| a.name.cmp(&b.name));
+    label
+}
+
+/// The native histogram of the twin data point with `label`, taken out of `natives`.
+fn take_native(
+    natives: &mut Vec<(Vec<proto::LabelPair>, proto::Histogram)>,
+    label: &[proto::LabelPair],
+) -> Option<proto::Histogram> {
+    if natives.is_empty() {
+        return None;
+    }
+    let want = sorted(label.to_vec());
+    let at = natives.iter().position(|(l, _)| *l == want)?;
+    Some(natives.swap_remove(at).1)
+}
+
+/// One exponential data point as a native histogram, with its count, sum and exemplars.
+fn native_of<T: Num>(
+    dp: &opentelemetry_sdk::metrics::data::ExponentialHistogramDataPoint<T>,
+) -> proto::Histogram {
+    let mut hist = native(
+        dp.scale(),
+        dp.zero_threshold(),
+        dp.zero_count(),
+        (dp.positive_bucket().offset(), dp.positive_bucket().counts()),
+        (dp.negative_bucket().offset(), dp.negative_bucket().counts()),
+    );
+    hist.sample_count = dp.count() as u64;
+    hist.sample_sum = dp.sum().as_f64();
+    hist.exemplars = dp
+        .exemplars()
+        .map(|e| {
+            proto_exemplar(&Exemplar {
+                trace_id: *e.trace_id(),
+                span_id: *e.span_id(),
+                value: e.value.as_f64(),
+                time: e.time(),
+            })
+        })
+        .collect();
+    hist
 }
 
 /// The highest native-histogram schema Prometheus stores: finer OpenTelemetry scales are
@@ -1082,6 +1181,144 @@ mod tests {
         assert!(!text.contains("layer_duration"), "{text}");
         assert!(text.contains("phasetrace_section_layer_time_seconds_total{"));
         assert!(text.contains("phasetrace_section_duration_seconds_bucket"));
+    }
+
+    #[test]
+    fn a_twin_adds_its_native_half_to_the_classic_histogram_of_the_same_labels() {
+        use prost::Message as _;
+        let reader = |exp: bool| {
+            let r = super::super::PrometheusReader(Arc::new(ManualReader::builder().build()));
+            let p = SdkMeterProvider::builder()
+                .with_reader(r.clone())
+                .with_view(crate::export::view(exp))
+                .build();
+            (r, p)
+        };
+        let ((classic_r, classic_p), (native_r, native_p)) = (reader(false), reader(true));
+        let hist = |p: &SdkMeterProvider| {
+            p.meter("phasetrace")
+                .f64_histogram(crate::names::metric::SECTION_DURATION)
+                .with_unit("s")
+                .with_boundaries(vec![0.002, 0.01])
+                .build()
+        };
+        let (classic, twin) = (hist(&classic_p), hist(&native_p));
+        // The same series, attributes listed in another order on each side.
+        let a = [KeyValue::new("bucket", "attn"), KeyValue::new("rank", 0)];
+        let b = [KeyValue::new("rank", 0), KeyValue::new("bucket", "attn")];
+        let other = [KeyValue::new("bucket", "norm"), KeyValue::new("rank", 0)];
+        for v in [0.001, 0.003, 0.02] {
+            classic.record(v, &a);
+            twin.record(v, &b);
+        }
+        classic.record(0.5, &other);
+        twin.record(0.5, &other);
+        // A histogram with native halves whose twin recorded nothing yet, and one without.
+        let m = classic_p.meter("phasetrace");
+        let step = m
+            .f64_histogram(crate::names::metric::STEP_DURATION)
+            .with_unit("s")
+            .with_boundaries(vec![0.1])
+            .build();
+        step.record(0.05, &a);
+        let accepted = m
+            .u64_histogram(crate::names::metric::SPEC_ACCEPTED_LENGTH)
+            .with_boundaries(vec![1.0, 2.0])
+            .build();
+        accepted.record(2, &a);
+        // Recorded between the two collections: only the twin has it.
+        let mut rm = ResourceMetrics::default();
+        opentelemetry_sdk::metrics::reader::MetricReader::collect(&classic_r, &mut rm).unwrap();
+        twin.record(0.004, &b);
+        let mut nm = ResourceMetrics::default();
+        opentelemetry_sdk::metrics::reader::MetricReader::collect(&native_r, &mut nm).unwrap();
+
+        let mut out = Vec::new();
+        let enc = encode_protobuf(&rm, Some(&nm), None, &mut out);
+        let mut buf = &out[..];
+        let mut families = Vec::new();
+        while !buf.is_empty() {
+            families.push(proto::MetricFamily::decode_length_delimited(&mut buf).expect("decode"));
+        }
+        let sections: Vec<_> = families
+            .iter()
+            .filter(|f| f.name == "phasetrace_section_duration_seconds")
+            .collect();
+        assert_eq!(
+            sections.len(),
+            1,
+            "one family: the twin merged, {families:?}"
+        );
+        assert_eq!(sections[0].metric.len(), 2);
+        assert_eq!(
+            enc.series,
+            4 + 2,
+            "four histograms, target_info, otel_scope_info"
+        );
+        let only = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name == name)
+                .and_then(|f| f.metric[0].histogram.clone())
+                .unwrap_or_else(|| panic!("{name} in {families:?}"))
+        };
+        let step = only("phasetrace_step_duration_seconds");
+        assert_eq!(step.bucket.len(), 2, "classic buckets kept");
+        assert_eq!(
+            (
+                step.sample_count,
+                step.positive_span.len(),
+                step.positive_delta.len()
+            ),
+            (0, 1, 0),
+            "an empty native half: native from its first scrape"
+        );
+        let accepted = only("phasetrace_spec_accepted_length");
+        assert!(
+            accepted.positive_span.is_empty() && accepted.sample_count == 1,
+            "no native half outside NATIVE_HALVES"
+        );
+        let of = |bucket: &str| {
+            sections[0]
+                .metric
+                .iter()
+                .find(|m| m.label.iter().any(|l| l.value == bucket))
+                .and_then(|m| m.histogram.clone())
+                .expect("histogram")
+        };
+        let attn = of("attn");
+        let cum: Vec<(f64, u64)> = attn
+            .bucket
+            .iter()
+            .map(|b| (b.upper_bound, b.cumulative_count))
+            .collect();
+        assert_eq!(cum, vec![(0.002, 1), (0.01, 2), (f64::INFINITY, 3)]);
+        // The native half: its own count (4, the late observation in), buckets adding up.
+        assert_eq!(attn.sample_count, 4);
+        assert!((attn.sample_sum - 0.028).abs() < 1e-12);
+        assert!(!attn.positive_span.is_empty() && (-4..=8).contains(&attn.schema));
+        assert_eq!(
+            attn.positive_delta
+                .iter()
+                .scan(0, |c, d| {
+                    *c += d;
+                    Some(*c)
+                })
+                .sum::<i64>(),
+            4
+        );
+        let norm = of("norm");
+        assert_eq!(norm.sample_count, 1);
+        assert_eq!(norm.positive_delta, vec![1]);
+        // The text scrape of the classic side alone: unchanged.
+        let mut text = String::new();
+        encode(&rm, Format::Classic, None, &mut text);
+        assert!(
+            text.contains(
+                "phasetrace_section_duration_seconds_count{bucket=\"attn\",rank=\"0\"} 3\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -89,6 +89,15 @@ impl MetricReader for PrometheusReader {
     }
 }
 
+/// The native provider's side of the endpoint: its reader (the per-layer distributions and
+/// the exponential twins of the explicit-bucket histograms), read by protobuf scrapes only,
+/// and the flag the first of them sets so that the worker starts recording the twins.
+#[derive(Clone, Debug)]
+pub(crate) struct Native {
+    pub(crate) reader: PrometheusReader,
+    pub(crate) wanted: Arc<std::sync::atomic::AtomicBool>,
+}
+
 /// What a scrape collects from: the endpoint's own reader, or, when metrics also go over OTLP
 /// with the same aggregation, the OTLP exporter's periodic reader. Sharing it means one SDK
 /// aggregation serves both: the worker records each measurement once, not once per reader (see
@@ -151,9 +160,8 @@ impl PrometheusServer {
 /// What every connection shares.
 struct Endpoint {
     reader: Source,
-    /// The per-layer distributions' own reader, when `reader` is the OTLP one (protobuf
-    /// scrapes only).
-    distributions: Option<PrometheusReader>,
+    /// The native provider's side (see [`Native`]).
+    native: Native,
     /// TLS and basic auth, re-read when the file changed.
     web: Option<LiveWebConfig>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
@@ -162,23 +170,23 @@ struct Endpoint {
     last_size: AtomicUsize,
 }
 
-/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
-/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
-/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
-/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
-/// provider.
 /// The OTLP metrics reader that scrapes may share (none in builds without OTLP).
 #[cfg(feature = "otlp")]
 pub(super) type SharedReader = super::OtlpMetricReader;
 #[cfg(not(feature = "otlp"))]
 pub(super) type SharedReader = std::convert::Infallible;
 
+/// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
+/// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
+/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
+/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
+/// provider. Protobuf scrapes also collect `native` (the native provider's reader).
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
     otlp: Option<SharedReader>,
-    distributions: Option<PrometheusReader>,
+    native: Native,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         #[cfg(feature = "otlp")]
@@ -207,7 +215,7 @@ pub(super) fn start(
     let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
     let endpoint = Arc::new(Endpoint {
         reader: source,
-        distributions,
+        native,
         web,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
@@ -387,9 +395,12 @@ impl Endpoint {
 
     /// Collects, encodes and (with `gzip`) compresses one scrape.
     fn render(&self, format: Format, gzip: bool) -> Result<Vec<u8>, String> {
+        if format == Format::Protobuf {
+            self.native.wanted.store(true, Ordering::Relaxed);
+        }
         let body = scrape(
             &self.reader,
-            self.distributions.as_ref(),
+            Some(&self.native.reader),
             format,
             self.last_size.load(Ordering::Relaxed),
             self.exemplars.as_deref(),
@@ -427,7 +438,7 @@ pub(crate) fn scrape_text(
 /// holds (only of exported traces) on the buckets of their series.
 pub(crate) fn scrape(
     reader: &Source,
-    distributions: Option<&PrometheusReader>,
+    native: Option<&PrometheusReader>,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
@@ -456,11 +467,11 @@ pub(crate) fn scrape(
     match format {
         Format::Protobuf => {
             let mut extra = ResourceMetrics::default();
-            if let Some(d) = distributions {
-                d.collect(&mut extra).map_err(|e| e.to_string())?;
+            if let Some(n) = native {
+                n.collect(&mut extra).map_err(|e| e.to_string())?;
             }
             let mut out = Vec::with_capacity(capacity + capacity / 8);
-            encode::encode_protobuf(&rm, distributions.map(|_| &extra), source, &mut out);
+            encode::encode_protobuf(&rm, native.map(|_| &extra), source, &mut out);
             Ok(out)
         }
         Format::OpenMetrics { .. } => {
@@ -676,6 +687,85 @@ mod tests {
         store.offer(metric::STEP_DURATION, &attrs, e(0x20));
         store.settle(&[SpanId::from(0x20)], false);
         assert!(text(om, Some(&store)).contains("span_id=\"000000000000001f\""));
+    }
+
+    /// One GET of `/metrics` with `accept`: the body.
+    fn get(addr: std::net::SocketAddr, accept: &str) -> Vec<u8> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: t\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("response");
+        let at = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("head");
+        assert!(raw.starts_with(b"HTTP/1.1 200"), "{:?}", &raw[..at]);
+        raw[at + 4..].to_vec()
+    }
+
+    /// (classic `+Inf` count, native count, native spans) of each section histogram point.
+    fn sections(body: &[u8]) -> Vec<(u64, u64, usize)> {
+        use prost::Message as _;
+        let mut buf = body;
+        let mut got = Vec::new();
+        while !buf.is_empty() {
+            let f = super::proto::MetricFamily::decode_length_delimited(&mut buf).expect("decode");
+            if f.name != "phasetrace_section_duration_seconds" {
+                continue;
+            }
+            for m in &f.metric {
+                let h = m.histogram.as_ref().expect("histogram");
+                let inf = h.bucket.last().map_or(0, |b| b.cumulative_count);
+                got.push((inf, h.sample_count, h.positive_span.len()));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn native_halves_are_recorded_from_the_first_protobuf_scrape_on() {
+        use crate::{Level, Profiler, Section, Site};
+        let p = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .with_trace_every(0)
+            .with_prometheus_at(([127, 0, 0, 1], 0))
+            .build()
+            .expect("profiler");
+        let addr = p.prometheus_addr().expect("endpoint");
+        let rec = p.recorder();
+        let record = |n: u32| {
+            for layer in 0..n {
+                let _g = rec.section(Section::NORM, layer, Site::NONE);
+            }
+            p.drain();
+        };
+        record(3);
+        const PROTOBUF: &str = super::encode::PROTOBUF_CONTENT_TYPE;
+        // The first protobuf scrape: the classic buckets hold the 3, the native half is empty
+        // (nothing asked for it before) but present, so the series is native from the start.
+        let first = sections(&get(addr, PROTOBUF));
+        assert_eq!(first, vec![(3, 0, 1)], "{first:?}");
+        record(5);
+        let second = sections(&get(addr, PROTOBUF));
+        assert_eq!(second.len(), 1);
+        let (inf, native, spans) = second[0];
+        assert_eq!(
+            (inf, native),
+            (8, 5),
+            "the native half counts from the first scrape"
+        );
+        assert!(spans >= 1);
+        // The text scrape is unchanged by all this.
+        let text = String::from_utf8(get(addr, "text/plain;version=0.0.4")).expect("utf-8");
+        assert!(
+            text.contains("phasetrace_section_duration_seconds_count{"),
+            "{text}"
+        );
+        assert!(!text.contains("layer_duration"));
+        p.shutdown();
     }
 
     #[test]
