@@ -4,6 +4,10 @@ use super::Pipeline;
 use super::aggregate::Instruments;
 use super::layers::LayerTotals;
 use super::open::OpenSteps;
+use super::sinks::Sinks;
+use super::sinks::console::ConsoleSink;
+use super::sinks::metrics::MetricsSink;
+use super::sinks::spans::SpanSink;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
@@ -190,7 +194,7 @@ fn pipeline(
     layer_attr: bool,
     tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
     counts: Arc<crate::export::SpanCounts>,
-    tail: super::tail::Tail,
+    tail: super::sinks::spans::tail::Tail,
     store: Option<Arc<crate::export::ExemplarStore>>,
 ) -> Pipeline {
     let provider = SdkMeterProvider::builder().build();
@@ -198,18 +202,18 @@ fn pipeline(
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
     let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter));
-    Pipeline::new(
-        shared.clone(),
-        vec![inst],
-        layers,
-        open,
-        tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),
-        0,
-        0,
-        counts,
-        tail,
-        store,
-    )
+    let sinks = Sinks {
+        spans: SpanSink::new(
+            tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),
+            counts,
+            tail,
+            store,
+            layers.group().clone(),
+        ),
+        metrics: MetricsSink::new(vec![inst], layers, shared.experts.clone()),
+        console: ConsoleSink::new(0, 0),
+    };
+    Pipeline::new(shared.clone(), open, sinks)
 }
 
 /// [`pipeline`] without spans.
@@ -219,7 +223,7 @@ fn untraced(shared: &Arc<Shared>, layer_attr: bool) -> Pipeline {
         layer_attr,
         None,
         Default::default(),
-        super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
+        super::sinks::spans::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
         None,
     )
 }
@@ -230,7 +234,7 @@ fn rec(shared: &Arc<Shared>) -> Recorder {
 
 /// (value, attributes) of every measurement of `name`.
 fn values(p: &Pipeline, name: &str) -> Vec<(f64, Vec<(String, String)>)> {
-    p.inst[0]
+    p.sinks.metrics.instruments()[0]
         .log
         .lock()
         .unwrap()
@@ -251,9 +255,9 @@ fn layer_values(p: &Pipeline, waits: bool) -> Vec<(f64, Vec<(String, String)>)> 
         v.push((secs, a));
     };
     if waits {
-        p.layers.each_wait(&mut f);
+        p.sinks.metrics.layers().each_wait(&mut f);
     } else {
-        p.layers.each_section(&mut f);
+        p.sinks.metrics.layers().each_section(&mut f);
     }
     v
 }
@@ -526,7 +530,7 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 #[test]
 fn the_console_spec_lines_replay_through_the_importer() {
     use phasetrace_import::{ImportOptions, ImportRecord, import_reader};
-    let sp = super::aggregate::SpecTally {
+    let sp = super::sinks::console::SpecTally {
         rounds: 16,
         k: 4,
         phases: [
@@ -536,7 +540,7 @@ fn the_console_spec_lines_replay_through_the_importer() {
             16 * 25 * US,
             16 * 20 * US,
         ],
-        split: super::aggregate::VerifySplit {
+        split: super::event::VerifySplit {
             kda: 16 * 130 * US,
             kda_scan: 16 * 60 * US,
             mla: 16 * 70 * US,
@@ -544,7 +548,7 @@ fn the_console_spec_lines_replay_through_the_importer() {
             rest: 16 * 220 * US,
         },
     };
-    let text = super::spec_lines(&sp, true);
+    let text = super::sinks::console::spec_lines(&sp, true);
     let file = import_reader(
         text.as_bytes(),
         ImportOptions {
@@ -751,7 +755,7 @@ fn every_measurement_carries_the_group() {
         );
     });
     assert_eq!(expert_series, 1);
-    let log = p.inst[0].log.lock().unwrap();
+    let log = p.sinks.metrics.instruments()[0].log.lock().unwrap();
     assert!(log.len() >= 3, "{log:?}");
     for (name, a, _) in log.iter() {
         assert_eq!(
@@ -836,7 +840,7 @@ fn traced(
         true,
         Some(provider.tracer("test")),
         counts,
-        super::tail::Tail::new(rule, budget),
+        super::sinks::spans::tail::Tail::new(rule, budget),
         Some(store.clone()),
     );
     Traced {
@@ -1262,7 +1266,7 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
 /// each carries the group.
 fn open_at(p: &Pipeline, now: u64) -> Vec<(String, f64)> {
     let mut v = Vec::new();
-    p.open.each_at(now, |kv, secs| {
+    p.pairing.open().each_at(now, |kv, secs| {
         let a: Vec<(String, String)> = kv
             .iter()
             .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
@@ -1498,7 +1502,7 @@ fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
     let l2 = probe(2);
     match get(l2, crate::names::attr::EXPERT_IDS) {
         Some(Value::Array(opentelemetry::Array::I64(ids))) => {
-            assert_eq!(ids.len(), super::spans::PROBE_IDS_MAX);
+            assert_eq!(ids.len(), super::sinks::spans::build::PROBE_IDS_MAX);
             assert_eq!(&ids[..8], &[0, 1, 2, 3, 4, 5, 6, 0]);
         }
         other => panic!("layer 2's probe: {other:?}"),
