@@ -8,10 +8,10 @@ use crate::config::{
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
+use crate::worker::sinks::Sinks;
 use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::MetricsSink;
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
-use crate::worker::sinks::Sinks;
 use crate::worker::{
     Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
 };

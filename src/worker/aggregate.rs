@@ -354,7 +354,7 @@ impl Instruments {
         self
     }
 
-    /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.
+    /// Adds to `phasetrace.records.dropped`; called by the metrics sink's drop count only.
     pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
             let kv = [

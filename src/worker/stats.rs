@@ -70,4 +70,3 @@ pub struct Stats {
     /// boundaries are counted under `reason="graph_replay"`.
     pub dropped_graph_replays: u64,
 }
-

@@ -1514,3 +1514,97 @@ fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
     // A layer that routed nothing in the step: its probe carries no ids.
     assert_eq!(get(probe(3), crate::names::attr::EXPERT_IDS), None);
 }
+
+/// What pairing delivers, kept as text, with no sink behind it.
+#[derive(Default)]
+struct Events(Vec<String>);
+
+impl super::event::Sink for Events {
+    fn on(&mut self, e: &super::event::Event<'_>) {
+        use super::event::Event;
+        let us = |ns: u64| ns / US;
+        self.0.push(match e {
+            Event::Section {
+                section,
+                ns,
+                nested,
+                ..
+            } => format!("section {} {}us nested={nested}", section.as_str(), us(*ns)),
+            Event::Wait { ns, .. } => format!("wait {}us", us(*ns)),
+            Event::Route { ids, .. } => format!("route {ids:?}"),
+            Event::Step(s) => format!(
+                "step {}us wait {}us held={}",
+                us(s.ns),
+                us(s.wait_ns),
+                s.held.is_some()
+            ),
+            Event::Round(r) => format!(
+                "round k={} accepted={:?} draft {}us verify {}us",
+                r.k,
+                r.accepted,
+                us(r.phases[Phase::Draft as usize]),
+                us(r.phases[Phase::Verify as usize])
+            ),
+            Event::Dropped { reason, n } => format!("dropped {} {n}", reason.as_str()),
+            Event::Drained => "drained".to_owned(),
+        });
+    }
+}
+
+#[test]
+fn pairing_alone_turns_marks_into_events_in_order() {
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        150 * US,
+        250 * US,
+        300 * US,
+        340 * US,
+        350 * US,
+        700 * US,
+        1000 * US,
+        1100 * US,
+        1200 * US,
+        1500 * US,
+        1600 * US,
+    ]);
+    let (shared, _) = setup(Level::Full, SpecLevel::Phases, clock);
+    let open = OpenSteps::new(opentelemetry::KeyValue::new("group", "tp0"));
+    let mut pairing = super::pair::Pairing::new(shared.clone(), open, Default::default());
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _m = r.section(Section::KDA_MIXER, 1u32, Site::ATTN);
+        {
+            let _f = r.section(Section::KDA_FRONT, 1u32, Site::ATTN);
+        }
+        {
+            let _p = r.section(Section::REDUCE_ATTN_BAR, 1u32, Site::ATTN);
+        }
+        r.end_section(Section::NORM); // never begun
+    }
+    let round = r.round(4);
+    round.phase(Phase::Draft);
+    round.phase(Phase::Verify);
+    round.end(3);
+    let mut events = Events::default();
+    pairing.pass(&mut events);
+    // A round is finalized one pass after its end, when verify parts from other threads are in.
+    let before_finalize = events.0.len();
+    pairing.finalize_ended(&mut events);
+    assert_eq!(
+        events.0,
+        [
+            "section kda_front 100us nested=true",
+            "section reduce_attn_bar 40us nested=true",
+            "wait 40us",
+            "dropped unbalanced 1",
+            "section kda_mixer 600us nested=false",
+            "step 1000us wait 40us held=false",
+            "round k=4 accepted=Some(3) draft 100us verify 300us",
+        ]
+    );
+    assert_eq!(before_finalize, 6);
+    let c = pairing.counts();
+    assert_eq!((c.marks, c.sections, c.steps, c.rounds), (13, 3, 1, 1));
+}
