@@ -273,7 +273,7 @@ pub(crate) struct Cx<'a, S> {
 }
 
 impl<S: Sink> Cx<'_, S> {
-    #[inline]
+    #[inline(always)]
     fn emit(&mut self, e: &Event<'_>) {
         self.out.on(e);
     }

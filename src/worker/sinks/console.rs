@@ -34,7 +34,8 @@ impl ConsoleSink {
         }
     }
 
-    #[inline]
+    /// Sections (most events) are tallied inline; the rest out of line.
+    #[inline(always)]
     pub(crate) fn on(&mut self, e: &Event<'_>) {
         match e {
             Event::Section {
@@ -43,6 +44,14 @@ impl ConsoleSink {
                 nested,
                 ..
             } => self.tally.add(*section, *ns, *nested),
+            Event::Wait { .. } | Event::Route { .. } | Event::Dropped { .. } => {}
+            Event::Step(_) | Event::Round(_) | Event::Drained => self.on_other(e),
+        }
+    }
+
+    #[inline(never)]
+    fn on_other(&mut self, e: &Event<'_>) {
+        match e {
             Event::Step(s) => self.tally.step(s.rank, s.ns),
             Event::Round(r) => {
                 let sp = &mut self.spec;
@@ -54,7 +63,8 @@ impl ConsoleSink {
                 }
             }
             Event::Drained => self.maybe_print_summary(),
-            Event::Wait { .. } | Event::Route { .. } | Event::Dropped { .. } => {}
+            Event::Section { .. } | Event::Wait { .. } | Event::Route { .. } => {}
+            Event::Dropped { .. } => {}
         }
     }
 

@@ -51,7 +51,8 @@ impl MetricsSink {
         }
     }
 
-    #[inline]
+    /// Sections and waits (most events) are recorded inline; the rest out of line.
+    #[inline(always)]
     pub(crate) fn on(&mut self, e: &Event<'_>) {
         match *e {
             Event::Section {
@@ -70,6 +71,14 @@ impl MetricsSink {
                 ns,
             } => series_of(&mut self.series, &mut self.last, &self.layers, rank)
                 .wait(&self.inst, site, layer, ns),
+            _ => self.on_other(e),
+        }
+    }
+
+    #[inline(never)]
+    fn on_other(&mut self, e: &Event<'_>) {
+        match *e {
+            Event::Section { .. } | Event::Wait { .. } | Event::Drained => {}
             Event::Route { rank, layer, ids } => {
                 if self.experts.is_on() {
                     let out = self.experts.route(rank, layer, ids);
@@ -106,7 +115,6 @@ impl MetricsSink {
                 }
             }
             Event::Dropped { reason, n } => self.drop(reason, n),
-            Event::Drained => {}
         }
     }
 
@@ -139,7 +147,7 @@ impl MetricsSink {
 
 /// The series of `rank`, built on its first measurement; `last` caches where the previous
 /// rank's were (one lane, or a few ranks, per worker).
-#[inline]
+#[inline(always)]
 fn series_of<'a>(
     series: &'a mut Vec<(u32, LaneSeries)>,
     last: &mut usize,

@@ -27,7 +27,7 @@ pub(crate) struct Sinks {
 }
 
 impl Sink for Sinks {
-    #[inline]
+    #[inline(always)]
     fn on(&mut self, e: &Event<'_>) {
         self.metrics.on(e);
         self.console.on(e);

@@ -92,18 +92,22 @@ impl SpanSink {
 
     /// Takes an event; returns what it decided to drop, for the other sinks to count (a tail
     /// trace over the budget and spans over the queue exclude each other, so one at most).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on(&mut self, e: &Event<'_>) -> Option<(DropReason, u64)> {
         match e {
             Event::Step(s) => s.held.as_ref().and_then(|h| self.step(s.rank, s.ns, h)),
             Event::Round(r) => r.held.as_ref().and_then(|h| self.round(r, h)),
             Event::Drained => self.drained(),
-            _ => None,
+            Event::Section { .. }
+            | Event::Wait { .. }
+            | Event::Route { .. }
+            | Event::Dropped { .. } => None,
         }
     }
 
     /// A held step has ended: traced when it was sampled or slow (within the rank's budget),
     /// with the exemplars of what was traced.
+    #[inline(never)]
     fn step(&mut self, rank: u32, ns: u64, step: &HeldStep<'_>) -> Option<(DropReason, u64)> {
         let verdict = self
             .tail
