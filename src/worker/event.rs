@@ -9,7 +9,7 @@
 //! An event borrows what pairing holds (the held trace of a step or round, a route's ids), so
 //! delivering one allocates nothing. Pairing knows no instrument, tracer or table; a sink learns
 //! nothing but events, and tells pairing nothing back: which traces to hold is fixed when the
-//! pipeline is built ([`super::pair::Hold`]).
+//! pipeline is built ([`Hold`]).
 
 use super::trace::{Interval, StepTrace};
 use crate::config::Timing;
@@ -106,6 +106,16 @@ pub(crate) struct HeldRound<'a> {
     pub(crate) phases: &'a [Interval<Phase>],
     /// Verify parts, in start order.
     pub(crate) parts: &'a [Interval<VerifyPart>],
+}
+
+/// Which steps and rounds pairing holds the trace of, for the span sink; fixed when the
+/// pipeline is built, so no sink steers pairing at run time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// Those flagged one in N on the hot path (there is a tracer).
+    pub(crate) sampled: bool,
+    /// Every one, since any may turn out slow (tail sampling is on too).
+    pub(crate) every: bool,
 }
 
 /// Takes the events of pairing. Implemented by the fixed set of sinks

@@ -19,7 +19,7 @@
 //! ```
 //!
 //! Nothing flows back from a sink into pairing: which traces pairing holds is fixed when the
-//! pipeline is built ([`pair::Hold`]), and the span budget and the exporter's counts are the
+//! pipeline is built ([`event::Hold`]), and the span budget and the exporter's counts are the
 //! span sink's alone. The pipeline sits behind a mutex that only the worker thread and explicit
 //! [`crate::Profiler::flush`] calls take; the hot path never touches it.
 

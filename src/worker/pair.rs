@@ -8,7 +8,7 @@
 //!       for them ──> Round
 //! ```
 
-use super::event::{Event, HeldRound, HeldStep, Round, Sink, Step, VerifySplit};
+use super::event::{Event, HeldRound, HeldStep, Hold, Round, Sink, Step, VerifySplit};
 use super::open::{OpenSlot, OpenSteps};
 use super::trace::{Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait};
 use crate::config::SpecLevel;
@@ -106,16 +106,6 @@ struct OpenPart {
 /// Most rounds with verify parts awaiting their round's end; beyond, they are given up and
 /// counted (bounded memory).
 const PARTS_MAX: usize = 65_536;
-
-/// Which steps and rounds pairing holds the trace of, for the span sink; fixed when the
-/// pipeline is built, so no sink steers pairing at run time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Hold {
-    /// Those flagged one in N on the hot path (there is a tracer).
-    pub(crate) sampled: bool,
-    /// Every one, since any may turn out slow (tail sampling is on too).
-    pub(crate) every: bool,
-}
 
 /// What pairing counted: the pairing half of [`super::Stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
