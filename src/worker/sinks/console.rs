@@ -63,8 +63,10 @@ impl ConsoleSink {
                 }
             }
             Event::Drained => self.maybe_print_summary(),
-            Event::Section { .. } | Event::Wait { .. } | Event::Route { .. } => {}
-            Event::Dropped { .. } => {}
+            Event::Section { .. }
+            | Event::Wait { .. }
+            | Event::Route { .. }
+            | Event::Dropped { .. } => {}
         }
     }
 

@@ -34,7 +34,7 @@ pub(crate) struct MetricsSink {
 }
 
 impl MetricsSink {
-    /// `inst`: one set per meter provider (none: only the drops are counted); `layers`: the
+    /// `inst`: one set per meter provider (none: drops and expert load are still counted); `layers`: the
     /// totals their per-layer counters read; `experts`: the expert load of the profiler.
     pub(crate) fn new(
         inst: Vec<Instruments>,
