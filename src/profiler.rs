@@ -5,6 +5,10 @@ use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, S
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
+use crate::worker::sinks::Sinks;
+use crate::worker::sinks::console::ConsoleSink;
+use crate::worker::sinks::metrics::MetricsSink;
+use crate::worker::sinks::spans::{SpanSink, tail::Tail};
 use crate::worker::{
     Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
 };
@@ -376,18 +380,18 @@ impl Start {
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
         let tracer = exporters.tracer.clone().filter(|_| traces);
-        let pipeline = Pipeline::new(
-            shared.clone(),
-            inst,
-            layers,
-            open,
-            tracer,
-            cfg.summary_every,
-            cfg.spec_summary_every,
-            exporters.span_counts.clone(),
-            crate::worker::tail::Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
-            exporters.exemplars.clone(),
-        );
+        let sinks = Sinks {
+            spans: SpanSink::new(
+                tracer,
+                exporters.span_counts.clone(),
+                Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
+                exporters.exemplars.clone(),
+                layers.group().clone(),
+            ),
+            metrics: MetricsSink::new(inst, layers, shared.experts.clone()),
+            console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
+        };
+        let pipeline = Pipeline::new(shared.clone(), open, sinks);
         match Worker::start(pipeline, self.drain_interval) {
             Ok(worker) => Ok(Running { worker, exporters }),
             Err(e) => {

@@ -1,4 +1,5 @@
-//! Aggregation: SDK instruments (histograms and counters) and the console summary's tallies.
+//! Aggregation: SDK instruments (histograms and counters), which the metrics sink records into
+//! ([`super::sinks::metrics`]).
 //!
 //! The series budget: histograms with buckets carry only the attributes that quantiles and
 //! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
@@ -13,7 +14,7 @@ use super::experts::ExpertTotals;
 use super::layers::LayerTotals;
 use super::open::OpenSteps;
 use crate::names::{DropReason, attr, metric};
-use crate::vocab::{Phase, Section, VerifyPart};
+use crate::vocab::Phase;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;
@@ -381,7 +382,7 @@ impl Instruments {
         self
     }
 
-    /// Adds to `phasetrace.records.dropped`; called by `worker::pair::count_drop` only.
+    /// Adds to `phasetrace.records.dropped`; called by the metrics sink's drop count only.
     pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
             let kv = [
@@ -495,113 +496,4 @@ fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
     let n = kv.len().min(4);
     let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
     f(&all[..=n]);
-}
-
-/// One section's totals for the console summary.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SectionTally {
-    pub(crate) ns: u64,
-    pub(crate) calls: u64,
-    /// Ever recorded inside another section.
-    pub(crate) nested: bool,
-}
-
-/// Per-section totals for the console summary.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Tally {
-    /// Indexed by section id.
-    pub(crate) sections: Vec<SectionTally>,
-    /// Steps of all ranks.
-    pub(crate) steps: u64,
-    pub(crate) step_ns: u64,
-    /// Steps per rank.
-    pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
-}
-
-impl Tally {
-    pub(crate) fn add(&mut self, s: Section, ns: u64, nested: bool) {
-        let i = s.id() as usize;
-        if self.sections.len() <= i {
-            self.sections.resize(i + 1, SectionTally::default());
-        }
-        let e = &mut self.sections[i];
-        e.ns += ns;
-        e.calls += 1;
-        e.nested |= nested;
-    }
-
-    pub(crate) fn step(&mut self, rank: u32, ns: u64) {
-        self.steps += 1;
-        self.step_ns += ns;
-        *self.ranks.entry(rank).or_default() += 1;
-    }
-}
-
-/// The verify sub-split of one round or a window of rounds, nanoseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct VerifySplit {
-    pub(crate) kda: u64,
-    pub(crate) kda_scan: u64,
-    pub(crate) mla: u64,
-    pub(crate) ffn: u64,
-    /// Verify less kda and mla.
-    pub(crate) rest: u64,
-}
-
-impl VerifySplit {
-    /// The split of a round whose verify phase took `verify` ns, from its parts' totals.
-    pub(crate) fn of(verify: u64, parts: &[u64; VerifyPart::ALL.len()]) -> VerifySplit {
-        let part = |p: VerifyPart| parts[p as usize];
-        VerifySplit {
-            kda: part(VerifyPart::Kda),
-            kda_scan: part(VerifyPart::KdaScan),
-            mla: part(VerifyPart::Mla),
-            ffn: part(VerifyPart::Ffn),
-            rest: verify.saturating_sub(part(VerifyPart::Kda) + part(VerifyPart::Mla)),
-        }
-    }
-
-    /// Each `part` value with its nanoseconds.
-    pub(crate) fn by_name(&self) -> [(&'static str, u64); 5] {
-        [
-            (VerifyPart::Kda.as_str(), self.kda),
-            (VerifyPart::KdaScan.as_str(), self.kda_scan),
-            (VerifyPart::Mla.as_str(), self.mla),
-            (VerifyPart::Ffn.as_str(), self.ffn),
-            (VerifyPart::REST, self.rest),
-        ]
-    }
-
-    fn add(&mut self, o: &VerifySplit) {
-        self.kda += o.kda;
-        self.kda_scan += o.kda_scan;
-        self.mla += o.mla;
-        self.ffn += o.ffn;
-        self.rest += o.rest;
-    }
-}
-
-/// Per-round-window totals for the speculative console line.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SpecTally {
-    pub(crate) rounds: u64,
-    pub(crate) k: u32,
-    /// Indexed by `Phase`.
-    pub(crate) phases: [u64; Phase::ALL.len()],
-    pub(crate) split: VerifySplit,
-}
-
-impl SpecTally {
-    pub(crate) fn add(&mut self, k: u32, phases: &[u64; Phase::ALL.len()], split: &VerifySplit) {
-        self.rounds += 1;
-        self.k = self.k.max(k);
-        for (acc, v) in self.phases.iter_mut().zip(phases) {
-            *acc += v;
-        }
-        self.split.add(split);
-    }
-
-    pub(crate) fn phase(&self, p: Phase) -> u64 {
-        self.phases[p as usize]
-    }
 }

@@ -1,5 +1,5 @@
 //! The attribute sets of every series the worker records, defined once: the histograms' (built
-//! once per lane and reused, see [`super::series`]), the per-layer counters' (built at each
+//! once per rank and reused, see [`super::series`]), the per-layer counters' (built at each
 //! collection, see [`super::layers`]) and the exemplars' (keyed on the histograms').
 
 use crate::names::attr;

@@ -1,22 +1,25 @@
-//! Pairing: turns one lane's mark stream into durations, in order, and hands them to the
-//! [`super::Pipeline`]'s sinks. Unbalanced marks are counted, never fatal.
+//! Pairing: turns each lane's mark stream into durations, in order, and delivers them as
+//! [`Event`]s to a [`Sink`]. Unbalanced marks are counted (as [`Event::Dropped`]), never fatal.
+//!
+//! ```text
+//! Pairing ──adopt──> LaneState per lane: resolve tokens in order, pair begin/end, hold the
+//!    │                open step (and its trace when held) ──> Section, Wait, Route, Step
+//!    └─ rounds ended in the previous pass, joined with the verify parts any lane recorded
+//!       for them ──> Round
+//! ```
 
-use super::aggregate::{Instruments, Tally};
-use super::attrs::{section_attrs, step_attrs, wait_attrs};
-use super::layers::LayerTotals;
+use super::event::{Event, HeldRound, HeldStep, Hold, Round, Sink, Step, VerifySplit};
 use super::open::{OpenSlot, OpenSteps};
-use super::series::LaneSeries;
-use super::spans::{self, Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait, Why};
-use super::tail::{Kind, Tail, Verdict};
-use crate::export::exemplars::{Exemplar, ExemplarStore};
+use super::trace::{Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait};
+use crate::config::SpecLevel;
 use crate::names::DropReason;
 use crate::record::mark::{Mark, MarkKind};
-use crate::record::{Lane, RoundRef};
+use crate::record::{Lane, RoundRef, Shared};
 use crate::timing::{Conversion, Resolved, Token};
-use crate::vocab::{Layer, Section, SectionKind, Site, VerifyPart};
-use opentelemetry::global::BoxedTracer;
+use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Most sections held for one step's trace (a 100-layer model records about 2,500); the rest
 /// are counted under `reason="trace_bound"`. 48 bytes each: at most 384 KiB a lane.
@@ -100,130 +103,177 @@ struct OpenPart {
     start: u64,
 }
 
-/// Records dropped, by reason: `stats.dropped[DropReason::QueueFull]`.
+/// Most rounds with verify parts awaiting their round's end; beyond, they are given up and
+/// counted (bounded memory).
+const PARTS_MAX: usize = 65_536;
+
+/// What pairing counted: the pairing half of [`super::Stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Dropped([u64; DropReason::COUNT]);
-
-impl Dropped {
-    /// Records dropped for `reason`.
-    pub fn get(&self, reason: DropReason) -> u64 {
-        self.0[reason.index()]
-    }
-
-    /// Records dropped for any reason.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-
-    /// Every reason with its count, in [`DropReason::ALL`] order.
-    pub fn iter(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
-        DropReason::ALL.into_iter().map(|r| (r, self.get(r)))
-    }
-
-    fn add(&mut self, reason: DropReason, n: u64) {
-        self.0[reason.index()] += n;
-    }
+pub(crate) struct Counts {
+    pub(crate) marks: u64,
+    pub(crate) sections: u64,
+    pub(crate) steps: u64,
+    pub(crate) rounds: u64,
+    pub(crate) graph_replays: u64,
+    pub(crate) dropped_graph_replays: u64,
 }
 
-impl std::ops::Index<DropReason> for Dropped {
-    type Output = u64;
-
-    fn index(&self, reason: DropReason) -> &u64 {
-        &self.0[reason.index()]
-    }
+/// Pairing for every lane of one profiler, and the rounds that wait for their verify parts.
+pub(crate) struct Pairing {
+    shared: Arc<Shared>,
+    open: Arc<OpenSteps>,
+    hold: Hold,
+    lanes: Vec<LaneState>,
+    /// Verify parts by round, from whichever lane recorded them.
+    parts: HashMap<RoundKey, PartsAcc>,
+    /// Rounds ended in the previous pass, finalized in this one.
+    ended_prev: Vec<EndedRound>,
+    ended_now: Vec<EndedRound>,
+    counts: Counts,
+    /// A lane waits for a graph replay's end fence (see [`LaneState::awaiting_replay`]).
+    awaiting_replay: bool,
 }
 
-/// Counters of what the worker saw.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Marks taken from the buffers and processed.
-    pub marks: u64,
-    /// Sections timed (begin and end paired).
-    pub sections: u64,
-    /// Steps timed.
-    pub steps: u64,
-    /// Rounds finalized.
-    pub rounds: u64,
-    /// Spans built and handed to the span processor.
-    pub spans: u64,
-    /// Spans the exporter delivered.
-    pub spans_exported: u64,
-    /// Spans lost to failed exports (collector down or refusing), read live from the exporter;
-    /// the worker counts them under `reason="span_export"` on its next pass. Spans built but
-    /// neither exported nor failed after a flush were dropped by the span processor's full
-    /// queue.
-    pub spans_failed: u64,
-    /// Records dropped, by reason (the same counts as `phasetrace.records.dropped{reason}`).
-    pub dropped: Dropped,
-    /// Steps and rounds traced because they were slower than `PHASETRACE_TRACE_SLOWER_THAN`.
-    pub tail_traces: u64,
-    /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
-    pub graph_replays: u64,
-    /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded
-    /// their events before the worker read them, or the graph was dropped first. Their
-    /// boundaries are counted under `reason="graph_replay"`.
-    pub dropped_graph_replays: u64,
-}
-
-/// Counts `n` records dropped for `reason`: in the stats and in every provider's
-/// `phasetrace.records.dropped`. The one place the worker counts a drop.
-pub(crate) fn count_drop(stats: &mut Stats, inst: &[Instruments], reason: DropReason, n: u64) {
-    if n == 0 {
-        return;
-    }
-    stats.dropped.add(reason, n);
-    for i in inst {
-        i.dropped(reason, n);
-    }
-}
-
-/// Everything a lane's marks feed.
-pub(crate) struct Sinks<'a> {
-    pub(crate) inst: &'a [Instruments],
-    pub(crate) tracer: Option<&'a BoxedTracer>,
-    pub(crate) tally: &'a mut Tally,
-    pub(crate) stats: &'a mut Stats,
-    pub(crate) parts: &'a mut HashMap<RoundKey, PartsAcc>,
-    pub(crate) ended: &'a mut Vec<EndedRound>,
-    pub(crate) experts: &'a mut super::experts::ExpertWriter,
-    pub(crate) span_counts: &'a crate::export::SpanCounts,
-    pub(crate) graphs: &'a crate::record::graph::Registry,
-    /// `group` on every span.
-    pub(crate) group: &'a opentelemetry::KeyValue,
-    pub(crate) tail: &'a mut Tail,
-    pub(crate) exemplars: Option<&'a ExemplarStore>,
-}
-
-impl Sinks<'_> {
-    /// Whether `n` more spans fit the span processor's queue; if not they are not built, and
-    /// are counted under `reason="span_queue"` (the processor would drop them uncounted).
-    pub(crate) fn span_budget(&mut self, n: usize) -> bool {
-        let fits = span_budget(self.stats, self.span_counts, n);
-        if !fits {
-            self.drop(DropReason::SpanQueue, n as u64);
+impl Pairing {
+    pub(crate) fn new(shared: Arc<Shared>, open: Arc<OpenSteps>, hold: Hold) -> Pairing {
+        Pairing {
+            shared,
+            open,
+            hold,
+            lanes: Vec::new(),
+            parts: HashMap::new(),
+            ended_prev: Vec::new(),
+            ended_now: Vec::new(),
+            counts: Counts::default(),
+            awaiting_replay: false,
         }
-        fits
     }
 
-    /// Counts `n` records dropped for `reason` (see [`count_drop`]).
-    pub(crate) fn drop(&mut self, reason: DropReason, n: u64) {
-        count_drop(self.stats, self.inst, reason, n);
+    /// One pass: adopts new lanes, drains each into `out`, forgets finished lanes, then
+    /// finalizes the rounds ended in the previous pass.
+    pub(crate) fn pass<S: Sink>(&mut self, out: &mut S) {
+        {
+            let lanes = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            for l in lanes.iter() {
+                if !self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l)) {
+                    self.lanes.push(LaneState::new(l.clone(), &self.open));
+                }
+            }
+        }
+        let mut cx = Cx {
+            out,
+            counts: &mut self.counts,
+            parts: &mut self.parts,
+            ended: &mut self.ended_now,
+            graphs: &self.shared.graphs,
+            hold: self.hold,
+        };
+        self.awaiting_replay = false;
+        for lane in &mut self.lanes {
+            lane.drain(&mut cx);
+            lane.collect_drops(&mut cx);
+            self.awaiting_replay |= lane.awaiting_replay();
+        }
+        // Forget lanes whose recorder is gone and whose marks are all processed.
+        let before = self.lanes.len();
+        self.lanes.retain(|l| !l.finished());
+        if self.lanes.len() != before {
+            let mut shared = self.shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            shared.retain(|l| {
+                !(l.closed.load(Ordering::Acquire) && l.queue.is_empty())
+                    || self.lanes.iter().any(|s| Arc::ptr_eq(&s.lane, l))
+            });
+        }
+        self.finalize_ended(out);
+        self.ended_prev = std::mem::take(&mut self.ended_now);
+        if self.parts.len() > PARTS_MAX {
+            let n = self.parts.len() as u64;
+            self.parts.clear();
+            out.on(&Event::Dropped {
+                reason: DropReason::Unbalanced,
+                n,
+            });
+        }
+    }
+
+    /// Finalizes the rounds ended in the previous pass (at flush: in this very pass).
+    pub(crate) fn finalize_ended<S: Sink>(&mut self, out: &mut S) {
+        let ready = std::mem::take(&mut self.ended_prev);
+        for r in ready {
+            self.finalize_round(r, out);
+        }
+    }
+
+    /// A round joined with its verify parts, delivered as [`Event::Round`].
+    fn finalize_round<S: Sink>(&mut self, r: EndedRound, out: &mut S) {
+        let parts = self.parts.remove(&r.round.round);
+        let split = (self.shared.spec_level.load() == SpecLevel::VerifySplit).then(|| {
+            VerifySplit::of(
+                r.round.phases[Phase::Verify as usize],
+                &parts.as_ref().map_or([0; 4], |p| p.ns),
+            )
+        });
+        self.counts.rounds += 1;
+        let mut intervals = Vec::new();
+        if r.round.trace.is_some() {
+            intervals = parts.map(|p| p.intervals).unwrap_or_default();
+            intervals.sort_by_key(|p| p.start);
+        }
+        out.on(&Event::Round(Round {
+            rank: r.rank,
+            k: r.round.k,
+            accepted: r.accepted,
+            start: r.round.start,
+            end: r.end,
+            phases: r.round.phases,
+            ran: r.round.ran,
+            split,
+            held: r.round.trace.as_ref().map(|t| HeldRound {
+                sampled: r.round.sampled,
+                phases: &t.phases,
+                parts: &intervals,
+            }),
+        }));
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Whether a lane waits for the end fence of a graph replay.
+    pub(crate) fn awaiting_replay(&self) -> bool {
+        self.awaiting_replay
+    }
+
+    #[cfg(test)]
+    pub(crate) fn open(&self) -> &OpenSteps {
+        &self.open
     }
 }
 
-/// Spans handed to the processor and not yet exported or failed, plus `n`, stay under the
-/// processor's queue capacity (less one export batch in flight).
-pub(crate) fn span_budget(stats: &Stats, counts: &crate::export::SpanCounts, n: usize) -> bool {
-    use std::sync::atomic::Ordering::Relaxed;
-    if !counts.tracked {
-        // The engine's provider: its processor's queue is its own to bound and count.
-        return true;
+/// What a lane's pairing reaches beyond the lane: the sink, the counts, the rounds and verify
+/// parts shared by all lanes, the graph registry.
+pub(crate) struct Cx<'a, S> {
+    out: &'a mut S,
+    counts: &'a mut Counts,
+    parts: &'a mut HashMap<RoundKey, PartsAcc>,
+    ended: &'a mut Vec<EndedRound>,
+    graphs: &'a crate::record::graph::Registry,
+    hold: Hold,
+}
+
+impl<S: Sink> Cx<'_, S> {
+    #[inline(always)]
+    fn emit(&mut self, e: &Event<'_>) {
+        self.out.on(e);
     }
-    let done = counts.exported.load(Relaxed) + counts.failed.load(Relaxed);
-    let pending = stats.spans.saturating_sub(done);
-    pending + n as u64 <= crate::export::SPAN_QUEUE_BUDGET as u64
+
+    /// Counts `n` records dropped for `reason`.
+    fn drop(&mut self, reason: DropReason, n: u64) {
+        if n > 0 {
+            self.out.on(&Event::Dropped { reason, n });
+        }
+    }
 }
 
 pub(crate) struct LaneState {
@@ -250,8 +300,6 @@ pub(crate) struct LaneState {
     replay_rounds: Vec<u32>,
     /// The lane's clock is the host clock: its tokens are raw readings the worker converts.
     host: bool,
-    /// The attribute sets of the lane's series, built once.
-    series: LaneSeries,
     /// Since when the oldest mark has been pending (a deferred clock that has not reached it),
     /// by [`crate::timing::now_ns`] at the first drain that found it pending.
     pending_since: Option<u64>,
@@ -289,14 +337,9 @@ impl ParentWords {
 }
 
 impl LaneState {
-    pub(crate) fn new(
-        lane: Arc<Lane>,
-        totals: &Arc<LayerTotals>,
-        open: &Arc<OpenSteps>,
-    ) -> LaneState {
+    pub(crate) fn new(lane: Arc<Lane>, open: &Arc<OpenSteps>) -> LaneState {
         let host = crate::timing::is_host(lane.clock.as_ref());
         LaneState {
-            series: LaneSeries::new(lane.rank, totals.clone()),
             pending_since: None,
             lost_end_seen: 0,
             open: open.slot(lane.rank),
@@ -327,8 +370,8 @@ impl LaneState {
             && self.backlog.is_empty()
     }
 
-    /// Moves the lane's drop counters into the instruments (as deltas).
-    pub(crate) fn collect_drops(&mut self, s: &mut Sinks<'_>) {
+    /// Delivers the lane's hot-path drop counts (as deltas).
+    pub(crate) fn collect_drops<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
         let now = self.lane.drops();
         for reason in DropReason::ALL {
             let i = reason.index();
@@ -345,7 +388,7 @@ impl LaneState {
 
     /// Drains the lane and processes marks in order until one is not resolvable yet, then
     /// publishes since when the lane's step has been open (or its oldest mark pending).
-    pub(crate) fn drain(&mut self, s: &mut Sinks<'_>) {
+    pub(crate) fn drain<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
         self.drain_marks(s);
         self.close_step_whose_end_was_lost(s);
         let step = self.step.as_ref().map(|st| st.start);
@@ -360,7 +403,7 @@ impl LaneState {
     /// rank then idles: it is closed without a duration. Its sections left open are stale
     /// (counted as unbalanced). Checked after each drain; a loss is acted on once, when its
     /// step is the open one, or forgotten once a later step has begun.
-    fn close_step_whose_end_was_lost(&mut self, s: &mut Sinks<'_>) {
+    fn close_step_whose_end_was_lost<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
         let Some((v, index)) = self.lane.last_lost_step_end() else {
             return;
         };
@@ -385,7 +428,7 @@ impl LaneState {
         }
     }
 
-    fn drain_marks(&mut self, s: &mut Sinks<'_>) {
+    fn drain_marks<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
         self.awaiting_replay = false;
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
@@ -428,7 +471,7 @@ impl LaneState {
                         self.lane.clock.release(token);
                         self.pending_since = None;
                         self.backlog.pop_front();
-                        s.stats.marks += 1;
+                        s.counts.marks += 1;
                         s.drop(DropReason::Clock, 1);
                         if m.kind() == MarkKind::StepEnd {
                             // The step ended, at an unknown time: not left open (a false hang).
@@ -439,7 +482,7 @@ impl LaneState {
                 }
             };
             self.backlog.pop_front();
-            s.stats.marks += 1;
+            s.counts.marks += 1;
             if t != 0 {
                 self.last_ns = t;
             }
@@ -447,64 +490,19 @@ impl LaneState {
         }
     }
 
-    /// A step whose trace the lane held has ended: trace it when it was sampled or slow (within
-    /// the rank's budget), and offer the exemplars of what was traced.
-    fn end_traced_step(&mut self, step: &OpenStep, t: u64, ns: u64, s: &mut Sinks<'_>) {
-        let rank = self.lane.rank;
-        let verdict = s.tail.decide(rank, Kind::Step, ns, t, step.sampled);
-        if verdict == Verdict::OverBudget {
-            s.drop(DropReason::TailBudget, 1);
-        }
-        let why = match (step.sampled, verdict) {
-            (true, _) => Why::Head,
-            (false, Verdict::Keep) => Why::Tail,
-            _ => return,
-        };
-        let Some(tracer) = s.tracer else {
-            return;
-        };
-        if !s.span_budget(spans::step_span_count(&self.trace)) {
-            return;
-        }
-        let trace = &self.trace;
-        let (exemplars, group) = (s.exemplars, s.group);
-        // Exemplars are offered once the spans exist and before they end (an ended span may be
-        // exported at once), so that the export settles them.
-        let built = spans::build_step(
-            tracer,
-            trace,
-            rank,
-            step.number,
-            step.start,
-            t,
-            self.lane.clock.timing(),
-            s.group,
-            why,
-            |built| {
-                if let Some(store) = exemplars {
-                    offer_step_exemplars(store, group, trace, built, rank, ns, t);
-                }
-            },
-        );
-        s.stats.spans += built as u64;
-        if why == Why::Tail {
-            s.stats.tail_traces += 1;
-        }
-    }
-
     /// Processes the captured boundaries of one graph launch whose end fence completed at `end`,
     /// or counts the launch when its events are not (or no longer) its own.
-    fn replayed(&mut self, r: &OpenReplay, end: u64, s: &mut Sinks<'_>) {
+    fn replayed<S: Sink>(&mut self, r: &OpenReplay, end: u64, s: &mut Cx<'_, S>) {
         let Some(g) = s.graphs.get(r.graph) else {
-            s.stats.dropped_graph_replays += 1;
+            s.counts.dropped_graph_replays += 1;
             return;
         };
         let Some(times) = super::replay::read(&g, r.seq, r.start, end) else {
-            s.stats.dropped_graph_replays += 1;
+            s.counts.dropped_graph_replays += 1;
             s.drop(DropReason::GraphReplay, g.template.len() as u64);
             return;
         };
-        s.stats.graph_replays += 1;
+        s.counts.graph_replays += 1;
         self.replays += 1;
         self.in_replay = self.replays;
         self.replay_rounds.clear();
@@ -542,11 +540,11 @@ impl LaneState {
         open()
     }
 
-    fn unbalanced(s: &mut Sinks<'_>, n: u64) {
+    fn unbalanced<S: Sink>(s: &mut Cx<'_, S>, n: u64) {
         s.drop(DropReason::Unbalanced, n);
     }
 
-    fn process(&mut self, m: Mark, t: u64, s: &mut Sinks<'_>) {
+    fn process<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
         let rank = self.lane.rank;
         match m.kind() {
             MarkKind::ParentHi => self.parent.trace_hi = Some(m.token()),
@@ -556,7 +554,7 @@ impl LaneState {
                 if self.step.is_some() {
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.is_sampled() && s.tracer.is_some();
+                let sampled = m.is_sampled() && s.hold.sampled;
                 let parent = self.parent.take();
                 self.steps += 1;
                 self.trace.clear();
@@ -567,7 +565,7 @@ impl LaneState {
                     wait_ns: 0,
                     depth: self.stack.len(),
                     sampled,
-                    collect: sampled || (s.tracer.is_some() && s.tail.is_on()),
+                    collect: sampled || s.hold.every,
                     index: (self.in_replay == 0).then(|| m.step_index()),
                 });
             }
@@ -582,22 +580,20 @@ impl LaneState {
                     Self::unbalanced(s, (self.stack.len() - step.depth) as u64);
                     self.stack.truncate(step.depth);
                 }
-                let ns = t.saturating_sub(step.start);
-                for inst in s.inst {
-                    inst.step(
-                        self.series.step(),
-                        ns as f64 * 1e-9,
-                        step.wait_ns as f64 * 1e-9,
-                    );
-                }
-                s.stats.steps += 1;
-                s.tally.step(rank, ns);
-                if s.experts.is_on() {
-                    s.experts.step_end(rank);
-                }
-                if step.collect {
-                    self.end_traced_step(&step, t, ns, s);
-                }
+                s.counts.steps += 1;
+                s.emit(&Event::Step(Step {
+                    rank,
+                    ns: t.saturating_sub(step.start),
+                    wait_ns: step.wait_ns,
+                    held: step.collect.then_some(HeldStep {
+                        trace: &self.trace,
+                        number: step.number,
+                        start: step.start,
+                        end: t,
+                        sampled: step.sampled,
+                        timing: self.lane.clock.timing(),
+                    }),
+                }));
             }
             MarkKind::SectionBegin => {
                 if self.stack.len() >= STACK_MAX {
@@ -647,17 +643,27 @@ impl LaneState {
                     return;
                 };
                 let ns = t.saturating_sub(open.start);
-                let probe = open.section.kind() == SectionKind::Probe;
-                self.series
-                    .section(s.inst, open.section, open.site, open.layer, ns);
-                if probe {
-                    self.series.wait(s.inst, open.site, open.layer, ns);
+                s.counts.sections += 1;
+                s.emit(&Event::Section {
+                    rank,
+                    section: open.section,
+                    site: open.site,
+                    layer: open.layer,
+                    ns,
+                    nested: !self.stack.is_empty(),
+                });
+                // A rendezvous probe's section is the rank's wait there.
+                if open.section.kind() == SectionKind::Probe {
+                    s.emit(&Event::Wait {
+                        rank,
+                        site: open.site,
+                        layer: open.layer,
+                        ns,
+                    });
+                    if let Some(step) = self.step.as_mut() {
+                        step.wait_ns = step.wait_ns.saturating_add(ns);
+                    }
                 }
-                if let (true, Some(step)) = (probe, self.step.as_mut()) {
-                    step.wait_ns = step.wait_ns.saturating_add(ns);
-                }
-                s.stats.sections += 1;
-                s.tally.add(open.section, ns, !self.stack.is_empty());
                 if let Some(sp) = open.span.and_then(|i| self.trace.sections.get_mut(i)) {
                     sp.end = Some(t);
                 }
@@ -666,7 +672,12 @@ impl LaneState {
                 if let Some(step) = self.step.as_mut() {
                     step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
                 }
-                self.series.wait(s.inst, m.site(), m.layer(), m.wait_ns());
+                s.emit(&Event::Wait {
+                    rank,
+                    site: m.site(),
+                    layer: m.layer(),
+                    ns: m.wait_ns(),
+                });
                 if self.step.as_ref().is_some_and(|st| st.collect) {
                     if self.trace.waits.len() < STEP_IDS_MAX {
                         self.trace.waits.push(Wait {
@@ -683,10 +694,11 @@ impl LaneState {
             MarkKind::Route => {
                 let (ids, n) = m.expert_ids();
                 let layer = m.layer();
-                if s.experts.is_on() {
-                    let out = s.experts.route(self.lane.rank, layer, &ids[..n]);
-                    s.drop(DropReason::OutOfRange, out);
-                }
+                s.emit(&Event::Route {
+                    rank,
+                    layer,
+                    ids: &ids[..n],
+                });
                 let at = self.last_ns;
                 if self.step.as_ref().is_some_and(|st| st.collect) {
                     let tr = &mut self.trace;
@@ -716,8 +728,8 @@ impl LaneState {
                     // A round never ended: its phases are lost, counted.
                     Self::unbalanced(s, 1);
                 }
-                let sampled = m.is_sampled() && s.tracer.is_some();
-                let collect = sampled || (s.tracer.is_some() && s.tail.is_on());
+                let sampled = m.is_sampled() && s.hold.sampled;
+                let collect = sampled || s.hold.every;
                 if self.in_replay != 0 {
                     self.replay_rounds.push(m.round_seq());
                 }
@@ -831,50 +843,5 @@ impl LaneState {
                 }
             }
         }
-    }
-}
-
-/// The exemplars of a traced step: its duration, each section's, each probe's wait and each
-/// wait the engine measured (those point at the step's span).
-fn offer_step_exemplars(
-    store: &ExemplarStore,
-    group: &opentelemetry::KeyValue,
-    trace: &StepTrace,
-    built: &spans::BuiltStep,
-    rank: u32,
-    ns: u64,
-    end: u64,
-) {
-    use crate::names::metric;
-    let ex = |span_id, ns: u64, at: u64| Exemplar {
-        trace_id: built.trace_id,
-        span_id,
-        value: ns as f64 * 1e-9,
-        time: crate::timing::to_system_time(at),
-    };
-    store.offer(
-        metric::STEP_DURATION,
-        &step_attrs(group, rank),
-        ex(built.root, ns, end),
-    );
-    for (sec, id) in trace.sections.iter().zip(&built.sections) {
-        let (Some(id), Some(e)) = (id, sec.end) else {
-            continue;
-        };
-        let d = e.saturating_sub(sec.start);
-        let (kv, n) = section_attrs(group, sec.section, sec.site, rank);
-        store.offer(metric::SECTION_DURATION, &kv[..n], ex(*id, d, e));
-        if sec.section.kind() == SectionKind::Probe {
-            let (kv, n) = wait_attrs(group, sec.site, rank);
-            store.offer(metric::COLLECTIVE_WAIT, &kv[..n], ex(*id, d, e));
-        }
-    }
-    for w in &trace.waits {
-        let (kv, n) = wait_attrs(group, w.site, rank);
-        store.offer(
-            metric::COLLECTIVE_WAIT,
-            &kv[..n],
-            ex(built.root, w.ns, w.at),
-        );
     }
 }

@@ -1,11 +1,11 @@
-//! Series: each lane's attribute sets, built once per (section, site) and reused for every
+//! Series: each rank's attribute sets, built once per (section, site) and reused for every
 //! measurement; each measurement goes to every provider's histogram and, per layer, to the
 //! lock-free totals of [`super::layers`].
 //!
 //! ```text
-//! LaneState ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
-//!                                            ├──> Instruments (each provider's histogram)
-//!                                            └──> LayerTotals: the per-layer cells
+//! MetricsSink ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
+//!                                              ├──> Instruments (each provider's histogram)
+//!                                              └──> LayerTotals: the per-layer cells
 //! ```
 //!
 //! Why: building and dropping four `KeyValue`s per section, and summing per-layer totals in a

@@ -4,6 +4,10 @@ use super::Pipeline;
 use super::aggregate::Instruments;
 use super::layers::LayerTotals;
 use super::open::OpenSteps;
+use super::sinks::Sinks;
+use super::sinks::console::ConsoleSink;
+use super::sinks::metrics::MetricsSink;
+use super::sinks::spans::SpanSink;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
@@ -190,7 +194,7 @@ fn pipeline(
     layer_attr: bool,
     tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
     counts: Arc<crate::export::SpanCounts>,
-    tail: super::tail::Tail,
+    tail: super::sinks::spans::tail::Tail,
     store: Option<Arc<crate::export::ExemplarStore>>,
 ) -> Pipeline {
     let provider = SdkMeterProvider::builder().build();
@@ -198,18 +202,18 @@ fn pipeline(
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
     let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter));
-    Pipeline::new(
-        shared.clone(),
-        vec![inst],
-        layers,
-        open,
-        tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),
-        0,
-        0,
-        counts,
-        tail,
-        store,
-    )
+    let sinks = Sinks {
+        spans: SpanSink::new(
+            tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),
+            counts,
+            tail,
+            store,
+            layers.group().clone(),
+        ),
+        metrics: MetricsSink::new(vec![inst], layers, shared.experts.clone()),
+        console: ConsoleSink::new(0, 0),
+    };
+    Pipeline::new(shared.clone(), open, sinks)
 }
 
 /// [`pipeline`] without spans.
@@ -219,7 +223,7 @@ fn untraced(shared: &Arc<Shared>, layer_attr: bool) -> Pipeline {
         layer_attr,
         None,
         Default::default(),
-        super::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
+        super::sinks::spans::tail::Tail::new(crate::config::TraceSlowerThan::Off, 1),
         None,
     )
 }
@@ -230,7 +234,7 @@ fn rec(shared: &Arc<Shared>) -> Recorder {
 
 /// (value, attributes) of every measurement of `name`.
 fn values(p: &Pipeline, name: &str) -> Vec<(f64, Vec<(String, String)>)> {
-    p.inst[0]
+    p.sinks.metrics.instruments()[0]
         .log
         .lock()
         .unwrap()
@@ -251,9 +255,9 @@ fn layer_values(p: &Pipeline, waits: bool) -> Vec<(f64, Vec<(String, String)>)> 
         v.push((secs, a));
     };
     if waits {
-        p.layers.each_wait(&mut f);
+        p.sinks.metrics.layers().each_wait(&mut f);
     } else {
-        p.layers.each_section(&mut f);
+        p.sinks.metrics.layers().each_section(&mut f);
     }
     v
 }
@@ -526,7 +530,7 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 #[test]
 fn the_console_spec_lines_replay_through_the_importer() {
     use phasetrace_import::{ImportOptions, ImportRecord, import_reader};
-    let sp = super::aggregate::SpecTally {
+    let sp = super::sinks::console::SpecTally {
         rounds: 16,
         k: 4,
         phases: [
@@ -536,7 +540,7 @@ fn the_console_spec_lines_replay_through_the_importer() {
             16 * 25 * US,
             16 * 20 * US,
         ],
-        split: super::aggregate::VerifySplit {
+        split: super::event::VerifySplit {
             kda: 16 * 130 * US,
             kda_scan: 16 * 60 * US,
             mla: 16 * 70 * US,
@@ -544,7 +548,7 @@ fn the_console_spec_lines_replay_through_the_importer() {
             rest: 16 * 220 * US,
         },
     };
-    let text = super::spec_lines(&sp, true);
+    let text = super::sinks::console::spec_lines(&sp, true);
     let file = import_reader(
         text.as_bytes(),
         ImportOptions {
@@ -751,7 +755,7 @@ fn every_measurement_carries_the_group() {
         );
     });
     assert_eq!(expert_series, 1);
-    let log = p.inst[0].log.lock().unwrap();
+    let log = p.sinks.metrics.instruments()[0].log.lock().unwrap();
     assert!(log.len() >= 3, "{log:?}");
     for (name, a, _) in log.iter() {
         assert_eq!(
@@ -836,7 +840,7 @@ fn traced(
         true,
         Some(provider.tracer("test")),
         counts,
-        super::tail::Tail::new(rule, budget),
+        super::sinks::spans::tail::Tail::new(rule, budget),
         Some(store.clone()),
     );
     Traced {
@@ -1262,7 +1266,7 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
 /// each carries the group.
 fn open_at(p: &Pipeline, now: u64) -> Vec<(String, f64)> {
     let mut v = Vec::new();
-    p.open.each_at(now, |kv, secs| {
+    p.pairing.open().each_at(now, |kv, secs| {
         let a: Vec<(String, String)> = kv
             .iter()
             .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
@@ -1498,7 +1502,7 @@ fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
     let l2 = probe(2);
     match get(l2, crate::names::attr::EXPERT_IDS) {
         Some(Value::Array(opentelemetry::Array::I64(ids))) => {
-            assert_eq!(ids.len(), super::spans::PROBE_IDS_MAX);
+            assert_eq!(ids.len(), super::sinks::spans::build::PROBE_IDS_MAX);
             assert_eq!(&ids[..8], &[0, 1, 2, 3, 4, 5, 6, 0]);
         }
         other => panic!("layer 2's probe: {other:?}"),
@@ -1509,4 +1513,98 @@ fn a_traced_steps_rendezvous_probes_carry_the_expert_ids_their_layer_routed() {
     );
     // A layer that routed nothing in the step: its probe carries no ids.
     assert_eq!(get(probe(3), crate::names::attr::EXPERT_IDS), None);
+}
+
+/// What pairing delivers, kept as text, with no sink behind it.
+#[derive(Default)]
+struct Events(Vec<String>);
+
+impl super::event::Sink for Events {
+    fn on(&mut self, e: &super::event::Event<'_>) {
+        use super::event::Event;
+        let us = |ns: u64| ns / US;
+        self.0.push(match e {
+            Event::Section {
+                section,
+                ns,
+                nested,
+                ..
+            } => format!("section {} {}us nested={nested}", section.as_str(), us(*ns)),
+            Event::Wait { ns, .. } => format!("wait {}us", us(*ns)),
+            Event::Route { ids, .. } => format!("route {ids:?}"),
+            Event::Step(s) => format!(
+                "step {}us wait {}us held={}",
+                us(s.ns),
+                us(s.wait_ns),
+                s.held.is_some()
+            ),
+            Event::Round(r) => format!(
+                "round k={} accepted={:?} draft {}us verify {}us",
+                r.k,
+                r.accepted,
+                us(r.phases[Phase::Draft as usize]),
+                us(r.phases[Phase::Verify as usize])
+            ),
+            Event::Dropped { reason, n } => format!("dropped {} {n}", reason.as_str()),
+            Event::Drained => "drained".to_owned(),
+        });
+    }
+}
+
+#[test]
+fn pairing_alone_turns_marks_into_events_in_order() {
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        150 * US,
+        250 * US,
+        300 * US,
+        340 * US,
+        350 * US,
+        700 * US,
+        1000 * US,
+        1100 * US,
+        1200 * US,
+        1500 * US,
+        1600 * US,
+    ]);
+    let (shared, _) = setup(Level::Full, SpecLevel::Phases, clock);
+    let open = OpenSteps::new(opentelemetry::KeyValue::new("group", "tp0"));
+    let mut pairing = super::pair::Pairing::new(shared.clone(), open, Default::default());
+    let r = rec(&shared);
+    {
+        let _step = r.step();
+        let _m = r.section(Section::KDA_MIXER, 1u32, Site::ATTN);
+        {
+            let _f = r.section(Section::KDA_FRONT, 1u32, Site::ATTN);
+        }
+        {
+            let _p = r.section(Section::REDUCE_ATTN_BAR, 1u32, Site::ATTN);
+        }
+        r.end_section(Section::NORM); // never begun
+    }
+    let round = r.round(4);
+    round.phase(Phase::Draft);
+    round.phase(Phase::Verify);
+    round.end(3);
+    let mut events = Events::default();
+    pairing.pass(&mut events);
+    // A round is finalized one pass after its end, when verify parts from other threads are in.
+    let before_finalize = events.0.len();
+    pairing.finalize_ended(&mut events);
+    assert_eq!(
+        events.0,
+        [
+            "section kda_front 100us nested=true",
+            "section reduce_attn_bar 40us nested=true",
+            "wait 40us",
+            "dropped unbalanced 1",
+            "section kda_mixer 600us nested=false",
+            "step 1000us wait 40us held=false",
+            "round k=4 accepted=Some(3) draft 100us verify 300us",
+        ]
+    );
+    assert_eq!(before_finalize, 6);
+    let c = pairing.counts();
+    assert_eq!((c.marks, c.sections, c.steps, c.rounds), (13, 3, 1, 1));
 }

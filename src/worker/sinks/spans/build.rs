@@ -8,82 +8,16 @@
 //! spec.round ── draft | verify ── kda | mla ... | accept | rollback | maint
 //! ```
 
-use crate::config::Timing;
 use crate::names::{attr, span};
 use crate::timing::to_system_time;
-use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, VerifyPart};
+use crate::worker::event::HeldStep;
+use crate::worker::trace::{Interval, Parent, StepTrace};
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
-
-/// One timed section of a sampled step; `end == None` while open.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SectionSpan {
-    pub(crate) section: Section,
-    pub(crate) layer: Layer,
-    pub(crate) site: Site,
-    pub(crate) start: u64,
-    pub(crate) end: Option<u64>,
-    /// Index of the enclosing section in the same step.
-    pub(crate) parent: Option<usize>,
-}
-
-/// The expert ids routed in one layer of a traced step, at a time.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Route {
-    pub(crate) layer: Layer,
-    /// The range of [`StepTrace::expert_ids`] (one buffer per step, reused).
-    pub(crate) ids: std::ops::Range<usize>,
-    pub(crate) at: u64,
-}
-
-/// A rendezvous wait the engine measured itself, in a traced step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Wait {
-    pub(crate) site: Site,
-    pub(crate) layer: Layer,
-    pub(crate) ns: u64,
-    pub(crate) at: u64,
-}
-
-/// The span context of the engine's `tracing` span that parents a sampled step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Parent {
-    pub(crate) trace_id: u128,
-    pub(crate) span_id: u64,
-}
-
-/// Something (a phase, a verify part) that ran from `start` to `end`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Interval<T> {
-    pub(crate) what: T,
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-}
-
-/// What the worker holds of the open step for its trace: kept for every step while tail
-/// sampling is on (the buffers are reused from step to step), else for sampled steps only.
-#[derive(Debug, Default)]
-pub(crate) struct StepTrace {
-    pub(crate) sections: Vec<SectionSpan>,
-    pub(crate) routes: Vec<Route>,
-    pub(crate) expert_ids: Vec<u16>,
-    pub(crate) waits: Vec<Wait>,
-    pub(crate) parent: Option<Parent>,
-}
-
-impl StepTrace {
-    /// Empties the trace for the next step, keeping its buffers.
-    pub(crate) fn clear(&mut self) {
-        self.sections.clear();
-        self.routes.clear();
-        self.expert_ids.clear();
-        self.waits.clear();
-        self.parent = None;
-    }
-}
 
 /// Why a step or round was traced (the `phasetrace.sampled` span attribute).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,30 +120,26 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
     1 + layers.len() + trace.sections.iter().filter(|s| s.end.is_some()).count()
 }
 
-/// Builds `decode.step -> layer -> section` spans; `started` sees their ids once every span
-/// has started and before any has ended. Returns how many spans were built.
-#[allow(clippy::too_many_arguments)]
+/// Builds `decode.step -> layer -> section` spans for a step of `rank`; `started` sees their
+/// ids once every span has started and before any has ended. Returns how many spans were built.
 pub(crate) fn build_step(
     tracer: &BoxedTracer,
-    trace: &StepTrace,
     rank: u32,
-    step: u64,
-    start: u64,
-    stop: u64,
-    timing: Timing,
+    step: &HeldStep<'_>,
     group: &KeyValue,
     why: Why,
     started: impl FnOnce(&BuiltStep),
 ) -> usize {
+    let trace = step.trace;
     let root = child(
         tracer,
         &parent_context(trace.parent),
         span::STEP,
-        start,
+        step.start,
         vec![
             KeyValue::new(attr::RANK, i64::from(rank)),
-            KeyValue::new(attr::STEP, step as i64),
-            KeyValue::new(attr::TIMING, timing.as_str()),
+            KeyValue::new(attr::STEP, step.number as i64),
+            KeyValue::new(attr::TIMING, step.timing.as_str()),
             KeyValue::new(attr::SAMPLED, why.as_str()),
         ],
         group,
@@ -320,14 +250,8 @@ pub(crate) fn build_step(
     for (_, cx, e) in &layer_cx {
         end(cx, *e);
     }
-    end(&root, stop);
+    end(&root, step.end);
     built
-}
-
-/// What a sampled round collected: its phase intervals.
-#[derive(Debug, Default)]
-pub(crate) struct RoundTrace {
-    pub(crate) phases: Vec<Interval<Phase>>,
 }
 
 /// One sampled round, ready for its spans.

@@ -1,0 +1,169 @@
+//! The boundary after pairing: what pairing measured, as events, and the [`Sink`] that takes
+//! them.
+//!
+//! ```text
+//! pairing (marks -> durations) ──&Event──> Sink::on ──> metrics | spans | console
+//!   Section, Wait, Route, Step, Round, Dropped, Drained           (super::sinks)
+//! ```
+//!
+//! An event borrows what pairing holds (the held trace of a step or round, a route's ids), so
+//! delivering one allocates nothing. Pairing knows no instrument, tracer or table; a sink learns
+//! nothing but events, and tells pairing nothing back: which traces to hold is fixed when the
+//! pipeline is built ([`Hold`]).
+
+use super::trace::{Interval, StepTrace};
+use crate::config::Timing;
+use crate::names::DropReason;
+use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+
+/// One measured thing, in the order pairing found it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event<'a> {
+    /// A section paired: `ns` from its begin to its end on one lane of `rank`.
+    Section {
+        rank: u32,
+        section: Section,
+        site: Site,
+        layer: Layer,
+        ns: u64,
+        /// Recorded inside another section.
+        nested: bool,
+    },
+    /// Time `rank` waited at a collective's rendezvous: a probe section (which is also a
+    /// [`Event::Section`]) or a wait the engine measured itself.
+    Wait {
+        rank: u32,
+        site: Site,
+        layer: Layer,
+        ns: u64,
+    },
+    /// Expert ids routed in one MoE layer.
+    Route {
+        rank: u32,
+        layer: Layer,
+        ids: &'a [u16],
+    },
+    /// A step ended.
+    Step(Step<'a>),
+    /// A speculative round ended, joined with the verify parts recorded for it.
+    Round(Round<'a>),
+    /// `n` records dropped for `reason` (never 0).
+    Dropped { reason: DropReason, n: u64 },
+    /// A drain pass is over: every lane drained, the ready rounds finalized.
+    Drained,
+}
+
+/// A step that ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Step<'a> {
+    pub(crate) rank: u32,
+    pub(crate) ns: u64,
+    /// Of `ns`, the time spent at rendezvous probes and in waits the engine reported.
+    pub(crate) wait_ns: u64,
+    /// The step's trace, when pairing held it.
+    pub(crate) held: Option<HeldStep<'a>>,
+}
+
+/// What a step's spans need that only pairing knows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldStep<'a> {
+    /// Its sections, routes, waits and parent span.
+    pub(crate) trace: &'a StepTrace,
+    /// The lane's step count before this one.
+    pub(crate) number: u64,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    /// One in N, flagged on the hot path.
+    pub(crate) sampled: bool,
+    /// The lane's timing backend.
+    pub(crate) timing: Timing,
+}
+
+/// A round that ended.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Round<'a> {
+    pub(crate) rank: u32,
+    pub(crate) k: u32,
+    /// `None`: the round ended without an accepted count (counted as unbalanced).
+    pub(crate) accepted: Option<u32>,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    /// Nanoseconds by `Phase`.
+    pub(crate) phases: [u64; Phase::ALL.len()],
+    /// Bit per phase marked in this round (a phase may take 0 ns and still have run).
+    pub(crate) ran: u8,
+    /// The verify sub-split, at `PHASETRACE_SPEC_LEVEL=2` only.
+    pub(crate) split: Option<VerifySplit>,
+    /// The round's trace, when pairing held it.
+    pub(crate) held: Option<HeldRound<'a>>,
+}
+
+/// What a round's spans need that only pairing knows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeldRound<'a> {
+    /// One in N, flagged on the hot path.
+    pub(crate) sampled: bool,
+    pub(crate) phases: &'a [Interval<Phase>],
+    /// Verify parts, in start order.
+    pub(crate) parts: &'a [Interval<VerifyPart>],
+}
+
+/// Which steps and rounds pairing holds the trace of, for the span sink; fixed when the
+/// pipeline is built, so no sink steers pairing at run time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// Those flagged one in N on the hot path (there is a tracer).
+    pub(crate) sampled: bool,
+    /// Every one, since any may turn out slow (tail sampling is on too).
+    pub(crate) every: bool,
+}
+
+/// Takes the events of pairing. Implemented by the fixed set of sinks
+/// ([`super::sinks::Sinks`]); pairing is generic over it, so delivery is a direct call.
+pub(crate) trait Sink {
+    fn on(&mut self, e: &Event<'_>);
+}
+
+/// The verify sub-split of one round or a window of rounds, nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct VerifySplit {
+    pub(crate) kda: u64,
+    pub(crate) kda_scan: u64,
+    pub(crate) mla: u64,
+    pub(crate) ffn: u64,
+    /// Verify less kda and mla.
+    pub(crate) rest: u64,
+}
+
+impl VerifySplit {
+    /// The split of a round whose verify phase took `verify` ns, from its parts' totals.
+    pub(crate) fn of(verify: u64, parts: &[u64; VerifyPart::ALL.len()]) -> VerifySplit {
+        let part = |p: VerifyPart| parts[p as usize];
+        VerifySplit {
+            kda: part(VerifyPart::Kda),
+            kda_scan: part(VerifyPart::KdaScan),
+            mla: part(VerifyPart::Mla),
+            ffn: part(VerifyPart::Ffn),
+            rest: verify.saturating_sub(part(VerifyPart::Kda) + part(VerifyPart::Mla)),
+        }
+    }
+
+    /// Each `part` value with its nanoseconds.
+    pub(crate) fn by_name(&self) -> [(&'static str, u64); 5] {
+        [
+            (VerifyPart::Kda.as_str(), self.kda),
+            (VerifyPart::KdaScan.as_str(), self.kda_scan),
+            (VerifyPart::Mla.as_str(), self.mla),
+            (VerifyPart::Ffn.as_str(), self.ffn),
+            (VerifyPart::REST, self.rest),
+        ]
+    }
+
+    pub(crate) fn add(&mut self, o: &VerifySplit) {
+        self.kda += o.kda;
+        self.kda_scan += o.kda_scan;
+        self.mla += o.mla;
+        self.ffn += o.ffn;
+        self.rest += o.rest;
+    }
+}

@@ -1,0 +1,268 @@
+//! The console sink: per-section totals for the summary table (printed every
+//! `PHASETRACE_SUMMARY_EVERY` steps per rank, at shutdown, and by [`crate::Profiler::summary`]),
+//! and per-window phase totals for the speculative lines (every
+//! `PHASETRACE_SPEC_SUMMARY_EVERY` rounds).
+//!
+//! ```text
+//! Section ──> Tally.add      Step ──> Tally.step     Drained ──> summary table, when due
+//! Round ──> SpecTally.add ──> the spec lines, when due
+//! ```
+
+use crate::vocab::{Phase, Section};
+use crate::worker::event::{Event, VerifySplit};
+use std::io::Write;
+
+/// The console summary's and spec lines' totals, and when to print them.
+pub(crate) struct ConsoleSink {
+    tally: Tally,
+    spec: SpecTally,
+    /// Steps per rank between summaries; 0: none.
+    summary_every: u64,
+    /// Rounds between spec lines; 0: none.
+    spec_summary_every: u64,
+    next_summary: u64,
+}
+
+impl ConsoleSink {
+    pub(crate) fn new(summary_every: u64, spec_summary_every: u64) -> ConsoleSink {
+        ConsoleSink {
+            tally: Tally::default(),
+            spec: SpecTally::default(),
+            summary_every,
+            spec_summary_every,
+            next_summary: summary_every,
+        }
+    }
+
+    /// Sections (most events) are tallied inline; the rest out of line.
+    #[inline(always)]
+    pub(crate) fn on(&mut self, e: &Event<'_>) {
+        match e {
+            Event::Section {
+                section,
+                ns,
+                nested,
+                ..
+            } => self.tally.add(*section, *ns, *nested),
+            Event::Wait { .. } | Event::Route { .. } | Event::Dropped { .. } => {}
+            Event::Step(_) | Event::Round(_) | Event::Drained => self.on_other(e),
+        }
+    }
+
+    #[inline(never)]
+    fn on_other(&mut self, e: &Event<'_>) {
+        match e {
+            Event::Step(s) => self.tally.step(s.rank, s.ns),
+            Event::Round(r) => {
+                let sp = &mut self.spec;
+                sp.add(r.k, &r.phases, &r.split.unwrap_or_default());
+                if self.spec_summary_every > 0 && sp.rounds >= self.spec_summary_every {
+                    let line = spec_lines(sp, r.split.is_some());
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                    *sp = SpecTally::default();
+                }
+            }
+            Event::Drained => self.maybe_print_summary(),
+            Event::Section { .. }
+            | Event::Wait { .. }
+            | Event::Route { .. }
+            | Event::Dropped { .. } => {}
+        }
+    }
+
+    fn maybe_print_summary(&mut self) {
+        if self.summary_every == 0 || self.tally.steps < self.next_summary {
+            return;
+        }
+        let ranks = self.tally.ranks.len().max(1) as u64;
+        while self.next_summary <= self.tally.steps {
+            self.next_summary += self.summary_every * ranks;
+        }
+        let text = summary_table(&self.tally);
+        let _ = std::io::stderr().write_all(text.as_bytes());
+    }
+
+    pub(crate) fn tally(&self) -> &Tally {
+        &self.tally
+    }
+}
+
+/// One row of the console summary.
+struct SummaryRow {
+    section: Section,
+    ns: u64,
+    calls: u64,
+    nested: bool,
+}
+
+/// The summary header's step count: per rank when all ranks ran as many steps, else the
+/// range over ranks.
+fn steps_per_rank(t: &Tally) -> String {
+    let min = t.ranks.values().copied().min().unwrap_or(0);
+    let max = t.ranks.values().copied().max().unwrap_or(0);
+    match t.ranks.len() {
+        0 | 1 => format!("{} steps", t.steps),
+        n if min == max => format!("{max} steps x {n} ranks (per rank)"),
+        n => format!("{} steps over {n} ranks ({min} to {max} per rank)", t.steps),
+    }
+}
+
+/// The console summary table: per bucket ms/token, share %, calls/token, µs/call, sorted.
+pub(crate) fn summary_table(t: &Tally) -> String {
+    use std::fmt::Write as _;
+    let steps = t.steps.max(1) as f64;
+    let top: u64 = t.sections.iter().filter(|s| !s.nested).map(|s| s.ns).sum();
+    let mut rows: Vec<SummaryRow> = t
+        .sections
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.calls > 0)
+        .map(|(i, s)| SummaryRow {
+            section: Section::from_id(i as u16),
+            ns: s.ns,
+            calls: s.calls,
+            nested: s.nested,
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.ns));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "phasetrace decode profile after {}: {:.3} ms/token in sections, {:.3} ms/token per step",
+        steps_per_rank(t),
+        top as f64 / 1e6 / steps,
+        t.step_ns as f64 / 1e6 / steps,
+    );
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>10} {:>7} {:>10} {:>10}",
+        "bucket", "ms/token", "share", "calls/tok", "us/call"
+    );
+    for r in rows {
+        let name = r.section.as_str();
+        let _ = writeln!(
+            out,
+            "  {:<16} {:>10.3} {:>6.1}% {:>10.2} {:>10.1}",
+            if r.nested {
+                format!(" ↳{name}")
+            } else {
+                name.to_owned()
+            },
+            r.ns as f64 / 1e6 / steps,
+            100.0 * r.ns as f64 / top.max(1) as f64,
+            r.calls as f64 / steps,
+            r.ns as f64 / 1e3 / r.calls.max(1) as f64,
+        );
+    }
+    out
+}
+
+/// The speculative console lines: phases per round, and the verify sub-split at level 2.
+pub(crate) fn spec_lines(sp: &SpecTally, split: bool) -> String {
+    let per = |ns: u64| ns as f64 / 1e6 / sp.rounds.max(1) as f64;
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let total: u64 = sp.phases.iter().sum();
+    let (draft, verify, accept, roll, maint) = (
+        sp.phase(Phase::Draft),
+        sp.phase(Phase::Verify),
+        sp.phase(Phase::Accept),
+        sp.phase(Phase::Rollback),
+        sp.phase(Phase::Maint),
+    );
+    let mut s = format!(
+        "[phasetrace-spec] rounds={} k={} total={:.2}ms | draft={:.2} verify={:.2} accept={:.2} roll={:.2} maint={:.2} | per-round ms: draft={:.3} verify={:.3} accept={:.3} roll={:.3} maint={:.3} total={:.3}\n",
+        sp.rounds,
+        sp.k,
+        ms(total),
+        ms(draft),
+        ms(verify),
+        ms(accept),
+        ms(roll),
+        ms(maint),
+        per(draft),
+        per(verify),
+        per(accept),
+        per(roll),
+        per(maint),
+        per(total)
+    );
+    if split {
+        let v = &sp.split;
+        s += &format!(
+            "[phasetrace-spec-v] rounds={} k={} | per-round ms: vkda={:.3} (scan={:.3}) vmla={:.3} vrest={:.3} (vffn={:.3})\n",
+            sp.rounds,
+            sp.k,
+            per(v.kda),
+            per(v.kda_scan),
+            per(v.mla),
+            per(v.rest),
+            per(v.ffn)
+        );
+    }
+    s
+}
+
+/// One section's totals for the console summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SectionTally {
+    pub(crate) ns: u64,
+    pub(crate) calls: u64,
+    /// Ever recorded inside another section.
+    pub(crate) nested: bool,
+}
+
+/// Per-section totals for the console summary.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Tally {
+    /// Indexed by section id.
+    pub(crate) sections: Vec<SectionTally>,
+    /// Steps of all ranks.
+    pub(crate) steps: u64,
+    pub(crate) step_ns: u64,
+    /// Steps per rank.
+    pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, s: Section, ns: u64, nested: bool) {
+        let i = s.id() as usize;
+        if self.sections.len() <= i {
+            self.sections.resize(i + 1, SectionTally::default());
+        }
+        let e = &mut self.sections[i];
+        e.ns += ns;
+        e.calls += 1;
+        e.nested |= nested;
+    }
+
+    pub(crate) fn step(&mut self, rank: u32, ns: u64) {
+        self.steps += 1;
+        self.step_ns += ns;
+        *self.ranks.entry(rank).or_default() += 1;
+    }
+}
+
+/// Per-round-window totals for the speculative console line.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpecTally {
+    pub(crate) rounds: u64,
+    pub(crate) k: u32,
+    /// Indexed by `Phase`.
+    pub(crate) phases: [u64; Phase::ALL.len()],
+    pub(crate) split: VerifySplit,
+}
+
+impl SpecTally {
+    pub(crate) fn add(&mut self, k: u32, phases: &[u64; Phase::ALL.len()], split: &VerifySplit) {
+        self.rounds += 1;
+        self.k = self.k.max(k);
+        for (acc, v) in self.phases.iter_mut().zip(phases) {
+            *acc += v;
+        }
+        self.split.add(split);
+    }
+
+    pub(crate) fn phase(&self, p: Phase) -> u64 {
+        self.phases[p as usize]
+    }
+}
