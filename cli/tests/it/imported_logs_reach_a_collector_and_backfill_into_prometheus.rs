@@ -862,7 +862,7 @@ fn backfilled_per_layer_counters_answer_the_dashboards_and_rules_exactly() {
         BTreeSet::from([
             ("collectives-rank-skew.json", "Mean wait: layer x rank"),
             ("collectives-rank-skew.json", "Rank skew by site and layer"),
-            ("collectives-rank-skew.json", "Wait p99 by layer"),
+            ("collectives-rank-skew.json", "Mean wait by layer"),
             (
                 "decode-sections.json",
                 "Layer x bucket heatmap (time per token)"
@@ -893,7 +893,7 @@ fn backfilled_per_layer_counters_answer_the_dashboards_and_rules_exactly() {
                         .collect(),
                 ),
                 // The same per layer, all ranks together.
-                "Wait p99 by layer" => (
+                "Mean wait by layer" => (
                     expr,
                     truth
                         .sums(run, |_, _, l| labels(&[("layer", l.to_string())]))
