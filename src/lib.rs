@@ -60,5 +60,5 @@ pub use record::{
     RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
-pub use worker::experts::{ExpertLoad, LayerLoad};
+pub use worker::sinks::metrics::experts::{ExpertLoad, LayerLoad};
 pub use worker::{Dropped, Stats};

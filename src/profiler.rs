@@ -7,11 +7,10 @@ use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
 use crate::worker::sinks::Sinks;
 use crate::worker::sinks::console::ConsoleSink;
-use crate::worker::sinks::metrics::MetricsSink;
+use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
+use crate::worker::sinks::metrics::{MetricsSink, aggregate::Instruments, layers::LayerTotals};
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
-use crate::worker::{
-    Pipeline, Stats, Worker, aggregate::Instruments, layers::LayerTotals, open::OpenSteps,
-};
+use crate::worker::{Pipeline, Stats, Worker, open::OpenSteps};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -288,10 +287,7 @@ impl ProfilerBuilder {
             trace_every: cfg.trace_every,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
-            experts: crate::worker::experts::ExpertTotals::new(
-                crate::worker::experts::ExpertSettings::of(&cfg),
-                &cfg.group,
-            ),
+            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
             queue: cfg.queue,
             rank: cfg.rank,
             clock,

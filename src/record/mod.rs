@@ -79,7 +79,7 @@ pub(crate) struct Shared {
     pub(crate) spec_level: Gate<SpecLevel>,
     pub(crate) trace_every: u64,
     /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`), read by `Profiler::expert_load`.
-    pub(crate) experts: Arc<crate::worker::experts::ExpertTotals>,
+    pub(crate) experts: Arc<crate::worker::sinks::metrics::experts::ExpertTotals>,
     pub(crate) queue: usize,
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,

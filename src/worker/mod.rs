@@ -8,9 +8,9 @@
 //!                  │        since when the oldest mark is pending: one cell a lane, no locks)
 //!                  └──> event.rs: Section, Wait, Route, Step, Round, Dropped, Drained
 //!                         └──> sinks/: Sinks::on, each event to every sink in turn
-//!                                ├──> metrics.rs: LaneSeries (series.rs) ─┬─> Instruments
+//!                                ├──> metrics/: LaneSeries (series.rs) ─┬─> Instruments
 //!                                │    (aggregate.rs: SDK histograms and counters)
-//!                                │                                      └─> LayerTotals
+//!                                │                                    └─> LayerTotals
 //!                                │    (layers.rs), ExpertWriter (experts.rs), drop counts
 //!                                ├──> spans/: Tail (tail.rs: sampled one in N? slower than the
 //!                                │    threshold, within the rank's budget?) ──> span budget
@@ -23,15 +23,11 @@
 //! span sink's alone. The pipeline sits behind a mutex that only the worker thread and explicit
 //! [`crate::Profiler::flush`] calls take; the hot path never touches it.
 
-pub(crate) mod aggregate;
 mod attrs;
 mod event;
-pub(crate) mod experts;
-pub(crate) mod layers;
 pub(crate) mod open;
 mod pair;
 mod replay;
-pub(crate) mod series;
 pub(crate) mod sinks;
 mod stats;
 mod trace;

@@ -1,12 +1,13 @@
 //! Pipeline tests against a scripted clock: known boundary times in, exact durations out.
 
 use super::Pipeline;
-use super::aggregate::Instruments;
-use super::layers::LayerTotals;
 use super::open::OpenSteps;
 use super::sinks::Sinks;
 use super::sinks::console::ConsoleSink;
 use super::sinks::metrics::MetricsSink;
+use super::sinks::metrics::aggregate::Instruments;
+use super::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
+use super::sinks::metrics::layers::LayerTotals;
 use super::sinks::spans::SpanSink;
 use crate::config::{Level, SpecLevel};
 use crate::names::DropReason;
@@ -167,10 +168,10 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         level: Gate::new(level),
         spec_level: Gate::new(spec),
         trace_every: 0,
-        experts: crate::worker::experts::ExpertTotals::new(
-            crate::worker::experts::ExpertSettings {
+        experts: ExpertTotals::new(
+            ExpertSettings {
                 on: true,
-                ..crate::worker::experts::ExpertSettings::off()
+                ..ExpertSettings::off()
             },
             "tp0",
         ),
@@ -606,10 +607,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
-        experts: crate::worker::experts::ExpertTotals::new(
-            crate::worker::experts::ExpertSettings::off(),
-            "tp0",
-        ),
+        experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 64,
         rank: 0,
         clock: Script::new(&[0, 10, 20, 30]),
@@ -812,10 +810,7 @@ fn traced(
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
-        experts: crate::worker::experts::ExpertTotals::new(
-            crate::worker::experts::ExpertSettings::off(),
-            "tp0",
-        ),
+        experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 1 << 16,
         rank: 3,
         clock,

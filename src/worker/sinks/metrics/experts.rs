@@ -172,7 +172,7 @@ impl ExpertTotals {
         }
         let r = Arc::new(RankLoad {
             rank,
-            rank_kv: super::attrs::rank_attr(rank),
+            rank_kv: crate::worker::attrs::rank_attr(rank),
             rows: Mutex::default(),
             window: Mutex::default(),
         });

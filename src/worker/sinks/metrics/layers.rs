@@ -13,9 +13,9 @@
 //! [`DENSE_LAYERS`] - 1 have dense cells; higher layer indices (no real model has them) are
 //! summed in a map under a mutex, so nothing is lost.
 
-use super::attrs::{section_layer_attrs, wait_layer_attrs};
 use crate::names::attr;
 use crate::vocab::{Section, Site};
+use crate::worker::attrs::{section_layer_attrs, wait_layer_attrs};
 use opentelemetry::KeyValue;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

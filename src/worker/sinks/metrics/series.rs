@@ -13,9 +13,9 @@
 //! section; see `worker/drain_*` in `BENCHMARKS.md`.
 
 use super::aggregate::Instruments;
-use super::attrs::{section_attrs, step_attrs, wait_attrs};
 use super::layers::{LayerTotals, Row, RowKey, RowKind};
 use crate::vocab::{Layer, Section, Site};
+use crate::worker::attrs::{section_attrs, step_attrs, wait_attrs};
 use opentelemetry::KeyValue;
 use std::sync::Arc;
 
@@ -165,7 +165,7 @@ impl LaneSeries {
 mod tests {
     use super::*;
     use crate::names::attr;
-    use crate::worker::layers::DENSE_LAYERS;
+    use crate::worker::sinks::metrics::layers::DENSE_LAYERS;
     use opentelemetry::metrics::MeterProvider;
     use std::collections::HashMap;
 

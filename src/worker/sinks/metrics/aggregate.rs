@@ -1,5 +1,5 @@
 //! Aggregation: SDK instruments (histograms and counters), which the metrics sink records into
-//! ([`super::sinks::metrics`]).
+//! ([`super`]).
 //!
 //! The series budget: histograms with buckets carry only the attributes that quantiles and
 //! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
@@ -9,12 +9,12 @@
 //! protobuf scrape, exponential OTLP), each section and wait in a layer is also one
 //! observation of its layer's base-2 exponential distribution (`with_distributions`).
 
-use super::attrs::rank_attr;
 use super::experts::ExpertTotals;
 use super::layers::LayerTotals;
-use super::open::OpenSteps;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::Phase;
+use crate::worker::attrs::rank_attr;
+use crate::worker::open::OpenSteps;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
 use std::sync::Arc;

@@ -9,14 +9,19 @@
 //! Round ──> phase, part and round instruments                    Dropped ──> counted here only
 //! ```
 
+pub(crate) mod aggregate;
+pub(crate) mod experts;
+pub(crate) mod layers;
+pub(crate) mod series;
+
 use crate::names::DropReason;
 use crate::vocab::Phase;
-use crate::worker::aggregate::Instruments;
 use crate::worker::event::Event;
-use crate::worker::experts::{ExpertTotals, ExpertWriter};
-use crate::worker::layers::LayerTotals;
-use crate::worker::series::LaneSeries;
 use crate::worker::stats::Dropped;
+use aggregate::Instruments;
+use experts::{ExpertTotals, ExpertWriter};
+use layers::LayerTotals;
+use series::LaneSeries;
 use std::sync::Arc;
 
 /// The instruments of every meter provider, the series of every rank, the expert writer and
