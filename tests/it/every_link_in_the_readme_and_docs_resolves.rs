@@ -44,13 +44,23 @@ fn include_patterns() -> Vec<String> {
 
 /// Whether a repository-relative path (`docs/telemetry.md`) is in the package.
 fn packaged(relative: &str, patterns: &[String]) -> bool {
-    patterns.iter().any(|p| {
+    let matches = |p: &str| {
         let p = p.trim_start_matches('/');
         match p.strip_suffix("/**") {
             Some(dir) => relative.starts_with(&format!("{dir}/")),
             None => relative == p,
         }
-    })
+    };
+    // `!pattern` takes a file back out (gitignore-style, as cargo reads `include`).
+    let excluded = patterns
+        .iter()
+        .filter_map(|p| p.strip_prefix('!'))
+        .any(matches);
+    !excluded
+        && patterns
+            .iter()
+            .filter(|p| !p.starts_with('!'))
+            .any(|p| matches(p))
 }
 
 /// Link targets in a Markdown text, outside code blocks and inline code: `[text](target)`.
