@@ -354,7 +354,10 @@ impl Start {
                 let exponential =
                     crate::export::views::exponential_views_applied() > exponential_before;
                 let d = d.clone().or_else(|| exponential.then(|| m.clone()));
-                i.with_distributions(d.as_ref())
+                // With twins, the distributions' meter is the endpoint's native provider, which
+                // only protobuf scrapes read: recorded from the first one on, as the twins.
+                let wanted = t.is_some().then_some(&exporters.native_wanted);
+                i.with_distributions(d.as_ref(), wanted)
                     .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();

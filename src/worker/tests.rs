@@ -202,7 +202,7 @@ fn pipeline(
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
-    let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter));
+    let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter), None);
     let sinks = Sinks {
         spans: SpanSink::new(
             tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),

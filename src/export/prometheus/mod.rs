@@ -705,6 +705,24 @@ mod tests {
         raw[at + 4..].to_vec()
     }
 
+    /// The observations of the per-layer section distribution, over all its points.
+    fn layer_observations(body: &[u8]) -> u64 {
+        use prost::Message as _;
+        let mut buf = body;
+        let mut n = 0;
+        while !buf.is_empty() {
+            let f = super::proto::MetricFamily::decode_length_delimited(&mut buf).expect("decode");
+            if f.name == "phasetrace_section_layer_duration_seconds" {
+                n += f
+                    .metric
+                    .iter()
+                    .map(|m| m.histogram.as_ref().map_or(0, |h| h.sample_count))
+                    .sum::<u64>();
+            }
+        }
+        n
+    }
+
     /// (classic `+Inf` count, native count, native spans) of each section histogram point.
     fn sections(body: &[u8]) -> Vec<(u64, u64, usize)> {
         use prost::Message as _;
@@ -725,7 +743,7 @@ mod tests {
     }
 
     #[test]
-    fn native_halves_are_recorded_from_the_first_protobuf_scrape_on() {
+    fn native_halves_and_layer_distributions_are_recorded_from_the_first_protobuf_scrape_on() {
         use crate::{Level, Profiler, Section, Site};
         let p = Profiler::builder()
             .without_env()
@@ -746,10 +764,19 @@ mod tests {
         const PROTOBUF: &str = super::encode::PROTOBUF_CONTENT_TYPE;
         // The first protobuf scrape: the classic buckets hold the 3, the native half is empty
         // (nothing asked for it before) but present, so the series is native from the start.
-        let first = sections(&get(addr, PROTOBUF));
+        let first_body = get(addr, PROTOBUF);
+        let first = sections(&first_body);
         assert_eq!(first, vec![(3, 0, 1)], "{first:?}");
+        // So are the per-layer distributions: only the protobuf scrape reads them.
+        assert_eq!(layer_observations(&first_body), 0);
         record(5);
-        let second = sections(&get(addr, PROTOBUF));
+        let second_body = get(addr, PROTOBUF);
+        assert_eq!(
+            layer_observations(&second_body),
+            5,
+            "the per-layer distributions count from the first protobuf scrape"
+        );
+        let second = sections(&second_body);
         assert_eq!(second.len(), 1);
         let (inf, native, spans) = second[0];
         assert_eq!(

@@ -30,6 +30,10 @@ pub(crate) struct Instruments {
     /// the meter `export::build` chose for this provider; none where nothing exports them.
     section_layer: Option<Histogram<f64>>,
     wait_layer: Option<Histogram<f64>>,
+    /// Set when only the protobuf scrape reads the distributions (the endpoint's native
+    /// provider): recorded from its first protobuf scrape on, as the twins, so that a process
+    /// scraped as text (or not at all) never pays for them.
+    layer_wanted: Option<Arc<AtomicBool>>,
     /// Base-2 exponential twins of the explicit-bucket duration histograms, on the meter
     /// whose reader only the protobuf scrape reads (see `with_native_twins`); none where
     /// nothing serves them.
@@ -178,6 +182,7 @@ impl Instruments {
         Instruments {
             section_layer: None,
             wait_layer: None,
+            layer_wanted: None,
             twins: None,
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
@@ -244,8 +249,15 @@ impl Instruments {
     }
 
     /// The per-layer distributions, created on `meter` (the provider's own, or the one that
-    /// carries them to the Prometheus endpoint); `None`: not recorded.
-    pub(crate) fn with_distributions(mut self, meter: Option<&Meter>) -> Self {
+    /// carries them to the Prometheus endpoint); `None`: not recorded. `wanted`: for the
+    /// endpoint's native provider, the flag its first protobuf scrape sets (recorded from
+    /// then on); `None`: always recorded (exponential OTLP, the engine's provider).
+    pub(crate) fn with_distributions(
+        mut self,
+        meter: Option<&Meter>,
+        wanted: Option<&Arc<AtomicBool>>,
+    ) -> Self {
+        self.layer_wanted = wanted.cloned();
         let dist = |meter: &Meter, name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -294,10 +306,20 @@ impl Instruments {
             .filter(|t| t.wanted.load(Ordering::Relaxed))
     }
 
+    /// A per-layer distribution, when it exists and its reader wants it.
+    #[inline]
+    fn layer_histogram<'a>(&self, h: &'a Option<Histogram<f64>>) -> Option<&'a Histogram<f64>> {
+        let wanted = self
+            .layer_wanted
+            .as_ref()
+            .is_none_or(|w| w.load(Ordering::Relaxed));
+        h.as_ref().filter(|_| wanted)
+    }
+
     /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
     #[inline]
     pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        if let Some(h) = &self.section_layer {
+        if let Some(h) = self.layer_histogram(&self.section_layer) {
             with_layer(kv, layer, |kv| {
                 self.note(metric::SECTION_LAYER_DURATION, kv, secs);
                 h.record(secs, kv);
@@ -308,7 +330,7 @@ impl Instruments {
     /// One rendezvous wait in `layer`: `kv` as for [`Instruments::wait`], `layer` added.
     #[inline]
     pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        if let Some(h) = &self.wait_layer {
+        if let Some(h) = self.layer_histogram(&self.wait_layer) {
             with_layer(kv, layer, |kv| {
                 self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
                 h.record(secs, kv);
