@@ -360,7 +360,8 @@ settings! {
         show: shown,
         field: timing,
         /// The timing backend by name. Env: `PHASETRACE_TIMING`; default `host`. `sync` and
-        /// `events` need a clock for the engine's stream: pass it with [`Self::with_clock`].
+        /// `events` need the engine's stream: pass it with [`Self::with_stream`] (or a clock with
+        /// [`Self::with_clock`]).
         setter: fn with_timing(timing: Timing) => timing,
     },
     HOST_CLOCK: HostSourceChoice {
