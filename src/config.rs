@@ -481,6 +481,45 @@ pub struct OtlpConfig {
     pub certificate: Option<PathBuf>,
     /// Histogram aggregation.
     pub histogram: HistogramAggregation,
+    /// The variables the values came from, for errors that name them.
+    pub(crate) vars: OtlpVars,
+}
+
+/// The variables an [`OtlpConfig`]'s endpoint, headers and CA came from: a signal's own
+/// (`OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`) or the general ones, so that an error names the
+/// variable the user set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OtlpVars {
+    pub(crate) endpoint: &'static str,
+    pub(crate) headers: &'static str,
+    pub(crate) certificate: &'static str,
+}
+
+impl OtlpVars {
+    /// The general connection's.
+    pub(crate) const GENERAL: OtlpVars = OtlpVars {
+        endpoint: env::OTEL_EXPORTER_OTLP_ENDPOINT,
+        headers: env::OTEL_EXPORTER_OTLP_HEADERS,
+        certificate: env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+    };
+}
+
+impl OtlpConfig {
+    /// The variable the endpoint came from (`OTEL_EXPORTER_OTLP_ENDPOINT` or a signal's own).
+    pub fn endpoint_var(&self) -> &'static str {
+        self.vars.endpoint
+    }
+
+    /// The variable the headers came from (`OTEL_EXPORTER_OTLP_HEADERS` or a signal's own).
+    pub fn headers_var(&self) -> &'static str {
+        self.vars.headers
+    }
+
+    /// The variable the custom CA came from (`OTEL_EXPORTER_OTLP_CERTIFICATE` or a signal's
+    /// own).
+    pub fn certificate_var(&self) -> &'static str {
+        self.vars.certificate
+    }
 }
 
 impl fmt::Debug for OtlpConfig {
@@ -922,6 +961,7 @@ impl ConfigBuilder {
             gzip: compression == Compression::Gzip,
             certificate: certificate.clone(),
             histogram,
+            vars: OtlpVars::GENERAL,
         });
         // A signal's own variable wins over the general one (the OTel SDK environment spec);
         // the general endpoint gets the signal's path over HTTP, a signal's own is used as is.
@@ -941,6 +981,23 @@ impl ConfigBuilder {
                 gzip: given.compression.unwrap_or(compression) == Compression::Gzip,
                 certificate: given.certificate.clone().or_else(|| certificate.clone()),
                 histogram,
+                vars: OtlpVars {
+                    endpoint: if given.endpoint.is_some() {
+                        sig.endpoint.var
+                    } else {
+                        OtlpVars::GENERAL.endpoint
+                    },
+                    headers: if given.headers.is_some() {
+                        sig.headers.var
+                    } else {
+                        OtlpVars::GENERAL.headers
+                    },
+                    certificate: if given.certificate.is_some() {
+                        sig.certificate.var
+                    } else {
+                        OtlpVars::GENERAL.certificate
+                    },
+                },
             })
         };
         let traces_endpoint = for_signal(&TRACES, &given_traces);
@@ -986,23 +1043,12 @@ impl ConfigBuilder {
             (&METRICS, &given_metrics, &metrics_otlp),
         ] {
             let Some(o) = o else { continue };
-            let (protocol_var, endpoint_var, certificate_var) = (
-                if given.protocol.is_some() {
-                    sig.protocol.var
-                } else {
-                    env::OTEL_EXPORTER_OTLP_PROTOCOL
-                },
-                if given.endpoint.is_some() {
-                    sig.endpoint.var
-                } else {
-                    env::OTEL_EXPORTER_OTLP_ENDPOINT
-                },
-                if given.certificate.is_some() {
-                    sig.certificate.var
-                } else {
-                    env::OTEL_EXPORTER_OTLP_CERTIFICATE
-                },
-            );
+            let protocol_var = if given.protocol.is_some() {
+                sig.protocol.var
+            } else {
+                env::OTEL_EXPORTER_OTLP_PROTOCOL
+            };
+            let (endpoint_var, certificate_var) = (o.vars.endpoint, o.vars.certificate);
             if !protocol_compiled(o.protocol) {
                 let feature = match o.protocol {
                     Protocol::Grpc => "otlp-grpc",

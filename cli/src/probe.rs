@@ -113,6 +113,8 @@ fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, String> {
         timeout: o.timeout,
         gzip: o.gzip,
         certificate: o.certificate.as_deref(),
+        headers_var: o.headers_var(),
+        certificate_var: o.certificate_var(),
     })
     .map_err(|e| e.to_string())
 }

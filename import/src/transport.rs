@@ -41,6 +41,8 @@ fn target(o: &OtlpConfig) -> Target<'_> {
         timeout: o.timeout,
         gzip: o.gzip,
         certificate: o.certificate.as_deref(),
+        headers_var: o.headers_var(),
+        certificate_var: o.certificate_var(),
     }
 }
 

@@ -159,20 +159,24 @@ pub enum ExportError {
     #[error(transparent)]
     WebConfig(#[from] WebConfigError),
     /// An OTLP exporter failed to build.
-    #[error(
-        "OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}: the OTLP {signal} exporter failed to build: {detail}"
-    )]
+    #[error("{var}={endpoint}: the OTLP {signal} exporter failed to build: {detail}")]
     Otlp {
         /// `traces` or `metrics`.
         signal: &'static str,
+        /// The variable the endpoint came from (`OTEL_EXPORTER_OTLP_ENDPOINT` or the
+        /// signal's own).
+        var: &'static str,
         /// The endpoint.
         endpoint: String,
         /// Why.
         detail: String,
     },
     /// The custom CA could not be read.
-    #[error("OTEL_EXPORTER_OTLP_CERTIFICATE={path}: cannot read the CA certificate ({source})")]
+    #[error("{var}={path}: cannot read the CA certificate ({source})")]
     Certificate {
+        /// The variable that named the file (`OTEL_EXPORTER_OTLP_CERTIFICATE` or the signal's
+        /// own).
+        var: &'static str,
         /// The path.
         path: String,
         /// Why.

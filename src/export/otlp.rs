@@ -15,6 +15,7 @@ use std::collections::HashMap;
 fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> ExportError {
     ExportError::Otlp {
         signal,
+        var: o.endpoint_var(),
         endpoint: o.endpoint.clone(),
         detail: e.to_string(),
     }

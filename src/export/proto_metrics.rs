@@ -75,6 +75,7 @@ impl std::fmt::Debug for ProtoMetricExporter {
 fn err(o: &OtlpConfig, detail: impl std::fmt::Display) -> ExportError {
     ExportError::Otlp {
         signal: "metrics",
+        var: o.endpoint_var(),
         endpoint: o.endpoint.clone(),
         detail: detail.to_string(),
     }

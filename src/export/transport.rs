@@ -23,18 +23,22 @@ pub(crate) fn target(o: &OtlpConfig) -> Target<'_> {
         timeout: o.timeout,
         gzip: o.gzip,
         certificate: o.certificate.as_deref(),
+        headers_var: o.headers_var(),
+        certificate_var: o.certificate_var(),
     }
 }
 
 /// `e` as the error of exporting `signal` to `o`: an unreadable CA keeps its own variant.
 pub(crate) fn export_err(signal: &'static str, o: &OtlpConfig, e: Error) -> ExportError {
     match e {
-        Error::Certificate { path, source } => ExportError::Certificate {
+        Error::Certificate { path, source, .. } => ExportError::Certificate {
+            var: o.certificate_var(),
             path: path.display().to_string(),
             source,
         },
         other => ExportError::Otlp {
             signal,
+            var: o.endpoint_var(),
             endpoint: o.endpoint.clone(),
             detail: other.to_string(),
         },

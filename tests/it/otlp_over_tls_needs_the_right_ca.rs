@@ -101,3 +101,60 @@ fn a_missing_ca_file_is_a_clear_error() {
         "{msg}"
     );
 }
+
+/// A signal's own CA or headers variable, when it is the one set, is the one a bad value's
+/// error names (not the general `OTEL_EXPORTER_OTLP_*` it overrides).
+#[test]
+fn errors_name_the_signals_own_variable_when_it_was_set() {
+    let build = |vars: &[(&str, &str)]| {
+        let mut b = Profiler::builder()
+            .without_env()
+            .with_level(Level::Full)
+            .without_prometheus();
+        for (var, value) in vars {
+            b = b.with_text(var, value).expect("a known variable");
+        }
+        b.build().expect_err("a bad value").to_string()
+    };
+    let msg = build(&[
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "https://localhost:4317",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "/nonexistent/traces-ca.pem",
+        ),
+    ]);
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE=/nonexistent/traces-ca.pem"),
+        "{msg}"
+    );
+    let msg = build(&[
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://localhost:4317",
+        ),
+        ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "ok=1"),
+        ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-token-bin=s3cret"),
+    ]);
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=http://localhost:4317"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_METRICS_HEADERS: header \"x-token-bin\""),
+        "{msg}"
+    );
+    assert!(!msg.contains("s3cret"), "{msg}");
+    // The general variables, when they are the ones set, are named as before.
+    let msg = build(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4317"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+    ]);
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem"),
+        "{msg}"
+    );
+}

@@ -17,11 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The variable that names a custom CA, as errors about it say.
-const CERTIFICATE_VAR: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
-/// The variable that holds the headers, as errors about them say.
-const HEADERS_VAR: &str = "OTEL_EXPORTER_OTLP_HEADERS";
-
 /// The OTLP/HTTP path of metrics, under the endpoint.
 pub const METRICS_PATH: &str = "/v1/metrics";
 /// The OTLP/HTTP path of traces, under the endpoint.
@@ -40,6 +35,12 @@ pub struct Target<'a> {
     pub gzip: bool,
     /// A custom CA (PEM) trusted beside the system's roots, for `https://` endpoints.
     pub certificate: Option<&'a Path>,
+    /// The variable the headers came from (`OTEL_EXPORTER_OTLP_HEADERS`, or a signal's own),
+    /// as errors about them say.
+    pub headers_var: &'a str,
+    /// The variable the custom CA came from (`OTEL_EXPORTER_OTLP_CERTIFICATE`, or a signal's
+    /// own), as errors about it say.
+    pub certificate_var: &'a str,
 }
 
 impl Target<'_> {
@@ -53,8 +54,10 @@ impl Target<'_> {
 #[non_exhaustive]
 pub enum Error {
     /// The custom CA could not be read or used.
-    #[error("{CERTIFICATE_VAR}={}: cannot read the CA certificate ({source})", path.display())]
+    #[error("{var}={}: cannot read the CA certificate ({source})", path.display())]
     Certificate {
+        /// The variable that named the file.
+        var: String,
         /// The file.
         path: PathBuf,
         /// Why.
@@ -62,11 +65,16 @@ pub enum Error {
     },
     /// A header cannot be sent as gRPC metadata (its name only: never its value).
     #[error(
-        "{HEADERS_VAR}: header {0:?} cannot be sent as gRPC metadata (expected a header name of \
+        "{var}: header {name:?} cannot be sent as gRPC metadata (expected a header name of \
          letters, digits, '-', '_' or '.', not ending in -bin, and a value without control \
          characters)"
     )]
-    Header(String),
+    Header {
+        /// The variable that held the headers.
+        var: String,
+        /// The header's name.
+        name: String,
+    },
     /// The client, the channel or the request failed: the text of the error and its sources.
     #[error("{0}")]
     Request(String),
@@ -105,10 +113,12 @@ pub fn root_store(t: &Target<'_>) -> Result<rustls::RootCertStore, Error> {
     }
     if let Some(path) = t.certificate {
         let invalid = |detail: String| Error::Certificate {
+            var: t.certificate_var.to_owned(),
             path: path.to_owned(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidData, detail),
         };
         let pem = std::fs::read(path).map_err(|source| Error::Certificate {
+            var: t.certificate_var.to_owned(),
             path: path.to_owned(),
             source,
         })?;
@@ -163,6 +173,7 @@ mod grpc {
             // Read through the root store first: it says what is wrong with the file.
             root_store(t)?;
             let pem = std::fs::read(path).map_err(|source| Error::Certificate {
+                var: t.certificate_var.to_owned(),
                 path: path.to_owned(),
                 source,
             })?;
@@ -196,7 +207,12 @@ mod grpc {
                 (Ok(k), Ok(v)) => {
                     map.insert(k, v);
                 }
-                _ => return Err(Error::Header(k.clone())),
+                _ => {
+                    return Err(Error::Header {
+                        var: t.headers_var.to_owned(),
+                        name: k.clone(),
+                    });
+                }
             }
         }
         Ok(map)
@@ -284,6 +300,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             gzip: false,
             certificate,
+            headers_var: "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            certificate_var: "OTEL_EXPORTER_OTLP_CERTIFICATE",
         }
     }
 
@@ -337,7 +355,7 @@ mod tests {
             })
             .expect_err("refused")
             .to_string();
-            assert!(e.starts_with("OTEL_EXPORTER_OTLP_HEADERS: "), "{e}");
+            assert!(e.starts_with("OTEL_EXPORTER_OTLP_TRACES_HEADERS: "), "{e}");
             assert!(e.contains(&format!("{:?}", bad.0)), "{e}");
             assert!(!e.contains("s3"), "{e}");
         }
