@@ -7,10 +7,15 @@
 //! series count stays within 5,000 and the protobuf response within 600 KB. The other scrapes the text formats only and still gets today's classic series and
 //! no per-layer distribution. The bundled recording rule on the native form
 //! (`phasetrace:collective_layer_wait_seconds:p99_5m`) and the dashboard's per-layer panels
-//! return data for every layer.
+//! return data for every layer. The bundled rules and dashboards read the duration
+//! histograms in either form (classic `_sum`/`_count`/`_bucket` or native), so on this
+//! Prometheus, which stores only the native form, the straggler and collective-wait rules
+//! return data and so does every panel of the three dashboards, every template variable and
+//! every rule (`scripts/promql-live-check.py`, with its allow-list for what a healthy run may
+//! lack, and the native-histogram panels required).
 
 use crate::cli::Demo;
-use crate::support::{self, Prometheus, http_request, http_request_bytes};
+use crate::support::{self, Prometheus, http_request, http_request_bytes, repo_root};
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -53,6 +58,10 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
             "96",
             "--dense-layers",
             "3",
+            // What the speculative-decoding dashboard reads (its phase and verify-part
+            // histograms are among those with a native half).
+            "--spec",
+            "4",
             "--forever",
             "--prometheus",
             &target,
@@ -60,9 +69,12 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         &[],
     );
     assert_eq!(demo.prometheus_addr(WAIT), target);
+    let rules = repo_root().join("otel-config/rules");
     let native = Prometheus::builder()
         .scrape_interval("1s")
-        .rule_file(support::repo_root().join("otel-config/rules/phasetrace-recording.yml"))
+        .rule_file(rules.join("phasetrace-thresholds.yml"))
+        .rule_file(rules.join("phasetrace-recording.yml"))
+        .rule_file(rules.join("phasetrace-alerts.yml"))
         .raw_job(&job("native", &target, true))
         .start();
     let text = Prometheus::builder()
@@ -105,6 +117,37 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
             .is_empty(),
         "the native scrape stores the native halves only"
     );
+    assert!(
+        native
+            .query_vector(
+                "{__name__=~\"phasetrace_(step_)?collective_wait_seconds_(sum|count|bucket)\"}"
+            )
+            .is_empty(),
+        "the native scrape stores no classic wait series"
+    );
+    // The rules the straggler and collective-wait alerts read, from the native form alone.
+    let share = native.wait_for_query(
+        "phasetrace:rank_wait_share:ratio2m",
+        |s| s.iter().any(|(_, v)| v.is_finite()),
+        WAIT,
+    );
+    assert!(
+        share
+            .iter()
+            .all(|(l, v)| l.contains_key("rank") && (0.0..=1.0).contains(v)),
+        "{share:?}"
+    );
+    for rule in [
+        "phasetrace:collective_wait_seconds:site_p99_5m",
+        "phasetrace:collective_wait_seconds:p99_5m",
+        "phasetrace:section_seconds_per_step:rate5m",
+    ] {
+        native.wait_for_query(
+            rule,
+            |s| s.iter().any(|(_, v)| v.is_finite() && *v > 0.0),
+            WAIT,
+        );
+    }
     // The per-layer sums are what the text scrape's per-layer time counters say.
     native.wait_for_query(
         "count(histogram_sum(rate(phasetrace_section_layer_duration_seconds[1m])) > 0)",
@@ -114,9 +157,13 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
 
     // The dashboards' per-layer panels: the native-histogram ones (decode sections and
     // collectives), and the per-layer time ones that fall back to the distributions' sums
-    // where the counters are left out.
+    // where the counters are left out (decode sections, speculative decoding).
     let mut checked = 0;
-    for file in ["decode-sections.json", "collectives-rank-skew.json"] {
+    for file in [
+        "decode-sections.json",
+        "collectives-rank-skew.json",
+        "speculative-decoding.json",
+    ] {
         let dashboard: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(support::repo_root().join("dashboards").join(file))
                 .expect("dashboard"),
@@ -147,7 +194,36 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
             }
         }
     }
-    assert!(checked >= 5, "{checked} per-layer panel expressions");
+    assert!(checked >= 6, "{checked} per-layer panel expressions");
+
+    // Every panel of the three dashboards, every template variable and every rule, as the
+    // live stack check runs them: its built-in allow-list (alert conditions, opt-in series,
+    // what needs a web config or OTLP), the native-histogram panels and rules required here,
+    // and what a group of one rank legitimately lacks (the time lost to a rank compares it
+    // with the other ranks of its group: none).
+    let check = std::process::Command::new("python3")
+        .arg(repo_root().join("scripts/promql-live-check.py"))
+        .args(["--prometheus", native.base_url()])
+        .args(["--retry-for", "120", "--retry-interval", "5"])
+        .args(["--expect-data", r"\(native histograms\)"])
+        .args(["--expect-data", "phasetrace:collective_layer_wait_seconds:"])
+        .args([
+            "--expect-empty",
+            "phasetrace:rank_time_lost:|phasetrace:group_time_lost:",
+        ])
+        .output()
+        .expect("running scripts/promql-live-check.py");
+    let out = String::from_utf8_lossy(&check.stdout);
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{out}\n{err}");
+    assert!(out.contains(" passed, 0 failed"), "{out}\n{err}");
+    // What the allow-list let be empty, and the tally.
+    for line in out
+        .lines()
+        .filter(|l| l.starts_with("empty (allowed") || l.contains(" passed, "))
+    {
+        eprintln!("{line}");
+    }
 
     // The budget, in Prometheus's own count (its TSDB head) and in bytes.
     let head = native.get_json("/api/v1/status/tsdb").expect("tsdb status");
