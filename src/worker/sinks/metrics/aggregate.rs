@@ -517,7 +517,10 @@ fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
     let l = KeyValue::new(attr::LAYER, i64::from(layer));
     // The section and wait attribute sets hold four keys (bucket or site, rank, group, ...):
     // a fifth would be cut here, so a new key must grow the array.
-    debug_assert!(kv.len() <= 4, "with_layer takes at most 4 attributes: {kv:?}");
+    debug_assert!(
+        kv.len() <= 4,
+        "with_layer takes at most 4 attributes: {kv:?}"
+    );
     let n = kv.len().min(4);
     let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
     f(&all[..=n]);
