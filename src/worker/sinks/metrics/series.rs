@@ -1,16 +1,21 @@
 //! Series: each rank's attribute sets, built once per (section, site) and reused for every
-//! measurement; each measurement goes to every provider's histogram and, per layer, to the
-//! lock-free totals of [`super::layers`].
+//! measurement, with their bound handles on each provider's instruments
+//! ([`super::aggregate::Handles`]); each measurement goes to every provider's histogram and,
+//! per layer, to the lock-free totals of [`super::layers`].
 //!
 //! ```text
 //! MetricsSink ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
-//!                                              ├──> Instruments (each provider's histogram)
+//!                                              ├──> Instruments (each provider's histogram,
+//!                                              │    through the series' bound handles)
 //!                                              └──> LayerTotals: the per-layer cells
 //! ```
 //!
 //! Why: building and dropping four `KeyValue`s per section, and summing per-layer totals in a
 //! `Mutex<HashMap>` keyed by a hashed tuple, cost the worker about a third of its time per
-//! section; see `worker/drain_*` in `BENCHMARKS.md`.
+//! section; the SDK's hashing and lookup of the attribute set per record (one for the
+//! histogram, one for the per-layer distribution, one per native twin) cost it most of the
+//! rest, which the bound handles skip on an SDK provider; see `worker/drain_*` in
+//! `BENCHMARKS.md`.
 
 use super::aggregate::{Handles, Instruments};
 use super::layers::{LayerTotals, Row, RowKey, RowKind};
