@@ -8,7 +8,11 @@ use crate::timing::{Clock, EngineStream, HostClock};
 use crate::worker::sinks::Sinks;
 use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
-use crate::worker::sinks::metrics::{MetricsSink, aggregate::Instruments, layers::LayerTotals};
+use crate::worker::sinks::metrics::{
+    MetricsSink,
+    aggregate::{Bind, Instruments},
+    layers::LayerTotals,
+};
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
 use crate::worker::{Pipeline, Stats, Worker, open::OpenSteps};
 use std::net::SocketAddr;
@@ -77,6 +81,9 @@ impl ProfilerBuilder {
     where
         P: opentelemetry::metrics::MeterProvider + Send + Sync + 'static,
     {
+        // Only a provider whose type is the SDK's records through bound handles: the API's
+        // default `bind` of any other drops what it is given.
+        self.given.meter_bind = Bind::of::<P>();
         self.given.meter = Some(Arc::new(provider));
         self
     }
@@ -103,6 +110,8 @@ impl ProfilerBuilder {
     /// `build()` runs (the engine sets them first): [`Self::with_meter_provider`] and
     /// [`Self::with_tracer_provider`] with the globals.
     pub fn with_global_providers(mut self) -> Self {
+        // The global provider's type is not known: recorded by attributes, never bound.
+        self.given.meter_bind = Bind::Unbound;
         self.given.meter = Some(opentelemetry::global::meter_provider());
         self.with_tracer_provider(opentelemetry::global::tracer_provider())
     }
@@ -343,21 +352,28 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
+            .zip(&exporters.binds)
             .zip(exporters.distributions.iter().zip(&exporters.twins))
-            .map(|(m, (d, t))| {
+            .map(|((m, &bind), (d, t))| {
                 let exponential_before = crate::export::views::exponential_views_applied();
                 let i = Instruments::new(m, &layers, &open, self.k_max)
-                    .with_experts(m, &shared.experts);
+                    .with_experts(m, &shared.experts)
+                    .with_bind(bind);
                 // A provider whose histograms a `view(true)` made exponential (the engine's
                 // own, told so by its view) carries the per-layer distributions at one
                 // series each; explicit buckets would cost B + 3 series per layer.
                 let exponential =
                     crate::export::views::exponential_views_applied() > exponential_before;
-                let d = d.clone().or_else(|| exponential.then(|| m.clone()));
+                // The distributions' own meter is phasetrace's (an SDK provider); on the
+                // provider's meter they bind as its instruments do.
+                let d = match d {
+                    Some(d) => Some((d, Bind::Bound)),
+                    None => exponential.then_some((m, bind)),
+                };
                 // With twins, the distributions' meter is the endpoint's native provider, which
                 // only protobuf scrapes read: recorded from the first one on, as the twins.
                 let wanted = t.is_some().then_some(&exporters.native_wanted);
-                i.with_distributions(d.as_ref(), wanted)
+                i.with_distributions(d, wanted)
                     .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
@@ -774,6 +790,32 @@ impl Profiler {
 mod tests {
     use super::*;
     use crate::{Section, Site};
+
+    #[test]
+    fn only_an_sdk_meter_provider_records_through_bound_handles() {
+        let bind = |b: ProfilerBuilder| b.given.meter_bind;
+        let sdk = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+        assert_eq!(
+            bind(Profiler::builder().with_meter_provider(sdk)),
+            Bind::Bound
+        );
+        let noop = opentelemetry::metrics::noop::NoopMeterProvider::new();
+        assert_eq!(
+            bind(Profiler::builder().with_meter_provider(noop)),
+            Bind::Unbound,
+            "another provider's bind may drop what it is given"
+        );
+        let sdk = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
+        assert_eq!(
+            bind(
+                Profiler::builder()
+                    .with_meter_provider(sdk)
+                    .with_global_providers()
+            ),
+            Bind::Unbound,
+            "the globals' type is not known"
+        );
+    }
 
     fn profiler() -> Profiler {
         Profiler::builder()

@@ -44,6 +44,7 @@ use crate::config::Config;
 #[cfg(feature = "otlp")]
 use crate::config::HistogramAggregation;
 use crate::names::{Outcome, metric, resource};
+use crate::worker::sinks::metrics::aggregate::Bind;
 use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
@@ -70,6 +71,9 @@ pub(crate) fn scope() -> InstrumentationScope {
 #[derive(Clone, Default)]
 pub(crate) struct Given {
     pub(crate) meter: Option<Arc<dyn MeterProvider + Send + Sync>>,
+    /// Whether `meter` is known to be an `SdkMeterProvider` (its type said so at
+    /// `with_meter_provider`): only then do its instruments record through bound handles.
+    pub(crate) meter_bind: Bind,
     pub(crate) tracer: Option<Arc<dyn ObjectSafeTracerProvider + Send + Sync>>,
 }
 
@@ -194,8 +198,11 @@ pub(crate) struct Exporters {
     /// (given), and phasetrace's own (OTLP and Prometheus; two when OTLP uses exponential
     /// histograms and the Prometheus endpoint keeps explicit buckets).
     pub(crate) meters: Vec<Meter>,
+    /// For each of [`Exporters::meters`], whether it records through bound handles: its
+    /// provider is an `SdkMeterProvider` (phasetrace's own always are).
+    pub(crate) binds: Vec<Bind>,
     /// For each of [`Exporters::meters`], the meter its per-layer distributions are created
-    /// on, if any (see `build`).
+    /// on, if any (see `build`): always one of phasetrace's own SDK providers.
     pub(crate) distributions: Vec<Option<Meter>>,
     /// For each of [`Exporters::meters`], the meter of the base-2 exponential twins of its
     /// explicit-bucket duration histograms (the native halves of the protobuf scrape's
@@ -433,6 +440,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         .iter()
         .map(|p| p.meter_with_scope(scope()))
         .collect();
+    let mut binds: Vec<Bind> = vec![given.meter_bind; meters.len()];
     let mut distributions: Vec<Option<Meter>> = vec![None; meters.len()];
     let mut twins: Vec<Option<Meter>> = vec![None; meters.len()];
     let mut own = |p: SdkMeterProvider, exponential_otlp: bool, serves_endpoint: bool| {
@@ -445,6 +453,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         );
         twins.push(native);
         meters.push(m);
+        binds.push(Bind::Bound);
         own_meter_providers.push(p);
     };
     // Scrapes read this provider's reader when the endpoint runs and has none of its own.
@@ -545,6 +554,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     };
     Ok(Exporters {
         meters,
+        binds,
         distributions,
         twins,
         native_wanted,
@@ -720,10 +730,12 @@ mod tests {
         cfg.prometheus = None;
         let given = Given {
             meter: Some(Arc::new(meter)),
+            meter_bind: Bind::of::<SdkMeterProvider>(),
             tracer: Some(Arc::new(tracer)),
         };
         let mut e = build(&cfg, &given).expect("exporters");
         assert_eq!(e.meters.len(), 1, "the engine's meter only");
+        assert_eq!(e.binds, [Bind::Bound], "an SdkMeterProvider binds");
         assert!(
             e.distributions[0].is_none(),
             "no per-layer distributions on the engine's provider"

@@ -5,7 +5,7 @@ use super::open::OpenSteps;
 use super::sinks::Sinks;
 use super::sinks::console::ConsoleSink;
 use super::sinks::metrics::MetricsSink;
-use super::sinks::metrics::aggregate::Instruments;
+use super::sinks::metrics::aggregate::{Bind, Instruments};
 use super::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
 use super::sinks::metrics::layers::LayerTotals;
 use super::sinks::spans::SpanSink;
@@ -202,7 +202,9 @@ fn pipeline(
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
-    let inst = Instruments::new(&meter, &layers, &open, 8).with_distributions(Some(&meter), None);
+    let inst = Instruments::new(&meter, &layers, &open, 8)
+        .with_bind(Bind::Bound)
+        .with_distributions(Some((&meter, Bind::Bound)), None);
     let sinks = Sinks {
         spans: SpanSink::new(
             tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),

@@ -8,6 +8,7 @@ mod manual_clock;
 
 mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
+mod a_meter_provider_that_is_not_the_sdks_receives_every_record;
 mod a_meter_provider_without_the_view_is_named_once_on_stderr;
 mod an_engines_provider_with_the_exponential_view_gets_the_per_layer_distributions;
 mod arbitrary_api_call_sequences_never_panic;

@@ -16,7 +16,9 @@ use crate::vocab::Phase;
 use crate::worker::attrs::rank_attr;
 use crate::worker::open::OpenSteps;
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Histogram, Meter, ObservableCounter, ObservableGauge};
+use opentelemetry::metrics::{
+    BoundHistogram, Counter, Histogram, Meter, ObservableCounter, ObservableGauge,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -56,6 +58,12 @@ pub(crate) struct Instruments {
     _open_duration: ObservableGauge<f64>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
+    /// Whether `section` and `wait` record through bound handles: only where the meter is
+    /// known to be the SDK's (the API's default `bind` hands out a handle that drops
+    /// everything; see [`Bind`]).
+    bind: Bind,
+    /// The same for the meter of the per-layer distributions.
+    bind_layers: Bind,
     /// Every measurement, for unit tests of the pipeline.
     #[cfg(test)]
     pub(crate) log: std::sync::Mutex<Vec<Measurement>>,
@@ -223,41 +231,54 @@ impl Instruments {
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             group,
+            bind: Bind::Unbound,
+            bind_layers: Bind::Unbound,
             #[cfg(test)]
             log: std::sync::Mutex::new(Vec::new()),
         }
     }
 
-    /// One section: `kv` from [`super::series::SectionSeries::attrs`].
+    /// Whether the meter these instruments were created on is an SDK provider's (its
+    /// sections and waits then record through bound handles); the default is
+    /// [`Bind::Unbound`].
+    pub(crate) fn with_bind(mut self, bind: Bind) -> Self {
+        self.bind = bind;
+        self
+    }
+
+    /// One section: `kv` from the series of `h` (its handles on these instruments).
     #[inline]
-    pub(crate) fn section(&self, kv: &[KeyValue], secs: f64) {
+    pub(crate) fn section(&self, kv: &[KeyValue], secs: f64, h: &mut Handles) {
         self.note(metric::SECTION_DURATION, kv, secs);
-        self.section.record(secs, kv);
+        record(self.bind, &self.section, &mut h.plain, kv, secs);
         if let Some(t) = self.twins() {
-            t.section.record(secs, kv);
+            record(t.bind, &t.section, &mut h.twin, kv, secs);
         }
     }
 
-    /// One rendezvous wait: `kv` from [`super::series::WaitSeries::attrs`].
+    /// One rendezvous wait: `kv` from the series of `h`.
     #[inline]
-    pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64) {
+    pub(crate) fn wait(&self, kv: &[KeyValue], secs: f64, h: &mut Handles) {
         self.note(metric::COLLECTIVE_WAIT, kv, secs);
-        self.wait.record(secs, kv);
+        record(self.bind, &self.wait, &mut h.plain, kv, secs);
         if let Some(t) = self.twins() {
-            t.wait.record(secs, kv);
+            record(t.bind, &t.wait, &mut h.twin, kv, secs);
         }
     }
 
     /// The per-layer distributions, created on `meter` (the provider's own, or the one that
-    /// carries them to the Prometheus endpoint); `None`: not recorded. `wanted`: for the
-    /// endpoint's native provider, the flag its first protobuf scrape sets (recorded from
-    /// then on); `None`: always recorded (exponential OTLP, the engine's provider).
+    /// carries them to the Prometheus endpoint), `bind`: whether that meter is the SDK's;
+    /// `None`: not recorded. `wanted`: for the endpoint's native provider, the flag its first
+    /// protobuf scrape sets (recorded from then on); `None`: always recorded (exponential OTLP,
+    /// the engine's provider).
     pub(crate) fn with_distributions(
         mut self,
-        meter: Option<&Meter>,
+        meter: Option<(&Meter, Bind)>,
         wanted: Option<&Arc<AtomicBool>>,
     ) -> Self {
         self.layer_wanted = wanted.cloned();
+        self.bind_layers = meter.map_or(Bind::Unbound, |(_, b)| b);
+        let meter = meter.map(|(m, _)| m);
         let dist = |meter: &Meter, name: &'static str, desc: &'static str| {
             meter
                 .f64_histogram(name)
@@ -294,7 +315,8 @@ impl Instruments {
         meter: Option<&Meter>,
         wanted: &Arc<AtomicBool>,
     ) -> Self {
-        self.twins = meter.map(|m| Box::new(Twins::new(m, wanted.clone())));
+        // The twins' meter is always one of phasetrace's own SDK providers.
+        self.twins = meter.map(|m| Box::new(Twins::new(m, wanted.clone(), Bind::Bound)));
         self
     }
 
@@ -318,23 +340,50 @@ impl Instruments {
 
     /// One section in `layer`: `kv` as for [`Instruments::section`], `layer` added.
     #[inline]
-    pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        if let Some(h) = self.layer_histogram(&self.section_layer) {
-            with_layer(kv, layer, |kv| {
-                self.note(metric::SECTION_LAYER_DURATION, kv, secs);
-                h.record(secs, kv);
-            });
+    pub(crate) fn section_layer(&self, kv: &[KeyValue], layer: u32, secs: f64, h: &mut Handles) {
+        if let Some(i) = self.layer_histogram(&self.section_layer) {
+            self.layer(metric::SECTION_LAYER_DURATION, i, kv, layer, secs, h);
         }
     }
 
     /// One rendezvous wait in `layer`: `kv` as for [`Instruments::wait`], `layer` added.
     #[inline]
-    pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64) {
-        if let Some(h) = self.layer_histogram(&self.wait_layer) {
-            with_layer(kv, layer, |kv| {
-                self.note(metric::COLLECTIVE_LAYER_WAIT_DURATION, kv, secs);
-                h.record(secs, kv);
-            });
+    pub(crate) fn wait_layer(&self, kv: &[KeyValue], layer: u32, secs: f64, h: &mut Handles) {
+        if let Some(i) = self.layer_histogram(&self.wait_layer) {
+            self.layer(
+                metric::COLLECTIVE_LAYER_WAIT_DURATION,
+                i,
+                kv,
+                layer,
+                secs,
+                h,
+            );
+        }
+    }
+
+    /// One observation of `layer`'s distribution on `i`: through the series' handle of that
+    /// layer where the meter binds and the layer has a slot, else by attributes.
+    #[inline]
+    fn layer(
+        &self,
+        #[cfg_attr(not(test), allow(unused_variables))] name: &'static str,
+        i: &Histogram<f64>,
+        kv: &[KeyValue],
+        layer: u32,
+        secs: f64,
+        h: &mut Handles,
+    ) {
+        #[cfg(test)]
+        with_layer(kv, layer, |kv| self.note(name, kv, secs));
+        let slot = (self.bind_layers == Bind::Bound)
+            .then(|| h.layer_slot(layer))
+            .flatten();
+        match slot {
+            Some(Some(b)) => b.record(secs),
+            Some(slot) => with_layer(kv, layer, |kv| {
+                slot.insert(i.bind(kv)).record(secs);
+            }),
+            None => with_layer(kv, layer, |kv| i.record(secs, kv)),
         }
     }
 
@@ -460,6 +509,7 @@ impl Instruments {
 struct Twins {
     /// Set once the endpoint served a protobuf scrape.
     wanted: Arc<AtomicBool>,
+    bind: Bind,
     section: Histogram<f64>,
     step: Histogram<f64>,
     wait: Histogram<f64>,
@@ -469,7 +519,7 @@ struct Twins {
 }
 
 impl Twins {
-    fn new(meter: &Meter, wanted: Arc<AtomicBool>) -> Twins {
+    fn new(meter: &Meter, wanted: Arc<AtomicBool>, bind: Bind) -> Twins {
         let dur = |(name, desc): (&'static str, &'static str)| {
             meter
                 .f64_histogram(name)
@@ -479,6 +529,7 @@ impl Twins {
         };
         Twins {
             wanted,
+            bind,
             section: dur(D_SECTION),
             step: dur(D_STEP),
             wait: dur(D_WAIT),
@@ -524,4 +575,86 @@ fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
     let n = kv.len().min(4);
     let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
     f(&all[..=n]);
+}
+
+/// Whether a meter's instruments may be recorded through bound handles.
+///
+/// `Histogram::bind` is the API's: a `MeterProvider` that is not the SDK's inherits its
+/// default, a handle that drops every measurement. Bound only where the provider is known to
+/// be an `opentelemetry_sdk::metrics::SdkMeterProvider` (phasetrace's own, or the engine's
+/// when its type says so); any other provider, the globals included, is recorded by
+/// attributes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Bind {
+    /// Record through handles bound once per series.
+    Bound,
+    /// Record by attributes (`Histogram::record(value, attrs)`), every time.
+    #[default]
+    Unbound,
+}
+
+impl Bind {
+    /// [`Bind::Bound`] exactly when `P` is the SDK's meter provider.
+    pub(crate) fn of<P: 'static>() -> Bind {
+        if std::any::TypeId::of::<P>()
+            == std::any::TypeId::of::<opentelemetry_sdk::metrics::SdkMeterProvider>()
+        {
+            Bind::Bound
+        } else {
+            Bind::Unbound
+        }
+    }
+}
+
+/// Layers whose distribution a series keeps a bound handle for; higher layer indices (no
+/// real model has them) are recorded by attributes.
+const LAYER_HANDLES: u32 = super::layers::DENSE_LAYERS;
+
+/// One series' bound handles on one provider's instruments: the duration histogram's, its
+/// native twin's and, per layer, the distribution's.
+///
+/// Each is bound at the series' first record on that instrument, never before: a cumulative
+/// reader exports every series the SDK holds, so a handle bound ahead would export an empty
+/// series that was never recorded. Bound then, a handle meets the cardinality limit exactly
+/// where an unbound record would: under it, its own series; at it, the SDK's
+/// `otel.metric.overflow` series, which it keeps writing to. A handle keeps its series from
+/// being evicted under delta temporality (phasetrace's own readers are cumulative).
+#[derive(Default)]
+pub(crate) struct Handles {
+    plain: Option<BoundHistogram<f64>>,
+    twin: Option<BoundHistogram<f64>>,
+    /// Indexed by layer, grown to the highest layer seen (below [`LAYER_HANDLES`]).
+    layers: Vec<Option<BoundHistogram<f64>>>,
+}
+
+impl Handles {
+    /// The slot of `layer`'s handle; `None` above [`LAYER_HANDLES`].
+    #[inline]
+    fn layer_slot(&mut self, layer: u32) -> Option<&mut Option<BoundHistogram<f64>>> {
+        if layer >= LAYER_HANDLES {
+            return None;
+        }
+        let l = layer as usize;
+        if self.layers.len() <= l {
+            self.layers.resize_with(l + 1, || None);
+        }
+        self.layers.get_mut(l)
+    }
+}
+
+/// One record on `i`: through `slot`'s handle (bound now on the first) where `bind` allows,
+/// else by attributes.
+#[inline]
+fn record(
+    bind: Bind,
+    i: &Histogram<f64>,
+    slot: &mut Option<BoundHistogram<f64>>,
+    kv: &[KeyValue],
+    secs: f64,
+) {
+    match (bind, slot) {
+        (Bind::Bound, Some(b)) => b.record(secs),
+        (Bind::Bound, slot) => slot.insert(i.bind(kv)).record(secs),
+        (Bind::Unbound, _) => i.record(secs, kv),
+    }
 }

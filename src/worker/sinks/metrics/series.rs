@@ -1,18 +1,23 @@
 //! Series: each rank's attribute sets, built once per (section, site) and reused for every
-//! measurement; each measurement goes to every provider's histogram and, per layer, to the
-//! lock-free totals of [`super::layers`].
+//! measurement, with their bound handles on each provider's instruments
+//! ([`super::aggregate::Handles`]); each measurement goes to every provider's histogram and,
+//! per layer, to the lock-free totals of [`super::layers`].
 //!
 //! ```text
 //! MetricsSink ──(section, site, layer, ns)──> LaneSeries: attributes built on first sight
-//!                                              ├──> Instruments (each provider's histogram)
+//!                                              ├──> Instruments (each provider's histogram,
+//!                                              │    through the series' bound handles)
 //!                                              └──> LayerTotals: the per-layer cells
 //! ```
 //!
 //! Why: building and dropping four `KeyValue`s per section, and summing per-layer totals in a
 //! `Mutex<HashMap>` keyed by a hashed tuple, cost the worker about a third of its time per
-//! section; see `worker/drain_*` in `BENCHMARKS.md`.
+//! section; the SDK's hashing and lookup of the attribute set per record (one for the
+//! histogram, one for the per-layer distribution, one per native twin) cost it most of the
+//! rest, which the bound handles skip on an SDK provider; see `worker/drain_*` in
+//! `BENCHMARKS.md`.
 
-use super::aggregate::Instruments;
+use super::aggregate::{Handles, Instruments};
 use super::layers::{LayerTotals, Row, RowKey, RowKind};
 use crate::vocab::{Layer, Section, Site};
 use crate::worker::attrs::{section_attrs, step_attrs, wait_attrs};
@@ -26,6 +31,8 @@ struct SectionSeries {
     n: usize,
     /// `None` with the layer attribute off.
     row: Option<Arc<Row>>,
+    /// Its bound handles on each provider's instruments, in the order of the instruments.
+    handles: Vec<Handles>,
 }
 
 /// The series of the rendezvous waits at one site of a lane's rank.
@@ -34,6 +41,7 @@ struct WaitSeries {
     kv: [KeyValue; 3],
     n: usize,
     row: Arc<Row>,
+    handles: Vec<Handles>,
 }
 
 /// A lane's attribute sets and rows, built on first use. The lane's rank never changes.
@@ -77,14 +85,15 @@ impl LaneSeries {
             return;
         }
         let secs = ns as f64 * 1e-9;
-        let e = Self::section_series(&mut self.sections, &self.totals, self.rank, s, site);
-        for i in inst {
-            i.section(&e.kv[..e.n], secs);
+        let e = Self::section_series(&mut self.sections, &self.totals, inst, self.rank, s, site);
+        let kv = &e.kv[..e.n];
+        for (i, h) in inst.iter().zip(&mut e.handles) {
+            i.section(kv, secs, h);
         }
         if let (Some(row), Some(l)) = (&e.row, layer.get()) {
             self.totals.add(row, l, ns);
-            for i in inst {
-                i.section_layer(&e.kv[..e.n], l, secs);
+            for (i, h) in inst.iter().zip(&mut e.handles) {
+                i.section_layer(kv, l, secs, h);
             }
         }
     }
@@ -97,14 +106,15 @@ impl LaneSeries {
             return;
         }
         let secs = ns as f64 * 1e-9;
-        let e = Self::wait_series(&mut self.waits, &self.totals, self.rank, site);
-        for i in inst {
-            i.wait(&e.kv[..e.n], secs);
+        let e = Self::wait_series(&mut self.waits, &self.totals, inst, self.rank, site);
+        let kv = &e.kv[..e.n];
+        for (i, h) in inst.iter().zip(&mut e.handles) {
+            i.wait(kv, secs, h);
         }
         if let Some(l) = layer.get() {
             self.totals.add(&e.row, l, ns);
-            for i in inst {
-                i.wait_layer(&e.kv[..e.n], l, secs);
+            for (i, h) in inst.iter().zip(&mut e.handles) {
+                i.wait_layer(kv, l, secs, h);
             }
         }
     }
@@ -112,10 +122,11 @@ impl LaneSeries {
     fn section_series<'a>(
         sections: &'a mut Vec<Vec<SectionSeries>>,
         totals: &LayerTotals,
+        inst: &[Instruments],
         rank: u32,
         s: Section,
         site: Site,
-    ) -> &'a SectionSeries {
+    ) -> &'a mut SectionSeries {
         let i = usize::from(s.id());
         if sections.len() <= i {
             sections.resize_with(i + 1, Vec::new);
@@ -131,19 +142,27 @@ impl LaneSeries {
                         rank,
                     })
                 });
-                sections[i].push(SectionSeries { site, kv, n, row });
+                let handles = inst.iter().map(|_| Handles::default()).collect();
+                sections[i].push(SectionSeries {
+                    site,
+                    kv,
+                    n,
+                    row,
+                    handles,
+                });
                 sections[i].len() - 1
             }
         };
-        &sections[i][at]
+        &mut sections[i][at]
     }
 
     fn wait_series<'a>(
         waits: &'a mut Vec<WaitSeries>,
         totals: &LayerTotals,
+        inst: &[Instruments],
         rank: u32,
         site: Site,
-    ) -> &'a WaitSeries {
+    ) -> &'a mut WaitSeries {
         let at = match waits.iter().position(|e| e.site == site) {
             Some(at) => at,
             None => {
@@ -153,20 +172,29 @@ impl LaneSeries {
                     site,
                     rank,
                 });
-                waits.push(WaitSeries { site, kv, n, row });
+                let handles = inst.iter().map(|_| Handles::default()).collect();
+                waits.push(WaitSeries {
+                    site,
+                    kv,
+                    n,
+                    row,
+                    handles,
+                });
                 waits.len() - 1
             }
         };
-        &waits[at]
+        &mut waits[at]
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names::attr;
+    use crate::names::{attr, metric};
+    use crate::worker::sinks::metrics::aggregate::Bind;
     use crate::worker::sinks::metrics::layers::DENSE_LAYERS;
     use opentelemetry::metrics::MeterProvider;
+    use opentelemetry_sdk::metrics::InMemoryMetricExporter;
     use std::collections::HashMap;
 
     /// One provider's instruments over `t`.
@@ -289,6 +317,139 @@ mod tests {
         let mut lane = LaneSeries::new(0, t.clone());
         lane.section(&[], Section::NORM, Site::NONE, Layer(1), 1);
         assert!(sections(&t).is_empty());
+    }
+
+    /// Per data point of the histogram `name` in what `provider`'s in-memory exporter got:
+    /// (attributes, count), sorted.
+    fn points(
+        exporter: &opentelemetry_sdk::metrics::InMemoryMetricExporter,
+        name: &str,
+    ) -> Vec<(Attrs, u64)> {
+        use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+        let all = exporter.get_finished_metrics().expect("exported");
+        let rm = all.last().expect("one export");
+        let attrs = |it: &mut dyn Iterator<Item = &KeyValue>| -> Attrs {
+            let mut a: Attrs = it
+                .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+                .collect();
+            a.sort();
+            a
+        };
+        let mut v: Vec<(Attrs, u64)> = Vec::new();
+        for m in rm.scope_metrics().flat_map(|s| s.metrics()) {
+            if m.name() != name {
+                continue;
+            }
+            match m.data() {
+                AggregatedMetrics::F64(MetricData::Histogram(h)) => v.extend(
+                    h.data_points()
+                        .map(|p| (attrs(&mut p.attributes()), p.count())),
+                ),
+                AggregatedMetrics::F64(MetricData::ExponentialHistogram(h)) => v.extend(
+                    h.data_points()
+                        .map(|p| (attrs(&mut p.attributes()), p.count() as u64)),
+                ),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        v.sort();
+        v
+    }
+
+    /// Records `n` sections over `layers` layers and waits over the same layers through
+    /// instruments that bind or not, on a provider whose per-layer distributions keep at
+    /// most `limit` series; what its exporter got.
+    fn exported(bind: Bind, n: u32, layers: u32, limit: usize) -> InMemoryMetricExporter {
+        use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Stream};
+        let exporter = InMemoryMetricExporter::default();
+        let p = SdkMeterProvider::builder()
+            .with_reader(
+                PeriodicReader::builder(exporter.clone())
+                    .with_interval(std::time::Duration::from_secs(3600))
+                    .build(),
+            )
+            .with_view(move |i: &opentelemetry_sdk::metrics::Instrument| {
+                metric::LAYER_DISTRIBUTIONS.contains(&i.name()).then(|| {
+                    Stream::builder()
+                        .with_cardinality_limit(limit)
+                        .build()
+                        .expect("a stream")
+                })
+            })
+            .build();
+        let t = LayerTotals::new("g", true);
+        let open = crate::worker::open::OpenSteps::new(t.group().clone());
+        let m = p.meter("test");
+        let inst = vec![
+            Instruments::new(&m, &t, &open, 8)
+                .with_bind(bind)
+                .with_distributions(Some((&m, bind)), None),
+        ];
+        let mut lane = LaneSeries::new(0, t.clone());
+        for i in 0..n {
+            lane.section(&inst, Section::NORM, Site::NONE, Layer(i % layers), 1_000);
+            lane.wait(&inst, Site::MLP, Layer(i % layers), 1_000);
+        }
+        // One record past the layers that keep a handle: recorded by attributes.
+        lane.section(&inst, Section::NORM, Site::NONE, Layer(u32::MAX - 1), 1_000);
+        p.force_flush().expect("flush");
+        exporter
+    }
+
+    #[test]
+    fn bound_and_unbound_records_export_the_same_series() {
+        let (n, layers) = (1_000, 96);
+        let bound = exported(Bind::Bound, n, layers, 8_192);
+        let unbound = exported(Bind::Unbound, n, layers, 8_192);
+        for name in [
+            metric::SECTION_DURATION,
+            metric::COLLECTIVE_WAIT,
+            metric::SECTION_LAYER_DURATION,
+            metric::COLLECTIVE_LAYER_WAIT_DURATION,
+        ] {
+            let (b, u) = (points(&bound, name), points(&unbound, name));
+            assert!(!b.is_empty(), "{name}: nothing exported");
+            assert_eq!(b, u, "{name}");
+        }
+        let layer = points(&bound, metric::SECTION_LAYER_DURATION);
+        assert_eq!(layer.len(), layers as usize + 1, "one series per layer");
+        assert_eq!(layer.iter().map(|(_, c)| c).sum::<u64>(), u64::from(n) + 1);
+        assert_eq!(
+            points(&bound, metric::SECTION_DURATION),
+            vec![(
+                vec![
+                    ("bucket".to_owned(), "norm".to_owned()),
+                    ("group".to_owned(), "g".to_owned()),
+                    ("rank".to_owned(), "0".to_owned()),
+                ],
+                u64::from(n) + 1
+            )]
+        );
+    }
+
+    #[test]
+    fn bound_records_past_the_cardinality_limit_are_counted_in_the_overflow_series() {
+        let (n, layers, limit) = (1_000, 96, 10);
+        let bound = exported(Bind::Bound, n, layers, limit);
+        let unbound = exported(Bind::Unbound, n, layers, limit);
+        for name in [
+            metric::SECTION_LAYER_DURATION,
+            metric::COLLECTIVE_LAYER_WAIT_DURATION,
+        ] {
+            let b = points(&bound, name);
+            assert_eq!(b, points(&unbound, name), "{name}");
+            // The SDK keeps `limit` series of their own and folds the rest into one.
+            assert_eq!(b.len(), limit + 1, "{name}: {b:?}");
+            let overflow: u64 = b
+                .iter()
+                .filter(|(a, _)| a.iter().any(|(k, _)| k == "otel.metric.overflow"))
+                .map(|(_, c)| c)
+                .sum();
+            assert!(overflow > 0, "{name}: no overflow series in {b:?}");
+            let total: u64 = b.iter().map(|(_, c)| c).sum();
+            let want = u64::from(n) + u64::from(name == metric::SECTION_LAYER_DURATION);
+            assert_eq!(total, want, "{name}: every record counted");
+        }
     }
 
     #[test]
