@@ -57,16 +57,37 @@ mod reference {
 const BATCH: u64 = 8_192;
 
 fn profiler(level: Level, spec: SpecLevel) -> Profiler {
+    profiler_tracing(level, spec, 0)
+}
+
+/// As [`profiler`], sampling one step in `trace_every` (0: none).
+fn profiler_tracing(level: Level, spec: SpecLevel, trace_every: u64) -> Profiler {
     Profiler::builder()
         .without_env()
         .with_level(level)
         .with_spec_level(spec)
         .without_prometheus()
-        .with_trace_every(0)
+        .with_trace_every(trace_every)
         .with_queue(1 << 20)
         .with_drain_interval(Duration::from_secs(3600))
         .build()
         .expect("profiler")
+}
+
+/// An engine's `tracing` stack: a registry with a `tracing-opentelemetry` layer on a tracer
+/// provider exporting through a batch processor to nowhere.
+fn engine_tracing() -> (
+    opentelemetry_sdk::trace::SdkTracerProvider,
+    impl tracing::Subscriber + Send + Sync,
+) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(NoopExporter)
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")));
+    (provider, subscriber)
 }
 
 #[derive(Debug)]
@@ -160,13 +181,7 @@ fn section(c: &mut Criterion) {
     });
 
     // One span through tracing + tracing-opentelemetry, exported through a batch processor.
-    use opentelemetry::trace::TracerProvider as _;
-    use tracing_subscriber::layer::SubscriberExt;
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(NoopExporter)
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("bench")));
+    let (provider, subscriber) = engine_tracing();
     tracing::subscriber::with_default(subscriber, || {
         g.bench_function("tracing_opentelemetry_span", |b| {
             b.iter(|| {
@@ -201,18 +216,7 @@ fn steps(p: &Profiler, iters: u64) -> Duration {
 fn step(c: &mut Criterion) {
     let mut g = c.benchmark_group("step");
     g.throughput(Throughput::Elements(1));
-    let sampled = |every: u64| {
-        Profiler::builder()
-            .without_env()
-            .with_level(Level::Full)
-            .with_spec_level(SpecLevel::Off)
-            .without_prometheus()
-            .with_trace_every(every)
-            .with_queue(1 << 20)
-            .with_drain_interval(Duration::from_secs(3600))
-            .build()
-            .expect("profiler")
-    };
+    let sampled = |every: u64| profiler_tracing(Level::Full, SpecLevel::Off, every);
     let unsampled = sampled(0);
     g.bench_function("unsampled", |b| b.iter_custom(|n| steps(&unsampled, n)));
     unsampled.shutdown();
@@ -220,13 +224,7 @@ fn step(c: &mut Criterion) {
     g.bench_function("sampled_outside_a_span", |b| {
         b.iter_custom(|n| steps(&every, n))
     });
-    use opentelemetry::trace::TracerProvider as _;
-    use tracing_subscriber::layer::SubscriberExt;
-    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .with_batch_exporter(NoopExporter)
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("engine")));
+    let (provider, subscriber) = engine_tracing();
     tracing::subscriber::with_default(subscriber, || {
         let request = tracing::info_span!("request");
         let _entered = request.enter();
