@@ -1,5 +1,5 @@
 //! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
-//! `tracing` layer that shares the tracer provider.
+//! lookup of the engine's current `tracing` span (`tracing_layer`).
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
