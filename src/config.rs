@@ -12,6 +12,8 @@
 
 pub mod settings;
 mod table;
+#[cfg(feature = "transport")]
+mod transport;
 
 pub use table::Config;
 
