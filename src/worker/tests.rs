@@ -531,62 +531,6 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 }
 
 #[test]
-fn the_console_spec_lines_replay_through_the_importer() {
-    use phasetrace_import::{ImportOptions, ImportRecord, import_reader};
-    let sp = super::sinks::console::SpecTally {
-        rounds: 16,
-        k: 4,
-        phases: [
-            16 * 90 * US,
-            16 * 420 * US,
-            16 * 15 * US,
-            16 * 25 * US,
-            16 * 20 * US,
-        ],
-        split: super::event::VerifySplit {
-            kda: 16 * 130 * US,
-            kda_scan: 16 * 60 * US,
-            mla: 16 * 70 * US,
-            ffn: 16 * 150 * US,
-            rest: 16 * 220 * US,
-        },
-    };
-    let text = super::sinks::console::spec_lines(&sp, true);
-    let file = import_reader(
-        text.as_bytes(),
-        ImportOptions {
-            start_unix_nanos: Some(0),
-            ..ImportOptions::default()
-        },
-    )
-    .expect("import");
-    let burst = file
-        .records
-        .iter()
-        .find_map(|r| match r {
-            ImportRecord::SpecBurst {
-                tag,
-                rounds,
-                k,
-                phases,
-                ..
-            } => Some((tag.clone(), *rounds, *k, *phases)),
-            _ => None,
-        })
-        .expect("the phase line parses as a burst");
-    assert_eq!(burst.0, "phasetrace-spec");
-    assert_eq!((burst.1, burst.2), (16, 4));
-    assert_eq!(burst.3.verify_ns, 16 * 420 * US);
-    assert_eq!(burst.3.draft_ns, 16 * 90 * US);
-    assert!(
-        file.records.iter().any(
-            |r| matches!(r, ImportRecord::VerifySplit { tag, .. } if tag == "phasetrace-spec-v")
-        ),
-        "the verify line parses too: {text}"
-    );
-}
-
-#[test]
 fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
     let (shared, mut p) = setup(Level::Full, SpecLevel::Off, Script::new(&[0, 1]));
     let r = rec(&shared);
