@@ -106,6 +106,8 @@ pub(crate) struct HeldRound<'a> {
     pub(crate) phases: &'a [Interval<Phase>],
     /// Verify parts, in start order.
     pub(crate) parts: &'a [Interval<VerifyPart>],
+    /// The span the round's spans are children of (see `RoundTrace::parent`).
+    pub(crate) parent: Option<super::trace::Parent>,
 }
 
 /// Which steps and rounds pairing holds the trace of, for the span sink; fixed when the

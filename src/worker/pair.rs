@@ -232,6 +232,7 @@ impl Pairing {
                 sampled: r.round.sampled,
                 phases: &t.phases,
                 parts: &intervals,
+                parent: t.parent,
             }),
         }));
     }
@@ -730,6 +731,12 @@ impl LaneState {
                 }
                 let sampled = m.is_sampled() && s.hold.sampled;
                 let collect = sampled || s.hold.every;
+                // Its own parent marks (the engine's span at its begin), else the step's it
+                // runs in: a round is in the trace of the step and request that ran it.
+                let parent = self
+                    .parent
+                    .take()
+                    .or_else(|| self.step.as_ref().and(self.trace.parent));
                 if self.in_replay != 0 {
                     self.replay_rounds.push(m.round_seq());
                 }
@@ -747,7 +754,10 @@ impl LaneState {
                     phases: [0; 5],
                     ran: 0,
                     sampled,
-                    trace: collect.then(RoundTrace::default),
+                    trace: collect.then(|| RoundTrace {
+                        phases: Vec::new(),
+                        parent,
+                    }),
                 });
             }
             MarkKind::Phase => {

@@ -168,6 +168,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         level: Gate::new(level),
         spec_level: Gate::new(spec),
         trace_every: 0,
+        parent_always: false,
         experts: ExpertTotals::new(
             ExpertSettings {
                 on: true,
@@ -609,6 +610,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
+        parent_always: false,
         experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 64,
         rank: 0,
@@ -812,6 +814,7 @@ fn traced(
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
+        parent_always: rule != crate::config::TraceSlowerThan::Off,
         experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 1 << 16,
         rank: 3,
