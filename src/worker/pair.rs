@@ -93,6 +93,8 @@ pub(crate) struct EndedRound {
 #[derive(Default)]
 pub(crate) struct PartsAcc {
     pub(crate) ns: [u64; VerifyPart::ALL.len()],
+    /// Bit per part that ended at least once.
+    pub(crate) ran: u8,
     pub(crate) intervals: Vec<Interval<VerifyPart>>,
 }
 
@@ -210,7 +212,9 @@ impl Pairing {
         let split = (self.shared.spec_level.load() == SpecLevel::VerifySplit).then(|| {
             VerifySplit::of(
                 r.round.phases[Phase::Verify as usize],
+                r.round.ran & (1 << Phase::Verify as u8) != 0,
                 &parts.as_ref().map_or([0; 4], |p| p.ns),
+                parts.as_ref().map_or(0, |p| p.ran),
             )
         });
         self.counts.rounds += 1;
@@ -844,6 +848,7 @@ impl LaneState {
                 let open = self.parts_open.remove(pos);
                 let acc = s.parts.entry(open.round).or_default();
                 acc.ns[open.part as usize] += t.saturating_sub(open.start);
+                acc.ran |= 1 << open.part as u8;
                 if acc.intervals.len() < ROUND_PARTS_MAX {
                     acc.intervals.push(Interval {
                         what: open.part,
