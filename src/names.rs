@@ -1,11 +1,10 @@
 //! The values of the telemetry contract that the library's API carries (why a record was
 //! dropped, the outcome of an export) and the defaults of its settings. The names themselves
 //! (metrics, units, attributes, spans, variables) are the `phasetrace-names` crate's
-//! ([`phasetrace_names`]), used here through the re-exports below.
+//! ([`phasetrace_names`]), re-exported here so that a crate depending on phasetrace alone
+//! spells them `phasetrace::names::env::LEVEL`, `phasetrace::names::metric::STEP_DURATION`.
 
-#[cfg(feature = "prometheus")]
-pub(crate) use phasetrace_names::prometheus;
-pub(crate) use phasetrace_names::{SCOPE, attr, env, metric, resource, span};
+pub use phasetrace_names::{SCOPE, attr, env, metric, prometheus, resource, span};
 
 /// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
 /// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
