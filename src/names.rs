@@ -2,11 +2,11 @@
 //! dropped, the outcome of an export) as types, and the defaults of its settings. The names and
 //! values themselves (metrics, units, attributes, spans, variables, `reason` and `result`
 //! values, with what they mean) are the `phasetrace-names` crate's data ([`phasetrace_names`]),
-//! used here through the re-exports below; a unit test keeps the enums and that data equal.
+//! re-exported here so that a crate depending on phasetrace alone spells them
+//! `phasetrace::names::env::LEVEL`, `phasetrace::names::metric::STEP_DURATION`; a unit test keeps
+//! the enums and that data equal.
 
-#[cfg(feature = "prometheus")]
-pub(crate) use phasetrace_names::prometheus;
-pub(crate) use phasetrace_names::{SCOPE, attr, env, metric, outcome, reason, resource, span};
+pub use phasetrace_names::{SCOPE, attr, env, metric, outcome, prometheus, reason, resource, span};
 
 /// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
 /// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that

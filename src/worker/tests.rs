@@ -168,6 +168,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         level: Gate::new(level),
         spec_level: Gate::new(spec),
         trace_every: 0,
+        parent_always: false,
         experts: ExpertTotals::new(
             ExpertSettings {
                 on: true,
@@ -501,6 +502,43 @@ fn level_two_splits_verify_into_parts_with_rest_as_the_remainder() {
 }
 
 #[test]
+fn a_verify_part_never_timed_is_not_exported() {
+    // Two rounds that time kda only: mla, ffn and kda_scan have no series (not two zeros).
+    let clock = Script::new(&[
+        0,
+        100 * US,
+        100 * US,
+        300 * US,
+        400 * US,
+        400 * US,
+        400 * US,
+        500 * US,
+        500 * US,
+        600 * US,
+        700 * US,
+        700 * US,
+    ]);
+    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, clock);
+    let r = rec(&shared);
+    for _ in 0..2 {
+        let round = r.round(4);
+        round.phase(Phase::Draft);
+        {
+            let _k = r.verify_part(round.as_ref(), VerifyPart::Kda);
+        }
+        round.phase(Phase::Verify);
+        round.end(2);
+    }
+    p.flush();
+    let mut parts: Vec<String> = values(&p, crate::names::metric::SPEC_VERIFY_PART_DURATION)
+        .iter()
+        .map(|(_, a)| attr(a, "part").unwrap().to_owned())
+        .collect();
+    parts.sort();
+    assert_eq!(parts, ["kda", "kda", "rest", "rest"]);
+}
+
+#[test]
 fn concurrent_sessions_do_not_mix_their_rounds() {
     let c1 = Script::new(&[0, 100 * US, 110 * US, 160 * US, 400 * US, 400 * US]);
     let c2 = Script::new(&[0, 300 * US, 310 * US, 330 * US, 900 * US, 900 * US]);
@@ -553,6 +591,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
+        parent_always: false,
         experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 64,
         rank: 0,
@@ -756,6 +795,7 @@ fn traced(
         level: Gate::new(Level::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
+        parent_always: rule != crate::config::TraceSlowerThan::Off,
         experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 1 << 16,
         rank: 3,
@@ -1197,8 +1237,9 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
             .filter(|(_, a)| attr(a, "part") == Some(name))
             .map(|(v, _)| (v * 1e6).round())
             .collect::<Vec<_>>()
-            .split_off(1) // the warm-up round, which ran no part (the capture only recorded it)
     };
+    // The warm-up round ran no part and no verify phase (the capture only recorded them): it
+    // exports none.
     assert_eq!(of("kda"), vec![30.0; ROUNDS], "each round's own kda part");
     assert_eq!(of("rest"), vec![20.0; ROUNDS]);
 }
