@@ -5,6 +5,7 @@ use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, S
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
+use crate::worker::requests::{RequestGauges, Requests};
 use crate::worker::sinks::Sinks;
 use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
@@ -14,7 +15,6 @@ use crate::worker::sinks::metrics::{
     layers::LayerTotals,
 };
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
-use crate::worker::requests::{RequestGauges, Requests};
 use crate::worker::{Pipeline, Stats, Worker, open::OpenSteps};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};

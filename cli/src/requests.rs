@@ -312,10 +312,7 @@ impl Serving {
 
     /// On every rank, after the stop decision: the batch of this step.
     pub(crate) fn batch(&self) -> Arc<Batch> {
-        self.batch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.batch.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// On the scheduling rank, after its step.

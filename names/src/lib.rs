@@ -197,8 +197,7 @@ pub mod metric {
     ];
     /// The GenAI conventions' advised boundaries of [`GEN_AI_SERVER_TIME_TO_FIRST_TOKEN`], s.
     pub const GEN_AI_TTFT_BOUNDARIES: [f64; 16] = [
-        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-        10.0,
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     ];
     /// Boundaries of [`REQUEST_ACCEPTED_TOKENS`], tokens.
     pub const REQUEST_TOKEN_BOUNDARIES: [f64; 13] = [

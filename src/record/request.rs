@@ -158,7 +158,10 @@ impl ErrorType {
             return "_OTHER";
         }
         let types = ERROR_TYPES.read().unwrap_or_else(|p| p.into_inner());
-        types.get(usize::from(self.0) - 1).copied().unwrap_or("_OTHER")
+        types
+            .get(usize::from(self.0) - 1)
+            .copied()
+            .unwrap_or("_OTHER")
     }
 }
 
@@ -171,7 +174,9 @@ pub(crate) struct Kinds(RwLock<Vec<Arc<RequestKind>>>);
 
 impl std::fmt::Debug for Kinds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Kinds").field(&self.0.read().map(|k| k.len())).finish()
+        f.debug_tuple("Kinds")
+            .field(&self.0.read().map(|k| k.len()))
+            .finish()
     }
 }
 
@@ -205,7 +210,12 @@ mod tests {
         assert_eq!(ErrorType::new("timeout"), t);
         assert_eq!(t.as_str(), "timeout");
         assert_eq!(ErrorType::new("_OTHER"), ErrorType::OTHER);
-        for f in [Finish::Stop, Finish::Length, Finish::Cancelled, Finish::Error(t)] {
+        for f in [
+            Finish::Stop,
+            Finish::Length,
+            Finish::Cancelled,
+            Finish::Error(t),
+        ] {
             let (c, e) = f.code();
             assert_eq!(Finish::from_code(c, e), Some(f));
         }

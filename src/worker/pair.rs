@@ -629,9 +629,7 @@ impl LaneState {
                     wait_ns: 0,
                     depth: self.stack.len(),
                     sampled,
-                    collect: sampled
-                        || s.hold.every
-                        || (s.hold.sampled && s.requests.any_traced()),
+                    collect: sampled || s.hold.every || (s.hold.sampled && s.requests.any_traced()),
                     index: (self.in_replay == 0).then(|| m.step_index()),
                 });
             }

@@ -131,7 +131,10 @@ impl Request {
         if self.wait_by_rank.len() < 2 {
             return None;
         }
-        self.wait_by_rank.iter().min_by_key(|(_, w)| *w).map(|(r, _)| *r)
+        self.wait_by_rank
+            .iter()
+            .min_by_key(|(_, w)| *w)
+            .map(|(r, _)| *r)
     }
 }
 

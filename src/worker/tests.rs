@@ -1691,9 +1691,16 @@ fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured
         get(req, attr::GEN_AI_USAGE_INPUT_TOKENS),
         Some(opentelemetry::Value::I64(5))
     );
-    assert_eq!(get(req, attr::REQUEST_STEPS), Some(opentelemetry::Value::I64(3)));
+    assert_eq!(
+        get(req, attr::REQUEST_STEPS),
+        Some(opentelemetry::Value::I64(3))
+    );
     let steps: Vec<_> = spans.iter().filter(|s| s.name == span::STEP).collect();
-    assert_eq!(steps.len(), 3, "every step that served the traced request is traced");
+    assert_eq!(
+        steps.len(),
+        3,
+        "every step that served the traced request is traced"
+    );
     let whys: Vec<String> = steps
         .iter()
         .map(|s| get(s, attr::SAMPLED).unwrap().to_string())
@@ -1704,7 +1711,10 @@ fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured
         assert_eq!(links.len(), 1, "{:?}", s.attributes);
         assert_eq!(links[0].span_context, req.span_context);
     }
-    let parts: Vec<_> = spans.iter().filter(|s| s.name == span::REQUEST_STEP).collect();
+    let parts: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == span::REQUEST_STEP)
+        .collect();
     assert_eq!(parts.len(), 3);
     for (part, step) in parts.iter().zip(&steps) {
         assert_eq!(part.parent_span_id, req.span_context.span_id());
@@ -1722,15 +1732,28 @@ fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured
         .duration_since(steps[0].start_time)
         .unwrap()
         .as_secs_f64();
-    assert!((share - step_secs * 5.0 / 8.0).abs() < 1e-6, "{share} {step_secs}");
+    assert!(
+        (share - step_secs * 5.0 / 8.0).abs() < 1e-6,
+        "{share} {step_secs}"
+    );
 
     let durations = values(&p, metric::GEN_AI_SERVER_REQUEST_DURATION);
     assert_eq!(durations.len(), 2);
     let model = ("gen_ai.request.model".to_owned(), "m".to_owned());
-    assert!(durations.iter().all(|(_, kv)| kv.contains(&model)), "{durations:?}");
-    assert_eq!(values(&p, metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN).len(), 2);
+    assert!(
+        durations.iter().all(|(_, kv)| kv.contains(&model)),
+        "{durations:?}"
+    );
+    assert_eq!(
+        values(&p, metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN).len(),
+        2
+    );
     let tpot = values(&p, metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN);
-    assert_eq!(tpot.len(), 2, "both requests have two output tokens or more");
+    assert_eq!(
+        tpot.len(),
+        2,
+        "both requests have two output tokens or more"
+    );
     let batch: Vec<f64> = values(&p, metric::BATCH_SIZE).iter().map(|v| v.0).collect();
     assert_eq!(batch, [2.0, 2.0, 1.0]);
     assert_eq!(p.stats().dropped.total(), 0, "{:?}", p.stats().dropped);

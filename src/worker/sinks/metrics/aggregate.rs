@@ -559,7 +559,11 @@ impl Instruments {
             return;
         };
         let secs = |ns: u64| ns as f64 * 1e-9;
-        self.note(metric::GEN_AI_SERVER_REQUEST_DURATION, kv, secs(r.duration_ns()));
+        self.note(
+            metric::GEN_AI_SERVER_REQUEST_DURATION,
+            kv,
+            secs(r.duration_ns()),
+        );
         i.duration.record(secs(r.duration_ns()), kv);
         let ok = r.finish.error_type().is_none();
         if ok {

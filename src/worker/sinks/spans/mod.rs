@@ -27,10 +27,10 @@ use crate::worker::requests::{BatchEntry, Request, TracedRequest, TracedWhy};
 use crate::worker::trace::StepTrace;
 use build::{BatchSpans, BuiltStep, RoundSpans, Why};
 use opentelemetry::Context;
-use opentelemetry::trace::{Link, SpanKind, Status, TraceContextExt, Tracer as _};
-use std::collections::HashMap;
 use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
+use opentelemetry::trace::{Link, SpanKind, Status, TraceContextExt, Tracer as _};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use tail::{Kind, Tail, Verdict};
@@ -372,10 +372,16 @@ impl SpanSink {
             ));
         }
         if let Some(rank) = r.waited_for_rank() {
-            kv.push(KeyValue::new(attr::REQUEST_WAITED_FOR_RANK, i64::from(rank)));
+            kv.push(KeyValue::new(
+                attr::REQUEST_WAITED_FOR_RANK,
+                i64::from(rank),
+            ));
         }
         if r.drafted > 0 {
-            kv.push(KeyValue::new(attr::REQUEST_DRAFTED_TOKENS, r.drafted as i64));
+            kv.push(KeyValue::new(
+                attr::REQUEST_DRAFTED_TOKENS,
+                r.drafted as i64,
+            ));
             kv.push(KeyValue::new(
                 attr::REQUEST_ACCEPTED_TOKENS,
                 r.accepted as i64,
@@ -404,7 +410,10 @@ impl SpanSink {
                     );
                 }
             };
-            offer(metric::GEN_AI_SERVER_REQUEST_DURATION, Some(r.duration_ns()));
+            offer(
+                metric::GEN_AI_SERVER_REQUEST_DURATION,
+                Some(r.duration_ns()),
+            );
             if r.finish.error_type().is_none() {
                 offer(metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, r.ttft_ns());
                 offer(metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, r.tpot_ns());
