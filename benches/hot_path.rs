@@ -21,6 +21,11 @@
 //!   draining route records with the expert telemetry off and on (60 MoE layers x 384
 //!   experts); one `Profiler::expert_load()` snapshot of 23,040 (layer, expert) counts.
 //!
+//! - `request/*`: the request API: one `Recorder::serve` (a request in a step's batch) off and
+//!   on, against the floor of one 24-byte store and a per-request table updated on the hot
+//!   path (a `HashMap` entry per served token, as engines that keep request stats inline do);
+//!   one `request_begin` + `request_end` pair off and on.
+//!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -601,8 +606,99 @@ fn moe(c: &mut Criterion) {
     on.shutdown();
 }
 
+/// `n` calls of `f` timed in batches of [`BATCH`], `p` drained outside the timed region.
+fn batched(p: &Profiler, iters: u64, mut f: impl FnMut(u64)) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    let mut i = 0u64;
+    while left > 0 {
+        let n = left.min(BATCH);
+        let t = Instant::now();
+        for _ in 0..n {
+            f(i);
+            i = i.wrapping_add(1);
+        }
+        total += t.elapsed();
+        p.drain();
+        left -= n;
+    }
+    total
+}
+
+fn request(c: &mut Criterion) {
+    let mut g = c.benchmark_group("request");
+    g.throughput(Throughput::Elements(1));
+    let kind = || phasetrace::RequestKind::new("bench", "text_completion", "m");
+    let off = profiler(Level::Off, SpecLevel::Off);
+    let rec_off = off.recorder();
+    g.bench_function("serve_off", |b| {
+        b.iter(|| rec_off.serve(black_box(7), black_box(1), 1))
+    });
+    let on = profiler(Level::Full, SpecLevel::Off);
+    let rec_on = on.recorder();
+    g.bench_function("serve_on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |i| {
+                rec_on.serve(black_box(i & 31), black_box(1), 1);
+            })
+        })
+    });
+    // The floor of a served request: one 24-byte store into a ring.
+    {
+        const SLOTS: usize = 4096;
+        let mut ring = vec![[0u64; 3]; SLOTS].into_boxed_slice();
+        g.bench_function("baseline_floor_store", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for i in 0..iters as usize {
+                    ring[i % SLOTS] = [black_box(i as u64 & 31), 1, 1];
+                }
+                let e = t.elapsed();
+                black_box(&mut ring);
+                e
+            })
+        });
+    }
+    // A per-request table on the hot path: an entry per open request, updated per token.
+    {
+        let mut table: std::collections::HashMap<u64, (u64, u64, Instant)> =
+            (0..32).map(|i| (i, (0, 0, Instant::now()))).collect();
+        g.bench_function("baseline_request_table", |b| {
+            b.iter_custom(|iters| {
+                let t = Instant::now();
+                for i in 0..iters {
+                    let e = table.entry(black_box(i & 31)).or_insert((0, 0, t));
+                    e.0 += 1;
+                    e.1 += 1;
+                }
+                t.elapsed()
+            })
+        });
+        black_box(&table);
+    }
+    let class_off = off.request_kind(kind()).expect("a kind");
+    g.bench_function("begin_end_off", |b| {
+        b.iter(|| {
+            rec_off.request_begin(black_box(9), class_off);
+            rec_off.request_end(black_box(9), phasetrace::Finish::Stop);
+        })
+    });
+    let class_on = on.request_kind(kind()).expect("a kind");
+    g.bench_function("begin_end_on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |i| {
+                rec_on.request_begin(black_box(i), class_on);
+                rec_on.request_end(black_box(i), phasetrace::Finish::Stop);
+            })
+        })
+    });
+    g.finish();
+    on.shutdown();
+}
+
 criterion_group!(
     benches,
+    request,
     section,
     step,
     spec,

@@ -289,6 +289,10 @@ impl TraceSlowerThan {
     /// What `PHASETRACE_TRACE_SLOWER_THAN` accepts.
     pub const EXPECTED: &'static str = "a duration with a unit (25ms, 1.5s, 800us), a percentile of this rank's recent steps from p0.1 to p99.9 (p99), or off";
 
+    /// What the request thresholds (`PHASETRACE_TRACE_REQUESTS_TTFT_OVER`, `..._TPOT_OVER`)
+    /// accept.
+    pub const EXPECTED_REQUESTS: &'static str = "a duration with a unit (500ms, 1.5s), a percentile of recent requests from p0.1 to p99.9 (p99), or off";
+
     /// How many recent steps (or rounds) of a rank a percentile is taken over.
     pub const WINDOW: usize = 1000;
 }

@@ -57,8 +57,8 @@ pub use export::view;
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use record::{
-    CapturedGraph, GraphCapture, PartGuard, Recorder, RecorderOptions, ReplayGuard, RoundGuard,
-    RoundRef, SectionGuard, StepGuard,
+    CapturedGraph, ErrorType, Finish, GraphCapture, PartGuard, Recorder, RecorderOptions,
+    ReplayGuard, RequestClass, RequestKind, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
 pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
 pub use worker::sinks::metrics::experts::{ExpertLoad, LayerLoad};

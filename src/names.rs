@@ -36,11 +36,14 @@ pub enum DropReason {
     /// worker read them (or whose graph was dropped first): counted, never attributed to
     /// another replay.
     GraphReplay,
+    /// Requests beyond what the worker keeps open at once (65,536) or serves in one step
+    /// (4,096): their telemetry is not recorded.
+    RequestBound,
 }
 
 impl DropReason {
     /// How many reasons there are.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
     /// Every reason, in the order of [`DropReason::index`].
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::QueueFull,
@@ -52,6 +55,7 @@ impl DropReason {
         DropReason::TailBudget,
         DropReason::TraceBound,
         DropReason::GraphReplay,
+        DropReason::RequestBound,
     ];
 
     /// The `reason` attribute value.
@@ -66,6 +70,7 @@ impl DropReason {
             DropReason::TailBudget => reason::TAIL_BUDGET,
             DropReason::TraceBound => reason::TRACE_BOUND,
             DropReason::GraphReplay => reason::GRAPH_REPLAY,
+            DropReason::RequestBound => reason::REQUEST_BOUND,
         }
     }
 

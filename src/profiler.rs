@@ -5,6 +5,7 @@ use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, S
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
+use crate::worker::requests::{RequestGauges, Requests};
 use crate::worker::sinks::Sinks;
 use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
@@ -310,6 +311,7 @@ impl ProfilerBuilder {
             clock,
             lanes: Mutex::new(Vec::new()),
             next_lane: AtomicU16::new(1),
+            kinds: Default::default(),
             spec_off_hint: AtomicBool::new(
                 !cfg.sdk_disabled && cfg.origin(crate::names::env::SPEC_LEVEL) == Origin::Default,
             ),
@@ -356,6 +358,7 @@ impl Start {
         let mut exporters = off_runtime(|| crate::export::build(cfg, given))??;
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
         let open = OpenSteps::new(layers.group().clone());
+        let request_gauges = Arc::new(RequestGauges::default());
         let views_before = crate::export::views::layer_views_applied();
         let inst: Vec<Instruments> = exporters
             .meters
@@ -366,6 +369,7 @@ impl Start {
                 let exponential_before = crate::export::views::exponential_views_applied();
                 let i = Instruments::new(m, &layers, &open, self.k_max)
                     .with_experts(m, &shared.experts)
+                    .with_requests(m, &request_gauges)
                     .with_bind(bind);
                 // A provider whose histograms a `view(true)` made exponential (the engine's
                 // own, told so by its view) carries the per-layer distributions at one
@@ -420,6 +424,7 @@ impl Start {
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
         let tracer = exporters.tracer.clone().filter(|_| traces);
+        let tracing_requests = tracer.is_some();
         let sinks = Sinks {
             spans: SpanSink::new(
                 tracer,
@@ -431,7 +436,14 @@ impl Start {
             metrics: MetricsSink::new(inst, layers, shared.experts.clone()),
             console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
         };
-        let pipeline = Pipeline::new(shared.clone(), open, sinks);
+        let requests = Requests::new(
+            shared.clone(),
+            tracing_requests,
+            Tail::new(cfg.trace_requests_ttft_over, cfg.trace_slow_budget),
+            Tail::new(cfg.trace_requests_tpot_over, cfg.trace_slow_budget),
+            request_gauges,
+        );
+        let pipeline = Pipeline::new(shared.clone(), open, sinks, requests);
         match Worker::start(pipeline, self.drain_interval) {
             Ok(worker) => Ok(Running { worker, exporters }),
             Err(e) => {
@@ -651,6 +663,19 @@ impl Profiler {
                 crate::names::env::LEVEL
             );
         }
+    }
+
+    /// Registers a kind of request (provider, operation, model), for
+    /// [`Recorder::request_begin`]: the same kind gives the same class. Takes a lock: call it
+    /// once per kind, not per request. Fails beyond 4,096 kinds.
+    pub fn request_kind(&self, kind: crate::RequestKind) -> Result<crate::RequestClass, Error> {
+        self.inner.shared.kinds.register(kind).ok_or_else(|| {
+            Error::Config(ConfigError::Conflict(
+                "Profiler::request_kind: more than 4096 request kinds registered (one per \
+                 provider, operation and model is enough)"
+                    .to_owned(),
+            ))
+        })
     }
 
     /// The resolved configuration.

@@ -19,6 +19,7 @@
 use crate::Failure;
 use crate::flags::ProfilerFlags;
 use crate::rendezvous::{RendezvousError, TcpRendezvous};
+use crate::requests::{RequestArgs, Scheduler, Serving};
 use clap::Args;
 use phasetrace::{
     Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
@@ -144,6 +145,8 @@ pub(crate) struct DemoArgs {
     /// Keep the process (and the Prometheus endpoint) up this many seconds after the run.
     #[arg(long, default_value_t = 0.0)]
     linger: f64,
+    #[command(flatten)]
+    requests: RequestArgs,
     #[command(flatten)]
     flags: ProfilerFlags,
 }
@@ -359,6 +362,8 @@ struct Group {
     steps_done: AtomicU64,
     tokens_done: AtomicU64,
     started: Instant,
+    /// The requests the ranks serve (`crate::requests`): planned by the counting rank.
+    serving: Serving,
 }
 
 struct Plan {
@@ -643,6 +648,9 @@ fn rank_loop(
     loop {
         // Every rank takes the same stop decision at the same step, so none is left waiting
         // at a rendezvous.
+        if rank == group.counter {
+            group.serving.plan(rec);
+        }
         let done = rank == 0
             && (group.stop_requested.load(Ordering::Relaxed)
                 || plan.deadline.is_some_and(|d| group.started.elapsed() >= d)
@@ -652,7 +660,8 @@ fn rank_loop(
         if group.decide_stop(rank, done)? {
             break;
         }
-        let f = plan.factor(rank, group.started.elapsed(), step);
+        let batch = group.serving.batch();
+        let f = plan.factor(rank, group.started.elapsed(), step) * batch.factor();
         work.hang = plan.hang == Some((rank, step));
         work.step = step;
         step += 1;
@@ -663,6 +672,7 @@ fn rank_loop(
             round.phase(Phase::Draft);
             {
                 let _step = rec.step();
+                batch.serve(rec);
                 for layer in 0..plan.layers {
                     layer_forward(
                         rec,
@@ -689,6 +699,7 @@ fn rank_loop(
             u64::from(a) + 1
         } else {
             let _step = rec.step();
+            batch.serve(rec);
             for layer in 0..plan.layers {
                 layer_forward(rec, &mut work, &plan, &group, layer, f, None)?;
             }
@@ -696,9 +707,15 @@ fn rank_loop(
             1
         };
         if rank == group.counter {
+            group.serving.finish_step(rec);
+        }
+        if rank == group.counter {
             group.steps_done.fetch_add(1, Ordering::Relaxed);
             group.tokens_done.fetch_add(tokens, Ordering::Relaxed);
         }
+    }
+    if rank == group.counter {
+        group.serving.stop(rec);
     }
     Ok(())
 }
@@ -779,6 +796,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             "--duration {d}: expected a positive number of seconds"
         )));
     }
+    a.requests.check().map_err(Failure::config)?;
     let mut dists = default_dists();
     if let Some(p) = &a.profile {
         load_profile(p, &mut dists)?;
@@ -900,7 +918,19 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         steps_done: AtomicU64::new(0),
         tokens_done: AtomicU64::new(0),
         started: Instant::now(),
+        serving: Serving::default(),
     });
+    // Requests are scheduled in this process unless it runs a rank other than 0 of a group
+    // of processes (whose steps then serve no batch).
+    if a.requests.request_rate > 0.0 && a.rank.is_none_or(|r| r == 0) {
+        let spec = a.spec.map(|k| (k, a.acceptance));
+        let s = Scheduler::new(&a.requests, &profiler, a.seed, spec)?;
+        *group
+            .serving
+            .scheduler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(s);
+    }
 
     // 2. One recorder per rank thread.
     let mut handles = Vec::new();
@@ -1033,6 +1063,16 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             .map(|(reason, n)| format!(" {reason}={n}"))
             .collect::<String>(),
     );
+    if let Some(r) = group.serving.figures() {
+        eprintln!(
+            "demo: {} requests begun, {} ended, {} still open cancelled at the stop; --request-rate {}/s, --max-batch {}",
+            r.begun,
+            r.ended,
+            r.cancelled + (r.waiting + r.running) as u64,
+            a.requests.request_rate,
+            a.requests.max_batch,
+        );
+    }
     if let Some((n, f)) = plan.slow_steps {
         let slow = (0..steps).filter(|&s| plan.slow_step(s)).count();
         eprintln!(

@@ -6,6 +6,7 @@ mod flags;
 mod import;
 mod probe;
 mod rendezvous;
+mod requests;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -361,7 +361,135 @@ pub mod metric {
             unit: UNIT_SECONDS,
             attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
         }
+        // Requests under continuous batching: the OpenTelemetry GenAI semantic conventions'
+        // server metrics (names, units, advised boundaries and attributes as the conventions give
+        // them), then what the conventions lack and serving engines export. Recorded by the
+        // worker when a request ends (`Recorder::request_end`), one observation per request,
+        // attributes `gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.model`,
+        // `gen_ai.response.model`, `error.type` (failed requests only) and `group`.
+        /// Histogram of a request's duration in seconds, from its arrival
+        /// (`Recorder::request_begin`) to its end (`Recorder::request_end`), failed requests
+        /// included (with `error.type`) (`gen_ai_server_request_duration_seconds`): the GenAI
+        /// conventions' metric, with their advised boundaries [`GEN_AI_REQUEST_DURATION_BOUNDARIES`].
+        GEN_AI_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of the time from a request's arrival to its first output token (the end of
+        /// the step that produced it), in seconds, successful requests only
+        /// (`gen_ai_server_time_to_first_token_seconds`); boundaries [`GEN_AI_TTFT_BOUNDARIES`].
+        GEN_AI_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of the time per output token after the first, in seconds: (end - first
+        /// token) / (output tokens - 1), successful requests with two output tokens or more
+        /// (`gen_ai_server_time_per_output_token_seconds`); boundaries [`GEN_AI_TPOT_BOUNDARIES`].
+        /// Alert: `PhasetraceTimePerOutputTokenHigh`.
+        GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of the time a request waited before the first step that served it, in
+        /// seconds (`phasetrace_request_queue_time_seconds`; vLLM's `request_queue_time`), the
+        /// GenAI attributes; boundaries [`GEN_AI_TTFT_BOUNDARIES`].
+        REQUEST_QUEUE_TIME = "phasetrace.request.queue_time" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of a request's prefill, in seconds: from the start of the first step that
+        /// served it to its first output token (`phasetrace_request_prefill_time_seconds`);
+        /// boundaries [`GEN_AI_TTFT_BOUNDARIES`].
+        REQUEST_PREFILL_TIME = "phasetrace.request.prefill_time" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of a request's decode, in seconds: from its first output token to its end
+        /// (`phasetrace_request_decode_time_seconds`); boundaries
+        /// [`GEN_AI_REQUEST_DURATION_BOUNDARIES`].
+        REQUEST_DECODE_TIME = "phasetrace.request.decode_time" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of a request's share of the time of the steps that served it, in seconds:
+        /// each step's duration times the request's tokens in it over the step's tokens, summed
+        /// over its steps on the rank that began it (`phasetrace_request_step_share_seconds`);
+        /// boundaries [`GEN_AI_REQUEST_DURATION_BOUNDARIES`]. Below the request's duration by
+        /// what the batch's other requests took of the same steps (and by the queue).
+        REQUEST_STEP_SHARE = "phasetrace.request.step_share" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of a request's share of the time its steps waited at collective rendezvous
+        /// (`phasetrace.step.collective_wait` shared as [`REQUEST_STEP_SHARE`] is), in seconds, on
+        /// the rank that began it (`phasetrace_request_collective_wait_share_seconds`); boundaries
+        /// [`GEN_AI_TTFT_BOUNDARIES`]. Per rank on the request's span.
+        REQUEST_COLLECTIVE_WAIT_SHARE = "phasetrace.request.collective_wait_share" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of the drafted tokens accepted per request under speculative decoding
+        /// (`Recorder::serve_speculative`), requests with a drafted token only
+        /// (`phasetrace_request_accepted_tokens`); boundaries [`REQUEST_TOKEN_BOUNDARIES`].
+        REQUEST_ACCEPTED_TOKENS = "phasetrace.request.accepted_tokens" {
+            instrument: Histogram,
+            unit: UNIT_TOKENS,
+            attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
+        /// Histogram of the requests one step served (its batch), attributes `rank`, `group`
+        /// (`phasetrace_batch_size`), steps that served at least one; boundaries
+        /// [`BATCH_SIZE_BOUNDARIES`].
+        BATCH_SIZE = "phasetrace.batch.size" {
+            instrument: Histogram,
+            unit: UNIT_REQUESTS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Gauge of the requests begun and not yet served by any step (the queue), attribute
+        /// `group` (`phasetrace_requests_waiting`).
+        REQUESTS_WAITING = "phasetrace.requests.waiting" {
+            instrument: Gauge,
+            unit: UNIT_REQUESTS,
+            attributes: [attr::GROUP],
+        }
+        /// Gauge of the requests served by a step and not yet ended (in flight), attribute
+        /// `group` (`phasetrace_requests_running`).
+        REQUESTS_RUNNING = "phasetrace.requests.running" {
+            instrument: Gauge,
+            unit: UNIT_REQUESTS,
+            attributes: [attr::GROUP],
+        }
     }
+
+    /// The GenAI conventions' advised boundaries of [`GEN_AI_SERVER_REQUEST_DURATION`], s.
+    pub const GEN_AI_REQUEST_DURATION_BOUNDARIES: [f64; 14] = [
+        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+    ];
+    /// The GenAI conventions' advised boundaries of [`GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN`], s.
+    pub const GEN_AI_TPOT_BOUNDARIES: [f64; 13] = [
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+    ];
+    /// The GenAI conventions' advised boundaries of [`GEN_AI_SERVER_TIME_TO_FIRST_TOKEN`], s.
+    pub const GEN_AI_TTFT_BOUNDARIES: [f64; 16] = [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    ];
+    /// Boundaries of [`REQUEST_ACCEPTED_TOKENS`], tokens.
+    pub const REQUEST_TOKEN_BOUNDARIES: [f64; 13] = [
+        0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+    ];
+    /// Boundaries of [`BATCH_SIZE`], requests.
+    pub const BATCH_SIZE_BOUNDARIES: [f64; 11] = [
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    ];
+    /// Unit of [`BATCH_SIZE`] and the request gauges.
+    pub const UNIT_REQUESTS: &str = "{request}";
 
     /// Unit of every duration histogram.
     pub const UNIT_SECONDS: &str = "s";
@@ -461,9 +589,85 @@ pub mod attr {
         ACCEPTED = "accepted";
         /// Timing backend (span attribute).
         TIMING = "phasetrace.timing";
-        /// Why a step or round was traced: `head` (one in `PHASETRACE_TRACE_EVERY`) or `tail`
-        /// (slower than `PHASETRACE_TRACE_SLOWER_THAN`) (span attribute).
+        /// Why a step, round or request was traced: `head` (one in `PHASETRACE_TRACE_EVERY`),
+        /// `tail` (slower than `PHASETRACE_TRACE_SLOWER_THAN`, or a request over
+        /// `PHASETRACE_TRACE_REQUESTS_TTFT_OVER` / `..._TPOT_OVER`) or `request` (a step that
+        /// served a traced request) (span attribute).
         SAMPLED = "phasetrace.sampled";
+        /// The GenAI operation of a request (`chat`, `text_completion`, `generate_content`):
+        /// required by the GenAI conventions on their metrics and spans.
+        GEN_AI_OPERATION_NAME = "gen_ai.operation.name";
+        /// The GenAI provider (the serving engine or its operator's name): required by the GenAI
+        /// conventions.
+        GEN_AI_PROVIDER_NAME = "gen_ai.provider.name";
+        /// The model the request asked for.
+        GEN_AI_REQUEST_MODEL = "gen_ai.request.model";
+        /// The model that served it.
+        GEN_AI_RESPONSE_MODEL = "gen_ai.response.model";
+        /// Why a request failed (set only on failed requests), as the conventions' `error.type`.
+        ERROR_TYPE = "error.type";
+        /// The engine's request id (request span attribute, as `gen_ai.response.id`).
+        GEN_AI_RESPONSE_ID = "gen_ai.response.id";
+        /// Why the request ended (`stop`, `length`, `cancelled`, `error`), a one-element array as
+        /// the conventions' `gen_ai.response.finish_reasons` (request span attribute).
+        GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons";
+        /// Prompt tokens the steps computed for the request (request span attribute).
+        GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens";
+        /// Output tokens the request got (request span attribute).
+        GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens";
+        /// Seconds from arrival to the first step that served the request (request span
+        /// attribute, as vLLM's).
+        GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue";
+        /// Seconds from arrival to the first output token (request span attribute, as vLLM's).
+        GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token";
+        /// Seconds from arrival to the end (request span attribute, as vLLM's).
+        GEN_AI_LATENCY_E2E = "gen_ai.latency.e2e";
+        /// Seconds of prefill (request span attribute, as vLLM's).
+        GEN_AI_LATENCY_TIME_IN_PREFILL = "gen_ai.latency.time_in_model_prefill";
+        /// Seconds of decode (request span attribute, as vLLM's).
+        GEN_AI_LATENCY_TIME_IN_DECODE = "gen_ai.latency.time_in_model_decode";
+        /// Seconds of the request's share of its steps' time (request span attribute: vLLM's
+        /// `time_in_model_forward` shared by tokens, see `metric::REQUEST_STEP_SHARE`).
+        GEN_AI_LATENCY_TIME_IN_MODEL_FORWARD = "gen_ai.latency.time_in_model_forward";
+        /// Seconds per output token after the first (request span attribute).
+        GEN_AI_LATENCY_TIME_PER_OUTPUT_TOKEN = "gen_ai.latency.time_per_output_token";
+        /// Steps that served the request (request span attribute).
+        REQUEST_STEPS = "phasetrace.request.steps";
+        /// The request's share of its steps' rendezvous waits, seconds, on the rank that began it
+        /// (request span attribute).
+        REQUEST_WAIT_SHARE = "phasetrace.request.collective_wait_share";
+        /// The ranks that served the request, in the order of [`REQUEST_WAIT_BY_RANK`] (request
+        /// span attribute, an array).
+        REQUEST_RANKS = "phasetrace.request.ranks";
+        /// Each rank's share of its steps' rendezvous waits for the request, seconds (request
+        /// span attribute, an array beside [`REQUEST_RANKS`]).
+        REQUEST_WAIT_BY_RANK = "phasetrace.request.collective_wait_share_by_rank";
+        /// The rank that waited least for the request's steps, the one the others waited for
+        /// (request span attribute; with more than one rank).
+        REQUEST_WAITED_FOR_RANK = "phasetrace.request.waited_for_rank";
+        /// Drafted tokens of the request under speculative decoding (request span attribute).
+        REQUEST_DRAFTED_TOKENS = "phasetrace.request.drafted_tokens";
+        /// Accepted drafted tokens of the request (request span attribute).
+        REQUEST_ACCEPTED_TOKENS = "phasetrace.request.accepted_tokens";
+        /// Steps of the request whose `request.step` span was not built: beyond the bound of
+        /// spans per request, or served before the request was found slow (request span
+        /// attribute).
+        REQUEST_STEPS_UNTRACED = "phasetrace.request.steps_untraced";
+        /// The request's tokens computed in one step (`request.step` span attribute).
+        REQUEST_STEP_TOKENS = "phasetrace.request.step.tokens";
+        /// The request's output tokens from one step (`request.step` span attribute).
+        REQUEST_STEP_OUTPUT_TOKENS = "phasetrace.request.step.output_tokens";
+        /// The request's share of one step's time, seconds (`request.step` span attribute).
+        REQUEST_STEP_SHARE = "phasetrace.request.step.share";
+        /// The request's share of one step's rendezvous waits, seconds (`request.step` span
+        /// attribute).
+        REQUEST_STEP_WAIT_SHARE = "phasetrace.request.step.collective_wait_share";
+        /// The requests a step served (step span attribute).
+        BATCH_SIZE = "phasetrace.batch.size";
+        /// The tokens a step computed over its batch (step span attribute).
+        BATCH_TOKENS = "phasetrace.batch.tokens";
+        /// Traced requests of the step's batch beyond its bound of links (step span attribute).
+        BATCH_LINKS_DROPPED = "phasetrace.batch.links_dropped";
         /// Where host-clock boundaries are read from, `tsc` or `monotonic` (resource attribute; see
         /// `phasetrace::timing::host_source`).
         HOST_CLOCK = "phasetrace.host_clock";
@@ -509,6 +713,9 @@ pub mod span {
         LAYER = "layer";
         /// One speculative round.
         ROUND = "spec.round";
+        /// One step's part in a traced request, in the request's trace, linked to the step's
+        /// `decode.step` span (in its own trace).
+        REQUEST_STEP = "request.step";
         /// The span event carrying routed expert ids.
         MOE_ROUTE_EVENT = "moe.route";
     }
@@ -528,6 +735,12 @@ pub mod env {
         TRACE_SLOWER_THAN = "PHASETRACE_TRACE_SLOWER_THAN";
         /// Most slow-step (tail) traces a second per rank.
         TRACE_SLOW_BUDGET = "PHASETRACE_TRACE_SLOW_BUDGET";
+        /// Also trace every request whose time to first token is over this: a duration, a
+        /// percentile of recent requests, or `off`.
+        TRACE_REQUESTS_TTFT_OVER = "PHASETRACE_TRACE_REQUESTS_TTFT_OVER";
+        /// Also trace every request whose time per output token is over this: a duration, a
+        /// percentile of recent requests, or `off`.
+        TRACE_REQUESTS_TPOT_OVER = "PHASETRACE_TRACE_REQUESTS_TPOT_OVER";
         /// Read one CUDA-graph replay in N; `0` reads none.
         GRAPH_READ_EVERY = "PHASETRACE_GRAPH_READ_EVERY";
         /// `on`/`off`: the `layer` attribute on section metrics.
@@ -650,6 +863,9 @@ pub mod reason {
         /// worker read them (or whose graph was dropped first): counted, never attributed to
         /// another replay.
         GRAPH_REPLAY = "graph_replay";
+        /// Requests beyond what the worker keeps open at once (65,536) or serves in one step
+        /// (4,096): their telemetry is not recorded.
+        REQUEST_BOUND = "request_bound";
     }
 }
 

@@ -709,7 +709,7 @@ def main() -> int:
         "# Every alert is tested to fire on a bad series, stay quiet on a healthy one, and resolve.\n"
         "# The thresholds are the ones in phasetrace-thresholds.yml, so retuning them re-runs these\n"
         "# scenarios against the new values.\n\n"
-        "rule_files:\n  - phasetrace-thresholds.yml\n  - phasetrace-recording.yml\n  - phasetrace-alerts.yml\n\n"
+        "rule_files:\n  - phasetrace-thresholds.yml\n  - phasetrace-recording.yml\n  - phasetrace-alerts.yml\n  - phasetrace-requests.yml\n\n"
         f"evaluation_interval: {STEP_S}s\n\ntests:\n" + "".join(tests) + rest
     )
     if "--check" in sys.argv[1:]:

@@ -130,6 +130,38 @@ settings! {
         /// Env: `PHASETRACE_TRACE_SLOW_BUDGET`; default 5.
         setter: fn with_trace_slow_budget(per_second: u32) => per_second,
     },
+    TRACE_REQUESTS_TTFT_OVER: TraceSlowerThan {
+        var: env::TRACE_REQUESTS_TTFT_OVER,
+        flag: "trace-requests-ttft-over",
+        doc: "Also trace every request whose time to first token is over this (from its first token on), within the tail budget",
+        expected: TraceSlowerThan::EXPECTED_REQUESTS,
+        example: "500ms",
+        default: TraceSlowerThan::default(),
+        parse: closed,
+        show: shown,
+        field: trace_requests_ttft_over,
+        /// Also trace requests whose time to first token is over this: a duration, a
+        /// percentile of recent requests, or off; decided on the worker at the request's first
+        /// token, so its later steps are traced and linked. Env:
+        /// `PHASETRACE_TRACE_REQUESTS_TTFT_OVER`; default `p99`.
+        setter: fn with_trace_requests_ttft_over(threshold: TraceSlowerThan) => threshold,
+    },
+    TRACE_REQUESTS_TPOT_OVER: TraceSlowerThan {
+        var: env::TRACE_REQUESTS_TPOT_OVER,
+        flag: "trace-requests-tpot-over",
+        doc: "Also trace every request whose time per output token so far is over this (from then on), within the tail budget",
+        expected: TraceSlowerThan::EXPECTED_REQUESTS,
+        example: "40ms",
+        default: TraceSlowerThan::default(),
+        parse: closed,
+        show: shown,
+        field: trace_requests_tpot_over,
+        /// Also trace requests whose time per output token so far is over this: a duration, a
+        /// percentile of recent requests, or off; decided on the worker at each step that
+        /// serves the request, so its later steps are traced and linked. Env:
+        /// `PHASETRACE_TRACE_REQUESTS_TPOT_OVER`; default `p99`.
+        setter: fn with_trace_requests_tpot_over(threshold: TraceSlowerThan) => threshold,
+    },
     GRAPH_READ_EVERY: u64 {
         var: env::GRAPH_READ_EVERY,
         flag: "graph-read-every",

@@ -23,14 +23,36 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-/// The histograms that carry exemplars.
-pub(crate) const EXEMPLAR_METRICS: [&str; 3] = [
+/// The histograms that carry exemplars: the step, section and wait durations, and the GenAI
+/// request histograms (whose exemplars point at request spans).
+pub(crate) const EXEMPLAR_METRICS: [&str; 6] = [
     metric::STEP_DURATION,
     metric::SECTION_DURATION,
     metric::COLLECTIVE_WAIT,
+    metric::GEN_AI_SERVER_REQUEST_DURATION,
+    metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+    metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
 ];
-/// Buckets of a duration histogram: one per boundary, plus `+Inf`.
+/// Most buckets of a histogram with exemplars: one per boundary, plus `+Inf` (the duration
+/// histograms have the most).
 pub(crate) const BUCKETS: usize = metric::DURATION_BOUNDARIES.len() + 1;
+
+/// The explicit boundaries of `metric`, one of [`EXEMPLAR_METRICS`].
+pub(crate) fn boundaries(metric: &str) -> &'static [f64] {
+    match metric {
+        metric::GEN_AI_SERVER_REQUEST_DURATION => &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
+        metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN => &metric::GEN_AI_TTFT_BOUNDARIES,
+        metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN => &metric::GEN_AI_TPOT_BOUNDARIES,
+        _ => &metric::DURATION_BOUNDARIES,
+    }
+}
+
+/// The bucket of `metric` that `value` (seconds) falls in: the first whose upper bound is at
+/// least `value` (`le` is inclusive), else `+Inf` (the slot after the last boundary).
+pub(crate) fn bucket_of_metric(metric: &str, value: f64) -> usize {
+    let b = boundaries(metric);
+    b.iter().position(|&x| value <= x).unwrap_or(b.len())
+}
 /// Most series with exemplars (the SDK keeps at most 2,000 series per instrument).
 pub(crate) const SERIES_MAX: usize = 3 * 2_000;
 /// Most exemplars waiting for their span's export.
@@ -147,7 +169,7 @@ impl ExemplarStore {
         i.pending.entry(id).or_default().push(Pending {
             metric,
             series,
-            bucket: bucket_of(exemplar.value),
+            bucket: bucket_of_metric(metric, exemplar.value),
             exemplar,
             since: now,
         });

@@ -45,6 +45,16 @@ pub(crate) enum MarkKind {
     ReplayBegin,
     /// The launch was enqueued; the token is the fence after it (same graph and sequence).
     ReplayEnd,
+    /// The engine's id of the request that the next `RequestBegin` or `RequestEnd` is about
+    /// (the token).
+    RequestId,
+    /// A request arrived (a host time), of a registered class.
+    RequestBegin,
+    /// A request is served by the open step (or, between steps, the next): its id (the
+    /// token), the tokens it computes and the output tokens it gets there.
+    Serve,
+    /// A request ended (a host time), with its finish.
+    RequestEnd,
 }
 
 /// Names a round for verify parts recorded on other threads. `Copy + Send`.
@@ -91,6 +101,10 @@ const ACCEPTED_UNKNOWN: u32 = u32::MAX;
 /// | `PartBegin`/`PartEnd` | round seq | part | round lane | time |
 /// | `Parent*` | | | | id word |
 /// | `ReplayBegin`/`ReplayEnd` | graph id | launch seq high | launch seq low | fence time |
+/// | `RequestId` | | | | request id |
+/// | `RequestBegin` | | class | | host time |
+/// | `Serve` | tokens computed | output tokens | drafted tokens | request id |
+/// | `RequestEnd` | finish code | error type | | host time |
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark {
     token: u64,
@@ -274,6 +288,61 @@ impl Mark {
         )
     }
 
+    /// The id of the request the next `RequestBegin` or `RequestEnd` is about.
+    #[inline]
+    pub(crate) const fn request_id(id: u64) -> Mark {
+        let mut m = Mark::new(MarkKind::RequestId, 0, 0, 0, 0);
+        m.token = id;
+        m
+    }
+
+    /// A request of `class` arrived; `sampled` when it gets a span (timed on the host clock).
+    #[inline]
+    pub(crate) const fn request_begin(class: u16, sampled: bool) -> Mark {
+        Mark::new(
+            MarkKind::RequestBegin,
+            0,
+            class,
+            0,
+            FLAG_HOST | Mark::sampled_flag(sampled),
+        )
+    }
+
+    /// Request `id` computes `tokens` and gets `outputs` output tokens (of `drafted` drafted
+    /// ones, under speculative decoding) in the open step. Counts beyond a field are held at
+    /// its maximum.
+    #[inline]
+    pub(crate) fn serve(id: u64, tokens: u32, outputs: u32, drafted: u32) -> Mark {
+        let sat = |v: u32| v.min(u32::from(u16::MAX)) as u16;
+        let mut m = Mark::new(MarkKind::Serve, tokens, sat(outputs), sat(drafted), 0);
+        m.token = id;
+        m
+    }
+
+    /// A request ended: `code` and `error` from `Finish::code` (timed on the host clock).
+    #[inline]
+    pub(crate) const fn request_end(code: u32, error: u16) -> Mark {
+        Mark::new(MarkKind::RequestEnd, code, error, 0, FLAG_HOST)
+    }
+
+    /// The class of a `RequestBegin`.
+    #[inline]
+    pub(crate) const fn class(&self) -> u16 {
+        self.id
+    }
+
+    /// A `Serve`'s (request id, tokens computed, output tokens, drafted tokens).
+    #[inline]
+    pub(crate) const fn served(&self) -> (u64, u32, u32, u32) {
+        (self.token, self.wide, self.id as u32, self.aux as u32)
+    }
+
+    /// A `RequestEnd`'s finish (code, error type).
+    #[inline]
+    pub(crate) const fn finish(&self) -> (u32, u16) {
+        (self.wide, self.id)
+    }
+
     /// The same mark sampled (or not) for spans: a captured step or round takes its replay's
     /// sampling, not the one decided at capture.
     #[inline]
@@ -320,6 +389,8 @@ impl Mark {
             self.kind,
             MarkKind::Wait
                 | MarkKind::Route
+                | MarkKind::RequestId
+                | MarkKind::Serve
                 | MarkKind::ParentHi
                 | MarkKind::ParentLo
                 | MarkKind::ParentSpan

@@ -11,12 +11,14 @@ pub(crate) mod graph;
 mod lane;
 pub(crate) mod mark;
 mod recorder;
+pub(crate) mod request;
 mod ring;
 
 pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
 pub(crate) use lane::Lane;
 pub use mark::RoundRef;
 pub use recorder::{PartGuard, Recorder, RecorderOptions, RoundGuard, SectionGuard, StepGuard};
+pub use request::{ErrorType, Finish, RequestClass, RequestKind};
 
 use crate::config::{Level, SpecLevel};
 use crate::timing::Clock;
@@ -92,6 +94,8 @@ pub(crate) struct Shared {
     pub(crate) graph_read_every: u64,
     /// Captured graphs, for the worker.
     pub(crate) graphs: graph::Registry,
+    /// The request kinds registered with `Profiler::request_kind`.
+    pub(crate) kinds: request::Kinds,
     /// The speculative level is off because nobody set it: the first round recorded says so
     /// once on stderr (and clears this).
     pub(crate) spec_off_hint: AtomicBool,

@@ -84,6 +84,8 @@ pub struct Recorder {
     steps: Cell<u64>,
     rounds: Cell<u64>,
     round_seq: Cell<u32>,
+    /// Requests begun, for one-in-N sampling.
+    requests: Cell<u64>,
     capture: CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -128,6 +130,7 @@ impl Recorder {
             steps: Cell::new(0),
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
+            requests: Cell::new(0),
             capture: Default::default(),
             _not_sync: PhantomData,
         }
@@ -374,6 +377,84 @@ impl Recorder {
                 self.lane.push(Mark::route(layer, &ids[..n], continued));
                 continued = true;
             }
+        }
+    }
+
+    /// A request arrived: `id` is the engine's (unique among the requests open at once),
+    /// `class` its registered kind ([`crate::Profiler::request_kind`]). Its queue time runs
+    /// until the first step that [`Recorder::serve`]s it, and it ends with
+    /// [`Recorder::request_end`]; the worker keeps it open in between (the hot path keeps
+    /// nothing). Sampling is decided here: one request in `PHASETRACE_TRACE_EVERY` gets a span,
+    /// and so does one found slow later (`PHASETRACE_TRACE_REQUESTS_TTFT_OVER`,
+    /// `..._TPOT_OVER`); every step that serves a traced request is traced and linked to it.
+    ///
+    /// Recorded at both levels, on any recorder of the profiler (the engine's scheduler
+    /// thread, say), on the host clock. Cost: off, one relaxed load; on, one host-clock read
+    /// and two 24-byte records, no lock: [`crate::benchmarks`] (`request/begin_end_on`).
+    #[inline]
+    pub fn request_begin(&self, id: u64, class: crate::RequestClass) {
+        if self.level() == Level::Off {
+            return;
+        }
+        let n = self.requests.get();
+        self.requests.set(n.wrapping_add(1));
+        let every = self.shared.trace_every;
+        let sampled = every != 0 && n.is_multiple_of(every);
+        if self.lane.push(Mark::request_id(id)) {
+            self.lane
+                .push(Mark::request_begin(class.0, sampled).at(self.host.read()));
+        }
+    }
+
+    /// Request `id` is in the batch of this recorder's open step (or, called between steps,
+    /// of its next one): it computes `tokens` there (its prompt or a chunk of it in prefill,
+    /// 1 in decode) and gets `outputs` output tokens (0 for a prefill chunk that samples
+    /// nothing, 1 per decode step; its first output token ends its time to first token).
+    /// Call it once per request and step, from every rank that runs the batch: each rank's
+    /// step links to the request, and the request's share of step time (by `tokens` over the
+    /// batch's tokens) is counted on the rank that began it.
+    ///
+    /// Cost: off, one relaxed load; on, one 24-byte record and no clock read (the step's
+    /// boundaries time it): [`crate::benchmarks`] (`request/serve_on`). A batch of 32 costs
+    /// 32 records a step.
+    #[inline]
+    pub fn serve(&self, id: u64, tokens: u32, outputs: u32) {
+        if self.level() == Level::Off {
+            return;
+        }
+        self.lane.push(Mark::serve(id, tokens, outputs, 0));
+    }
+
+    /// [`Recorder::serve`] under speculative decoding: request `id` verified `drafted`
+    /// drafted tokens in this step (computing `drafted + 1`) and kept `accepted` of them
+    /// (getting `accepted + 1` output tokens); `phasetrace.request.accepted_tokens` sums them
+    /// per request.
+    #[inline]
+    pub fn serve_speculative(&self, id: u64, drafted: u32, accepted: u32) {
+        if self.level() == Level::Off {
+            return;
+        }
+        let accepted = accepted.min(drafted);
+        self.lane.push(Mark::serve(
+            id,
+            drafted.saturating_add(1),
+            accepted.saturating_add(1),
+            drafted,
+        ));
+    }
+
+    /// Request `id` ended: its duration, time to first token and time per output token go
+    /// to the `gen_ai.server.*` histograms (the last two for successful requests), and its
+    /// span, if traced, ends. Cost: as [`Recorder::request_begin`].
+    #[inline]
+    pub fn request_end(&self, id: u64, finish: crate::Finish) {
+        if self.level() == Level::Off {
+            return;
+        }
+        let (code, error) = finish.code();
+        if self.lane.push(Mark::request_id(id)) {
+            self.lane
+                .push(Mark::request_end(code, error).at(self.host.read()));
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! pairing (marks -> durations) ──&Event──> Sink::on ──> metrics | spans | console
-//!   Section, Wait, Route, Step, Round, Dropped, Drained           (super::sinks)
+//!   Section, Wait, Route, Step (and its batch), Round, Dropped,    (super::sinks)
+//!   RequestTraced, Request, Drained
 //! ```
 //!
 //! An event borrows what pairing holds (the held trace of a step or round, a route's ids), so
@@ -11,6 +12,7 @@
 //! nothing but events, and tells pairing nothing back: which traces to hold is fixed when the
 //! pipeline is built ([`Hold`]).
 
+use super::requests::{BatchEntry, Request, TracedRequest};
 use super::trace::{Interval, StepTrace};
 use crate::config::Timing;
 use crate::names::DropReason;
@@ -49,6 +51,10 @@ pub(crate) enum Event<'a> {
     Round(Round<'a>),
     /// `n` records dropped for `reason` (never 0).
     Dropped { reason: DropReason, n: u64 },
+    /// A request became traced (one in N at its begin, or found slow): its span starts.
+    RequestTraced(&'a TracedRequest),
+    /// A request ended (delivered one pass after its end, with every rank's last steps).
+    Request(&'a Request),
     /// A drain pass is over: every lane drained, the ready rounds finalized.
     Drained,
 }
@@ -62,6 +68,9 @@ pub(crate) struct Step<'a> {
     pub(crate) wait_ns: u64,
     /// The step's trace, when pairing held it.
     pub(crate) held: Option<HeldStep<'a>>,
+    /// The requests it served ([`crate::Recorder::serve`]), with their shares; empty for an
+    /// engine that does not use the request API.
+    pub(crate) batch: &'a [BatchEntry],
 }
 
 /// What a step's spans need that only pairing knows.

@@ -6,7 +6,9 @@
 //!                  │  the open step, and its trace while spans may want it: trace.rs)
 //!                  │   └──> at the end of each drain: OpenSteps (when the open step began, or
 //!                  │        since when the oldest mark is pending: one cell a lane, no locks)
-//!                  └──> event.rs: Section, Wait, Route, Step, Round, Dropped, Drained
+//!                  ├──> requests.rs: the open requests (begin, each step's batch, end)
+//!                  └──> event.rs: Section, Wait, Route, Step, Round, RequestTraced, Request,
+//!                       Dropped, Drained
 //!                         └──> sinks/: Sinks::on, each event to every sink in turn
 //!                                ├──> metrics/: LaneSeries (series.rs) ─┬─> Instruments
 //!                                │    (aggregate.rs: SDK histograms and counters)
@@ -28,6 +30,7 @@ mod event;
 pub(crate) mod open;
 mod pair;
 mod replay;
+pub(crate) mod requests;
 pub(crate) mod sinks;
 mod stats;
 mod trace;
@@ -59,10 +62,15 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// The pipeline of `shared`'s lanes into `sinks`; `open` is where pairing publishes each
     /// lane's open step (read by the metrics' open-duration gauge).
-    pub(crate) fn new(shared: Arc<Shared>, open: Arc<open::OpenSteps>, sinks: Sinks) -> Pipeline {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        open: Arc<open::OpenSteps>,
+        sinks: Sinks,
+        requests: requests::Requests,
+    ) -> Pipeline {
         let hold = sinks.spans.hold();
         Pipeline {
-            pairing: Pairing::new(shared, open, hold),
+            pairing: Pairing::new(shared, open, hold, requests),
             sinks,
         }
     }
@@ -78,6 +86,7 @@ impl Pipeline {
     pub(crate) fn flush(&mut self) {
         self.pass();
         self.pairing.finalize_ended(&mut self.sinks);
+        self.pairing.finalize_requests(&mut self.sinks);
     }
 
     pub(crate) fn stats(&self) -> Stats {

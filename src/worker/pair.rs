@@ -10,6 +10,7 @@
 
 use super::event::{Event, HeldRound, HeldStep, Hold, Round, Sink, Step, VerifySplit};
 use super::open::{OpenSlot, OpenSteps};
+use super::requests::{BATCH_MAX, BatchEntry, Requests, Served};
 use super::trace::{Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait};
 use crate::config::SpecLevel;
 use crate::names::DropReason;
@@ -134,11 +135,19 @@ pub(crate) struct Pairing {
     counts: Counts,
     /// A lane waits for a graph replay's end fence (see [`LaneState::awaiting_replay`]).
     awaiting_replay: bool,
+    /// The open requests of every lane.
+    requests: Requests,
 }
 
 impl Pairing {
-    pub(crate) fn new(shared: Arc<Shared>, open: Arc<OpenSteps>, hold: Hold) -> Pairing {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        open: Arc<OpenSteps>,
+        hold: Hold,
+        requests: Requests,
+    ) -> Pairing {
         Pairing {
+            requests,
             shared,
             open,
             hold,
@@ -169,6 +178,7 @@ impl Pairing {
             ended: &mut self.ended_now,
             graphs: &self.shared.graphs,
             hold: self.hold,
+            requests: &mut self.requests,
         };
         self.awaiting_replay = false;
         for lane in &mut self.lanes {
@@ -188,6 +198,7 @@ impl Pairing {
         }
         self.finalize_ended(out);
         self.ended_prev = std::mem::take(&mut self.ended_now);
+        self.requests.pass_done(out);
         if self.parts.len() > PARTS_MAX {
             let n = self.parts.len() as u64;
             self.parts.clear();
@@ -204,6 +215,11 @@ impl Pairing {
         for r in ready {
             self.finalize_round(r, out);
         }
+    }
+
+    /// Delivers every ended request now (at flush).
+    pub(crate) fn finalize_requests<S: Sink>(&mut self, out: &mut S) {
+        self.requests.flush(out);
     }
 
     /// A round joined with its verify parts, delivered as [`Event::Round`].
@@ -265,6 +281,7 @@ pub(crate) struct Cx<'a, S> {
     ended: &'a mut Vec<EndedRound>,
     graphs: &'a crate::record::graph::Registry,
     hold: Hold,
+    requests: &'a mut Requests,
 }
 
 impl<S: Sink> Cx<'_, S> {
@@ -312,6 +329,12 @@ pub(crate) struct LaneState {
     lost_end_seen: u64,
     /// The lane's open step as `phasetrace.step.open_duration` reads it.
     open: OpenSlot,
+    /// The request id of the next `RequestBegin` or `RequestEnd`.
+    request_id: Option<u64>,
+    /// `Serve` marks since the last step end: the batch of the open (or next) step.
+    served: Vec<Served>,
+    /// The batch of the step being delivered, reused.
+    batch: Vec<BatchEntry>,
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -365,6 +388,9 @@ impl LaneState {
             replays: 0,
             in_replay: 0,
             replay_rounds: Vec::new(),
+            request_id: None,
+            served: Vec::new(),
+            batch: Vec::new(),
         }
     }
 
@@ -555,6 +581,44 @@ impl LaneState {
             MarkKind::ParentHi => self.parent.trace_hi = Some(m.token()),
             MarkKind::ParentLo => self.parent.trace_lo = Some(m.token()),
             MarkKind::ParentSpan => self.parent.span = Some(m.token()),
+            MarkKind::RequestId => {
+                if self.request_id.replace(m.token()).is_some() {
+                    Self::unbalanced(s, 1);
+                }
+            }
+            MarkKind::RequestBegin => {
+                let Some(id) = self.request_id.take() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                s.requests
+                    .begin(id, m.class(), t, m.is_sampled(), self.lane.id, s.out);
+            }
+            MarkKind::RequestEnd => {
+                let Some(id) = self.request_id.take() else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                let (code, error) = m.finish();
+                let Some(finish) = crate::record::Finish::from_code(code, error) else {
+                    Self::unbalanced(s, 1);
+                    return;
+                };
+                s.requests.end(id, t, finish, s.out);
+            }
+            MarkKind::Serve => {
+                let (id, tokens, outputs, drafted) = m.served();
+                if self.served.len() >= BATCH_MAX {
+                    s.drop(DropReason::RequestBound, 1);
+                    return;
+                }
+                self.served.push(Served {
+                    id,
+                    tokens,
+                    outputs,
+                    drafted,
+                });
+            }
             MarkKind::StepBegin => {
                 if self.step.is_some() {
                     Self::unbalanced(s, 1);
@@ -570,7 +634,7 @@ impl LaneState {
                     wait_ns: 0,
                     depth: self.stack.len(),
                     sampled,
-                    collect: sampled || s.hold.every,
+                    collect: sampled || s.hold.every || (s.hold.sampled && s.requests.any_traced()),
                     index: (self.in_replay == 0).then(|| m.step_index()),
                 });
             }
@@ -586,10 +650,22 @@ impl LaneState {
                     self.stack.truncate(step.depth);
                 }
                 s.counts.steps += 1;
+                s.requests.step(
+                    rank,
+                    self.lane.id,
+                    step.start,
+                    t,
+                    step.wait_ns,
+                    &self.served,
+                    &mut self.batch,
+                    s.out,
+                );
+                self.served.clear();
                 s.emit(&Event::Step(Step {
                     rank,
                     ns: t.saturating_sub(step.start),
                     wait_ns: step.wait_ns,
+                    batch: &self.batch,
                     held: step.collect.then_some(HeldStep {
                         trace: &self.trace,
                         number: step.number,

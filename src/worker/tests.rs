@@ -183,6 +183,7 @@ fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, 
         next_lane: AtomicU16::new(1),
         graph_read_every: 1,
         graphs: Default::default(),
+        kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let p = untraced(&shared, true);
@@ -205,7 +206,8 @@ fn pipeline(
     let meter = provider.meter("test");
     let inst = Instruments::new(&meter, &layers, &open, 8)
         .with_bind(Bind::Bound)
-        .with_distributions(Some((&meter, Bind::Bound)), None);
+        .with_distributions(Some((&meter, Bind::Bound)), None)
+        .with_requests(&meter, &Arc::default());
     let sinks = Sinks {
         spans: SpanSink::new(
             tracer.map(|t| Arc::new(opentelemetry::global::BoxedTracer::new(Box::new(t)))),
@@ -217,7 +219,8 @@ fn pipeline(
         metrics: MetricsSink::new(vec![inst], layers, shared.experts.clone()),
         console: ConsoleSink::new(0, 0),
     };
-    Pipeline::new(shared.clone(), open, sinks)
+    let requests = super::requests::Requests::for_tests(shared.clone(), sinks.spans.hold().sampled);
+    Pipeline::new(shared.clone(), open, sinks, requests)
 }
 
 /// [`pipeline`] without spans.
@@ -600,6 +603,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         next_lane: AtomicU16::new(1),
         graph_read_every: 1,
         graphs: Default::default(),
+        kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
     let mut p = untraced(&shared, false);
@@ -802,6 +806,7 @@ fn traced(
         clock,
         lanes: Mutex::new(Vec::new()),
         next_lane: AtomicU16::new(1),
+        kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
         graph_read_every: 1,
         graphs: Default::default(),
@@ -1528,6 +1533,8 @@ impl super::event::Sink for Events {
                 us(r.phases[Phase::Verify as usize])
             ),
             Event::Dropped { reason, n } => format!("dropped {} {n}", reason.as_str()),
+            Event::RequestTraced(t) => format!("request {} traced", t.id),
+            Event::Request(r) => format!("request {} ended", r.id),
             Event::Drained => "drained".to_owned(),
         });
     }
@@ -1552,7 +1559,12 @@ fn pairing_alone_turns_marks_into_events_in_order() {
     ]);
     let (shared, _) = setup(Level::Full, SpecLevel::Phases, clock);
     let open = OpenSteps::new(opentelemetry::KeyValue::new("group", "tp0"));
-    let mut pairing = super::pair::Pairing::new(shared.clone(), open, Default::default());
+    let mut pairing = super::pair::Pairing::new(
+        shared.clone(),
+        open,
+        Default::default(),
+        super::requests::Requests::for_tests(shared.clone(), false),
+    );
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -1589,4 +1601,145 @@ fn pairing_alone_turns_marks_into_events_in_order() {
     assert_eq!(before_finalize, 6);
     let c = pairing.counts();
     assert_eq!((c.marks, c.sections, c.steps, c.rounds), (13, 3, 1, 1));
+}
+
+/// Requests under continuous batching: a traced request's span, its `request.step` spans (one
+/// per step that served it, each linked to the step's `decode.step` span), the step spans
+/// linked back to it, and the GenAI histograms of both requests, traced or not.
+#[test]
+fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured() {
+    use crate::config::TraceSlowerThan;
+    use crate::names::{attr, metric, span};
+    use crate::{Finish, RequestKind};
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        2,
+        TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
+        .unwrap();
+    let r = rec(&t.shared);
+    // Request 7 is the first begun (head-sampled with one in 2), request 8 is not.
+    r.request_begin(7, class);
+    r.request_begin(8, class);
+    for (i, batch) in [
+        &[(7u64, 5u32, 1u32), (8, 3, 1)][..],
+        &[(7, 1, 1), (8, 1, 1)],
+        &[(7, 1, 1)],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let _step = r.step();
+        for &(id, tokens, outputs) in *batch {
+            r.serve(id, tokens, outputs);
+        }
+        let _s = r.section(Section::KDA_MIXER, 0u32, Site::ATTN);
+        std::thread::sleep(std::time::Duration::from_millis(1 + i as u64));
+        if i == 1 {
+            drop(_s);
+            r.request_end(8, Finish::Length);
+        }
+    }
+    r.request_end(7, Finish::Stop);
+    let mut p = t.p;
+    p.flush();
+    p.flush();
+
+    let spans = t.capture.spans.lock().unwrap();
+    let request: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "text_completion m")
+        .collect();
+    assert_eq!(request.len(), 1, "one request span, for the traced request");
+    let req = request[0];
+    assert_eq!(req.span_kind, opentelemetry::trace::SpanKind::Server);
+    let get = |s: &opentelemetry_sdk::trace::SpanData, k: &str| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == k)
+            .map(|kv| kv.value.clone())
+    };
+    assert_eq!(
+        get(req, attr::GEN_AI_RESPONSE_ID).map(|v| v.to_string()),
+        Some("7".into())
+    );
+    assert_eq!(
+        get(req, attr::GEN_AI_USAGE_OUTPUT_TOKENS),
+        Some(opentelemetry::Value::I64(3))
+    );
+    assert_eq!(
+        get(req, attr::GEN_AI_USAGE_INPUT_TOKENS),
+        Some(opentelemetry::Value::I64(5))
+    );
+    assert_eq!(
+        get(req, attr::REQUEST_STEPS),
+        Some(opentelemetry::Value::I64(3))
+    );
+    let steps: Vec<_> = spans.iter().filter(|s| s.name == span::STEP).collect();
+    assert_eq!(
+        steps.len(),
+        3,
+        "every step that served the traced request is traced"
+    );
+    let whys: Vec<String> = steps
+        .iter()
+        .map(|s| get(s, attr::SAMPLED).unwrap().to_string())
+        .collect();
+    assert_eq!(whys, ["head", "request", "head"]);
+    for s in &steps {
+        let links = &s.links.links;
+        assert_eq!(links.len(), 1, "{:?}", s.attributes);
+        assert_eq!(links[0].span_context, req.span_context);
+    }
+    let parts: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == span::REQUEST_STEP)
+        .collect();
+    assert_eq!(parts.len(), 3);
+    for (part, step) in parts.iter().zip(&steps) {
+        assert_eq!(part.parent_span_id, req.span_context.span_id());
+        assert_eq!(part.span_context.trace_id(), req.span_context.trace_id());
+        assert_eq!(part.links.links[0].span_context, step.span_context);
+        assert_eq!(part.start_time, step.start_time);
+    }
+    // The first step's share: its time by 5 of its 8 tokens.
+    let share = match get(parts[0], attr::REQUEST_STEP_SHARE) {
+        Some(opentelemetry::Value::F64(v)) => v,
+        other => panic!("{other:?}"),
+    };
+    let step_secs = steps[0]
+        .end_time
+        .duration_since(steps[0].start_time)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (share - step_secs * 5.0 / 8.0).abs() < 1e-6,
+        "{share} {step_secs}"
+    );
+
+    let durations = values(&p, metric::GEN_AI_SERVER_REQUEST_DURATION);
+    assert_eq!(durations.len(), 2);
+    let model = ("gen_ai.request.model".to_owned(), "m".to_owned());
+    assert!(
+        durations.iter().all(|(_, kv)| kv.contains(&model)),
+        "{durations:?}"
+    );
+    assert_eq!(
+        values(&p, metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN).len(),
+        2
+    );
+    let tpot = values(&p, metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN);
+    assert_eq!(
+        tpot.len(),
+        2,
+        "both requests have two output tokens or more"
+    );
+    let batch: Vec<f64> = values(&p, metric::BATCH_SIZE).iter().map(|v| v.0).collect();
+    assert_eq!(batch, [2.0, 2.0, 1.0]);
+    assert_eq!(p.stats().dropped.total(), 0, "{:?}", p.stats().dropped);
 }

@@ -27,10 +27,11 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub(crate) const RULES: [&str; 3] = [
+pub(crate) const RULES: [&str; 4] = [
     "phasetrace-thresholds.yml",
     "phasetrace-recording.yml",
     "phasetrace-alerts.yml",
+    "phasetrace-requests.yml",
 ];
 const STRAGGLER: &str = "PhasetraceRankStraggler";
 const SILENT: &str = "PhasetraceRankSilent";

@@ -44,15 +44,26 @@ impl ConsoleSink {
                 nested,
                 ..
             } => self.tally.add(*section, *ns, *nested),
-            Event::Wait { .. } | Event::Route { .. } | Event::Dropped { .. } => {}
-            Event::Step(_) | Event::Round(_) | Event::Drained => self.on_other(e),
+            Event::Wait { .. }
+            | Event::Route { .. }
+            | Event::Dropped { .. }
+            | Event::RequestTraced(_) => {}
+            Event::Step(_) | Event::Round(_) | Event::Drained | Event::Request(_) => {
+                self.on_other(e)
+            }
         }
     }
 
     #[inline(never)]
     fn on_other(&mut self, e: &Event<'_>) {
         match e {
-            Event::Step(s) => self.tally.step(s.rank, s.ns),
+            Event::Step(s) => {
+                self.tally.step(s.rank, s.ns);
+                if !s.batch.is_empty() {
+                    self.tally.requests.batch(s.batch.len());
+                }
+            }
+            Event::Request(r) => self.tally.requests.add(r),
             Event::Round(r) => {
                 let sp = &mut self.spec;
                 sp.add(r.k, &r.phases, &r.split.unwrap_or_default());
@@ -66,6 +77,7 @@ impl ConsoleSink {
             Event::Section { .. }
             | Event::Wait { .. }
             | Event::Route { .. }
+            | Event::RequestTraced(_)
             | Event::Dropped { .. } => {}
         }
     }
@@ -138,6 +150,9 @@ pub(crate) fn summary_table(t: &Tally) -> String {
         "  {:<16} {:>10} {:>7} {:>10} {:>10}",
         "bucket", "ms/token", "share", "calls/tok", "us/call"
     );
+    if let Some(line) = t.requests.line() {
+        out.push_str(&line);
+    }
     for r in rows {
         let name = r.section.as_str();
         let _ = writeln!(
@@ -221,6 +236,83 @@ pub(crate) struct Tally {
     pub(crate) step_ns: u64,
     /// Steps per rank.
     pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
+    /// The requests' figures.
+    pub(crate) requests: RequestTally,
+}
+
+/// The most recent requests whose times the summary's percentiles are taken over.
+const REQUEST_WINDOW: usize = 4096;
+
+/// The requests' figures for the summary's request line: counts, and the recent requests'
+/// times for percentiles.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RequestTally {
+    pub(crate) done: u64,
+    pub(crate) failed: u64,
+    pub(crate) outputs: u64,
+    batch_sum: u64,
+    batch_steps: u64,
+    ttft: std::collections::VecDeque<u64>,
+    tpot: std::collections::VecDeque<u64>,
+    queue: std::collections::VecDeque<u64>,
+}
+
+impl RequestTally {
+    fn keep(q: &mut std::collections::VecDeque<u64>, v: Option<u64>) {
+        if let Some(v) = v {
+            if q.len() >= REQUEST_WINDOW {
+                q.pop_front();
+            }
+            q.push_back(v);
+        }
+    }
+
+    pub(crate) fn add(&mut self, r: &crate::worker::requests::Request) {
+        self.done += 1;
+        self.outputs += r.outputs;
+        if r.finish.error_type().is_some() {
+            self.failed += 1;
+        } else {
+            Self::keep(&mut self.ttft, r.ttft_ns());
+            Self::keep(&mut self.tpot, r.tpot_ns());
+        }
+        Self::keep(&mut self.queue, r.queue_ns());
+    }
+
+    pub(crate) fn batch(&mut self, n: usize) {
+        self.batch_sum += n as u64;
+        self.batch_steps += 1;
+    }
+
+    /// The `q` percentile (nearest rank) of `v`, in ms.
+    fn ms(v: &std::collections::VecDeque<u64>, q: f64) -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        let mut s: Vec<u64> = v.iter().copied().collect();
+        s.sort_unstable();
+        let i = ((q / 100.0) * s.len() as f64).ceil() as usize;
+        s[i.clamp(1, s.len()) - 1] as f64 / 1e6
+    }
+
+    /// The summary's request line, once a request ended or a step served one.
+    pub(crate) fn line(&self) -> Option<String> {
+        if self.done == 0 && self.batch_steps == 0 {
+            return None;
+        }
+        Some(format!(
+            "  requests: {} done ({} failed), {} output tokens; TTFT p50 {:.1} ms p99 {:.1} ms; TPOT p50 {:.2} ms p99 {:.2} ms; queue p50 {:.1} ms; batch {:.1} requests/step\n",
+            self.done,
+            self.failed,
+            self.outputs,
+            Self::ms(&self.ttft, 50.0),
+            Self::ms(&self.ttft, 99.0),
+            Self::ms(&self.tpot, 50.0),
+            Self::ms(&self.tpot, 99.0),
+            Self::ms(&self.queue, 50.0),
+            self.batch_sum as f64 / self.batch_steps.max(1) as f64,
+        ))
+    }
 }
 
 impl Tally {

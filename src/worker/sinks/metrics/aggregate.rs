@@ -15,6 +15,7 @@ use crate::names::{DropReason, attr, metric};
 use crate::vocab::Phase;
 use crate::worker::attrs::rank_attr;
 use crate::worker::open::OpenSteps;
+use crate::worker::requests::{Request, RequestGauges};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     BoundHistogram, Counter, Histogram, Meter, ObservableCounter, ObservableGauge,
@@ -56,6 +57,8 @@ pub(crate) struct Instruments {
     _layer_calls: [ObservableCounter<u64>; 2],
     /// `phasetrace.step.open_duration`, read from the lanes' open steps at each collection.
     _open_duration: ObservableGauge<f64>,
+    /// The request instruments (`with_requests`).
+    requests: Option<Box<RequestInstruments>>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
     /// Whether `section` and `wait` record through bound handles: only where the meter is
@@ -230,6 +233,7 @@ impl Instruments {
                 .with_description("Accepted tokens per round")
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
+            requests: None,
             group,
             bind: Bind::Unbound,
             bind_layers: Bind::Unbound,
@@ -453,6 +457,151 @@ impl Instruments {
         self
     }
 
+    /// Creates the request instruments on `meter`: the GenAI conventions' server histograms,
+    /// the per-request ones, the batch size and the queue and in-flight gauges (which read
+    /// `gauges` at each collection).
+    pub(crate) fn with_requests(mut self, meter: &Meter, gauges: &Arc<RequestGauges>) -> Self {
+        let hist = |name: &'static str, desc: &'static str, bounds: &[f64]| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .with_boundaries(bounds.to_vec())
+                .build()
+        };
+        let gauge = |name: &'static str, desc: &'static str, running: bool| {
+            let g = gauges.clone();
+            let group = self.group.clone();
+            meter
+                .u64_observable_gauge(name)
+                .with_unit(metric::UNIT_REQUESTS)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let v = if running { &g.running } else { &g.waiting };
+                    o.observe(v.load(Ordering::Relaxed), std::slice::from_ref(&group));
+                })
+                .build()
+        };
+        self.requests = Some(Box::new(RequestInstruments {
+            duration: hist(
+                metric::GEN_AI_SERVER_REQUEST_DURATION,
+                "GenAI server request duration such as time-to-last byte or last output token",
+                &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
+            ),
+            ttft: hist(
+                metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+                "Time to generate first token for successful responses",
+                &metric::GEN_AI_TTFT_BOUNDARIES,
+            ),
+            tpot: hist(
+                metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+                "Time per output token generated after the first token for successful responses",
+                &metric::GEN_AI_TPOT_BOUNDARIES,
+            ),
+            queue: hist(
+                metric::REQUEST_QUEUE_TIME,
+                "Time a request waited before the first step that served it",
+                &metric::GEN_AI_TTFT_BOUNDARIES,
+            ),
+            prefill: hist(
+                metric::REQUEST_PREFILL_TIME,
+                "Time from a request's first step to its first output token",
+                &metric::GEN_AI_TTFT_BOUNDARIES,
+            ),
+            decode: hist(
+                metric::REQUEST_DECODE_TIME,
+                "Time from a request's first output token to its end",
+                &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
+            ),
+            step_share: hist(
+                metric::REQUEST_STEP_SHARE,
+                "A request's share of the time of the steps that served it, by its tokens",
+                &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
+            ),
+            wait_share: hist(
+                metric::REQUEST_COLLECTIVE_WAIT_SHARE,
+                "A request's share of the collective rendezvous waits of the steps that served it",
+                &metric::GEN_AI_TTFT_BOUNDARIES,
+            ),
+            accepted: meter
+                .u64_histogram(metric::REQUEST_ACCEPTED_TOKENS)
+                .with_unit(metric::UNIT_TOKENS)
+                .with_description("Drafted tokens accepted per request under speculative decoding")
+                .with_boundaries(metric::REQUEST_TOKEN_BOUNDARIES.to_vec())
+                .build(),
+            batch: meter
+                .u64_histogram(metric::BATCH_SIZE)
+                .with_unit(metric::UNIT_REQUESTS)
+                .with_description("Requests one step served")
+                .with_boundaries(metric::BATCH_SIZE_BOUNDARIES.to_vec())
+                .build(),
+            _gauges: [
+                gauge(
+                    metric::REQUESTS_WAITING,
+                    "Requests begun and not yet served by a step (the queue)",
+                    false,
+                ),
+                gauge(
+                    metric::REQUESTS_RUNNING,
+                    "Requests served by a step and not yet ended (in flight)",
+                    true,
+                ),
+            ],
+        }));
+        self
+    }
+
+    /// A request ended: the GenAI histograms (time to first token and per output token for
+    /// successful requests only, as the conventions say) and the per-request ones. `kv`: its
+    /// GenAI attributes (`error.type` for a failed one).
+    pub(crate) fn request(&self, r: &Request, kv: &[KeyValue]) {
+        let Some(i) = self.requests.as_deref() else {
+            return;
+        };
+        let secs = |ns: u64| ns as f64 * 1e-9;
+        self.note(
+            metric::GEN_AI_SERVER_REQUEST_DURATION,
+            kv,
+            secs(r.duration_ns()),
+        );
+        i.duration.record(secs(r.duration_ns()), kv);
+        let ok = r.finish.error_type().is_none();
+        if ok {
+            if let Some(t) = r.ttft_ns() {
+                self.note(metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN, kv, secs(t));
+                i.ttft.record(secs(t), kv);
+            }
+            if let Some(t) = r.tpot_ns() {
+                self.note(metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN, kv, secs(t));
+                i.tpot.record(secs(t), kv);
+            }
+        }
+        if let Some(q) = r.queue_ns() {
+            self.note(metric::REQUEST_QUEUE_TIME, kv, secs(q));
+            i.queue.record(secs(q), kv);
+            i.step_share.record(secs(r.share_ns), kv);
+            i.wait_share.record(secs(r.wait_share_ns), kv);
+        }
+        if let Some(p) = r.prefill_ns() {
+            i.prefill.record(secs(p), kv);
+        }
+        if let Some(d) = r.decode_ns() {
+            i.decode.record(secs(d), kv);
+        }
+        if r.drafted > 0 {
+            self.note(metric::REQUEST_ACCEPTED_TOKENS, kv, r.accepted as f64);
+            i.accepted.record(r.accepted, kv);
+        }
+    }
+
+    /// A step of `kv`'s rank served `n` requests.
+    pub(crate) fn batch(&self, kv: &[KeyValue], n: usize) {
+        if let Some(i) = self.requests.as_deref() {
+            self.note(metric::BATCH_SIZE, kv, n as f64);
+            i.batch.record(n as u64, kv);
+        }
+    }
+
     /// Adds to `phasetrace.records.dropped`; called by the metrics sink's drop count only.
     pub(crate) fn dropped(&self, reason: DropReason, n: u64) {
         if n > 0 {
@@ -502,6 +651,21 @@ impl Instruments {
             self.accepted_length.record(u64::from(a), &kv);
         }
     }
+}
+
+/// The request instruments ([`Instruments::with_requests`]).
+struct RequestInstruments {
+    duration: Histogram<f64>,
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+    queue: Histogram<f64>,
+    prefill: Histogram<f64>,
+    decode: Histogram<f64>,
+    step_share: Histogram<f64>,
+    wait_share: Histogram<f64>,
+    accepted: Histogram<u64>,
+    batch: Histogram<u64>,
+    _gauges: [ObservableGauge<u64>; 2],
 }
 
 /// The explicit-bucket duration histograms' base-2 exponential twins (see

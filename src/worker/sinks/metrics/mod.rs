@@ -95,6 +95,9 @@ impl MetricsSink {
                 let kv = series_of(&mut self.series, &mut self.last, &self.layers, s.rank).step();
                 for inst in &self.inst {
                     inst.step(kv, secs, wait);
+                    if !s.batch.is_empty() {
+                        inst.batch(kv, s.batch.len());
+                    }
                 }
                 if self.experts.is_on() {
                     self.experts.step_end(s.rank);
@@ -120,6 +123,13 @@ impl MetricsSink {
                 }
             }
             Event::Dropped { reason, n } => self.drop(reason, n),
+            Event::RequestTraced(_) => {}
+            Event::Request(r) => {
+                let kv = request_attrs(r, self.layers.group());
+                for inst in &self.inst {
+                    inst.request(r, &kv);
+                }
+            }
         }
     }
 
@@ -148,6 +158,28 @@ impl MetricsSink {
     pub(crate) fn layers(&self) -> &LayerTotals {
         &self.layers
     }
+}
+
+/// The GenAI attributes of a request's measurements: operation, provider, requested and
+/// response model, `error.type` when it failed, and `group`.
+pub(crate) fn request_attrs(
+    r: &crate::worker::requests::Request,
+    group: &opentelemetry::KeyValue,
+) -> Vec<opentelemetry::KeyValue> {
+    use crate::names::attr;
+    use opentelemetry::KeyValue;
+    let k = &r.kind;
+    let mut kv = vec![
+        KeyValue::new(attr::GEN_AI_OPERATION_NAME, k.operation.clone()),
+        KeyValue::new(attr::GEN_AI_PROVIDER_NAME, k.provider.clone()),
+        KeyValue::new(attr::GEN_AI_REQUEST_MODEL, k.model.clone()),
+        KeyValue::new(attr::GEN_AI_RESPONSE_MODEL, k.response().to_owned()),
+        group.clone(),
+    ];
+    if let Some(e) = r.finish.error_type() {
+        kv.push(KeyValue::new(attr::ERROR_TYPE, e));
+    }
+    kv
 }
 
 /// The series of `rank`, built on its first measurement; `last` caches where the previous

@@ -15,7 +15,7 @@ use crate::worker::event::HeldStep;
 use crate::worker::trace::{Interval, Parent, StepTrace};
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
+    Link, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
 
@@ -26,6 +26,8 @@ pub(crate) enum Why {
     Head,
     /// Slower than `PHASETRACE_TRACE_SLOWER_THAN`, decided on the worker.
     Tail,
+    /// It served a traced request (its batch had one).
+    Request,
 }
 
 impl Why {
@@ -33,6 +35,7 @@ impl Why {
         match self {
             Why::Head => "head",
             Why::Tail => "tail",
+            Why::Request => "request",
         }
     }
 }
@@ -77,7 +80,31 @@ fn child(
     parent.with_span(s)
 }
 
-fn end(cx: &Context, at: u64) {
+/// [`child`] with span links (a step to the requests of its batch, a request's step to the
+/// step).
+pub(crate) fn child_linked(
+    tracer: &BoxedTracer,
+    parent: &Context,
+    name: &'static str,
+    start: u64,
+    mut attrs: Vec<KeyValue>,
+    links: Vec<Link>,
+    group: &KeyValue,
+) -> Context {
+    if links.is_empty() {
+        return child(tracer, parent, name, start, attrs, group);
+    }
+    attrs.push(group.clone());
+    let s = tracer
+        .span_builder(name)
+        .with_start_time(to_system_time(start))
+        .with_attributes(attrs)
+        .with_links(links)
+        .start_with_context(tracer, parent);
+    parent.with_span(s)
+}
+
+pub(crate) fn end(cx: &Context, at: u64) {
     cx.span().end_with_timestamp(to_system_time(at));
 }
 
@@ -120,6 +147,14 @@ pub(crate) fn step_span_count(trace: &StepTrace) -> usize {
     1 + layers.len() + trace.sections.iter().filter(|s| s.end.is_some()).count()
 }
 
+/// What a step span carries for the requests of its batch: links to the traced ones' spans
+/// and the batch's attributes (none for an engine that does not use the request API).
+#[derive(Debug, Default)]
+pub(crate) struct BatchSpans {
+    pub(crate) links: Vec<Link>,
+    pub(crate) attrs: Vec<KeyValue>,
+}
+
 /// Builds `decode.step -> layer -> section` spans for a step of `rank`; `started` sees their
 /// ids once every span has started and before any has ended. Returns how many spans were built.
 pub(crate) fn build_step(
@@ -128,20 +163,24 @@ pub(crate) fn build_step(
     step: &HeldStep<'_>,
     group: &KeyValue,
     why: Why,
+    batch: BatchSpans,
     started: impl FnOnce(&BuiltStep),
 ) -> usize {
     let trace = step.trace;
-    let root = child(
+    let mut root_attrs = vec![
+        KeyValue::new(attr::RANK, i64::from(rank)),
+        KeyValue::new(attr::STEP, step.number as i64),
+        KeyValue::new(attr::TIMING, step.timing.as_str()),
+        KeyValue::new(attr::SAMPLED, why.as_str()),
+    ];
+    root_attrs.extend(batch.attrs);
+    let root = child_linked(
         tracer,
         &parent_context(trace.parent),
         span::STEP,
         step.start,
-        vec![
-            KeyValue::new(attr::RANK, i64::from(rank)),
-            KeyValue::new(attr::STEP, step.number as i64),
-            KeyValue::new(attr::TIMING, step.timing.as_str()),
-            KeyValue::new(attr::SAMPLED, why.as_str()),
-        ],
+        root_attrs,
+        batch.links,
         group,
     );
     let mut built = 1;

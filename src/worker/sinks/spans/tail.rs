@@ -29,6 +29,8 @@ const REFRESH_EVERY: u32 = 50;
 pub(crate) enum Kind {
     Step,
     Round,
+    /// A request's time to first token or per output token (one `Tail` each).
+    Request,
 }
 
 /// What the worker does with an ended step or round.

@@ -1,0 +1,338 @@
+//! The demo's requests: arrivals at a rate (a Poisson process), prompt and output lengths from
+//! log-normal distributions, continuous batching up to a maximum batch, prefill then decode,
+//! all through the public request API ([`Recorder::request_begin`], [`Recorder::serve`],
+//! [`Recorder::request_end`]), as a serving engine's scheduler would call it.
+//!
+//! ```text
+//! scheduling rank, at each step boundary: arrivals so far ──request_begin──> waiting
+//!   waiting ──(room in the batch)──> running: this step's batch (prefill: the whole prompt
+//!   and the first token; decode: one token, or a speculative round's accepted + 1)
+//! every rank, inside its step: serve(id, tokens, outputs) for each request of the batch
+//! scheduling rank, after the step: request_end for those that got their last token
+//! ```
+
+use clap::Args;
+use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp, LogNormal};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// `phasetrace demo` request flags.
+#[derive(Debug, Args)]
+pub(crate) struct RequestArgs {
+    /// Requests arriving per second (a Poisson process); 0 serves none (steps without a batch).
+    #[arg(long, default_value_t = 40.0)]
+    pub(crate) request_rate: f64,
+    /// Most requests in one step's batch (continuous batching: a finished request's place is
+    /// taken at the next step).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub(crate) max_batch: u32,
+    /// Mean prompt length in tokens (log-normal, coefficient of variation 0.5); a request's
+    /// whole prompt is computed in its first step.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) prompt_tokens: u32,
+    /// Mean output length in tokens (log-normal, coefficient of variation 0.5).
+    #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) output_tokens: u32,
+    /// Output tokens at which a request is cut (finish reason `length`; shorter ones `stop`).
+    #[arg(long, default_value_t = 160, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) max_output_tokens: u32,
+    /// The model name of the requests (`gen_ai.request.model`).
+    #[arg(long, default_value = "glm-sim")]
+    pub(crate) model: String,
+}
+
+impl RequestArgs {
+    /// Checks the flags that clap cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if !(self.request_rate.is_finite() && self.request_rate >= 0.0) {
+            return Err(format!(
+                "--request-rate {}: expected a non-negative number of requests a second",
+                self.request_rate
+            ));
+        }
+        if self.model.trim().is_empty() {
+            return Err("--model: expected a model name".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// One request of a step's batch, as every rank serves it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Served {
+    pub(crate) id: u64,
+    pub(crate) tokens: u32,
+    pub(crate) outputs: u32,
+    /// Under speculative decoding: drafted tokens verified for it (0: prefill or plain decode).
+    pub(crate) drafted: u32,
+}
+
+/// The batch of one step: what every rank serves, and its tokens (which slow the step).
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    pub(crate) served: Vec<Served>,
+    pub(crate) tokens: u64,
+}
+
+impl Batch {
+    /// Every request of the batch, on `rec`, inside its step.
+    pub(crate) fn serve(&self, rec: &Recorder) {
+        for s in &self.served {
+            if s.drafted > 0 {
+                rec.serve_speculative(s.id, s.drafted, s.outputs.saturating_sub(1));
+            } else {
+                rec.serve(s.id, s.tokens, s.outputs);
+            }
+        }
+    }
+
+    /// How much slower a step is for its batch's tokens (a prefill of a long prompt costs).
+    pub(crate) fn factor(&self) -> f64 {
+        1.0 + self.tokens as f64 / 4096.0
+    }
+}
+
+struct Waiting {
+    id: u64,
+    prompt: u32,
+    output: u32,
+}
+
+struct Running {
+    id: u64,
+    output: u32,
+    produced: u32,
+}
+
+/// Figures for the demo's last lines.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Figures {
+    pub(crate) begun: u64,
+    pub(crate) ended: u64,
+    pub(crate) waiting: usize,
+    pub(crate) running: usize,
+    /// Ended as cancelled because the demo stopped.
+    pub(crate) cancelled: u64,
+}
+
+/// The scheduler, run by one rank at each step boundary.
+pub(crate) struct Scheduler {
+    class: RequestClass,
+    rng: SmallRng,
+    gap: Option<Exp<f64>>,
+    prompt: LogNormal<f64>,
+    output: LogNormal<f64>,
+    max_output: u32,
+    max_batch: usize,
+    spec: Option<(u32, f64)>,
+    started: Instant,
+    /// Seconds since `started` of the next arrival.
+    next_arrival: f64,
+    next_id: u64,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    figures: Figures,
+    /// The batch of the step being run, shared with the other ranks.
+    batch: Arc<Batch>,
+}
+
+fn log_normal(mean: f64, cv: f64) -> LogNormal<f64> {
+    let sigma = (1.0 + cv * cv).ln().sqrt();
+    let mu = mean.max(1.0).ln() - sigma * sigma / 2.0;
+    // `new` refuses only a negative or NaN sigma, and sigma is the root of a finite log >= 0.
+    LogNormal::new(mu, sigma).expect("a finite, non-negative sigma")
+}
+
+impl Scheduler {
+    /// `spec`: speculative decoding with k drafted tokens and this acceptance.
+    pub(crate) fn new(
+        a: &RequestArgs,
+        profiler: &Profiler,
+        seed: u64,
+        spec: Option<(u32, f64)>,
+    ) -> Result<Scheduler, phasetrace::Error> {
+        let class = profiler.request_kind(
+            RequestKind::new("phasetrace.demo", "text_completion", a.model.clone())
+                .response_model(a.model.clone()),
+        )?;
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5EED_0F_4E9);
+        let gap = (a.request_rate > 0.0)
+            .then(|| Exp::new(a.request_rate).ok())
+            .flatten();
+        let next_arrival = gap.as_ref().map_or(f64::INFINITY, |g| g.sample(&mut rng));
+        Ok(Scheduler {
+            class,
+            rng,
+            gap,
+            prompt: log_normal(f64::from(a.prompt_tokens), 0.5),
+            output: log_normal(f64::from(a.output_tokens), 0.5),
+            max_output: a.max_output_tokens,
+            max_batch: a.max_batch as usize,
+            spec,
+            started: Instant::now(),
+            next_arrival,
+            next_id: 1,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            figures: Figures::default(),
+            batch: Arc::new(Batch::default()),
+        })
+    }
+
+    /// At a step boundary: the requests that arrived since the last one begin, and the
+    /// next step's batch is formed (running requests decode, waiting ones are admitted in
+    /// arrival order while there is room).
+    pub(crate) fn plan(&mut self, rec: &Recorder) -> Arc<Batch> {
+        let now = self.started.elapsed().as_secs_f64();
+        while self.next_arrival <= now {
+            let Some(gap) = self.gap else { break };
+            let id = self.next_id;
+            self.next_id += 1;
+            let prompt = (self.prompt.sample(&mut self.rng) as u32).max(1);
+            let output = (self.output.sample(&mut self.rng) as u32).max(1);
+            rec.request_begin(id, self.class);
+            self.figures.begun += 1;
+            self.waiting.push_back(Waiting { id, prompt, output });
+            self.next_arrival += gap.sample(&mut self.rng);
+        }
+        let mut batch = Batch::default();
+        for r in &self.running {
+            let left = r.output.min(self.max_output) - r.produced;
+            let s = match self.spec {
+                Some((k, p)) => {
+                    let accepted = (0..k).take_while(|_| self.rng.random::<f64>() < p).count();
+                    Served {
+                        id: r.id,
+                        tokens: k + 1,
+                        outputs: (accepted as u32 + 1).min(left),
+                        drafted: k,
+                    }
+                }
+                None => Served {
+                    id: r.id,
+                    tokens: 1,
+                    outputs: 1,
+                    drafted: 0,
+                },
+            };
+            batch.tokens += u64::from(s.tokens);
+            batch.served.push(s);
+        }
+        while self.running.len() < self.max_batch {
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            // Prefill: the whole prompt, and the first output token.
+            batch.served.push(Served {
+                id: w.id,
+                tokens: w.prompt,
+                outputs: 1,
+                drafted: 0,
+            });
+            batch.tokens += u64::from(w.prompt);
+            self.running.push(Running {
+                id: w.id,
+                output: w.output,
+                produced: 0,
+            });
+        }
+        self.batch = Arc::new(batch);
+        self.batch.clone()
+    }
+
+    /// After the step: the requests that got their last token end.
+    pub(crate) fn finish_step(&mut self, rec: &Recorder) {
+        let batch = self.batch.clone();
+        let max = self.max_output;
+        for s in &batch.served {
+            if let Some(r) = self.running.iter_mut().find(|r| r.id == s.id) {
+                r.produced += s.outputs;
+            }
+        }
+        let mut ended = 0;
+        self.running.retain(|r| {
+            let limit = r.output.min(max);
+            if r.produced < limit {
+                return true;
+            }
+            let finish = if r.output >= max {
+                Finish::Length
+            } else {
+                Finish::Stop
+            };
+            rec.request_end(r.id, finish);
+            ended += 1;
+            false
+        });
+        self.figures.ended += ended;
+    }
+
+    /// The requests still open end, cancelled (the demo is stopping).
+    pub(crate) fn cancel_all(&mut self, rec: &Recorder) {
+        for r in self.running.drain(..) {
+            rec.request_end(r.id, Finish::Cancelled);
+            self.figures.cancelled += 1;
+        }
+        for w in self.waiting.drain(..) {
+            rec.request_end(w.id, Finish::Cancelled);
+            self.figures.cancelled += 1;
+        }
+    }
+
+    pub(crate) fn figures(&self) -> Figures {
+        Figures {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            ..self.figures
+        }
+    }
+}
+
+/// The scheduler and the batch of the step being run, shared by the rank threads: the
+/// scheduling rank plans before the step's stop decision (a barrier), every rank reads the
+/// batch after it.
+#[derive(Default)]
+pub(crate) struct Serving {
+    pub(crate) scheduler: Mutex<Option<Scheduler>>,
+    pub(crate) batch: Mutex<Arc<Batch>>,
+}
+
+impl Serving {
+    /// On the scheduling rank, before the stop decision: the next step's batch.
+    pub(crate) fn plan(&self, rec: &Recorder) {
+        let mut s = self.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = s.as_mut() {
+            *self.batch.lock().unwrap_or_else(|p| p.into_inner()) = s.plan(rec);
+        }
+    }
+
+    /// On every rank, after the stop decision: the batch of this step.
+    pub(crate) fn batch(&self) -> Arc<Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// On the scheduling rank, after its step.
+    pub(crate) fn finish_step(&self, rec: &Recorder) {
+        let mut s = self.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = s.as_mut() {
+            s.finish_step(rec);
+        }
+    }
+
+    /// On the scheduling rank, once the ranks stopped.
+    pub(crate) fn stop(&self, rec: &Recorder) {
+        let mut s = self.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = s.as_mut() {
+            s.cancel_all(rec);
+        }
+    }
+
+    pub(crate) fn figures(&self) -> Option<Figures> {
+        let s = self.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+        s.as_ref().map(Scheduler::figures)
+    }
+}
