@@ -134,6 +134,172 @@ fn interleaved_rounds() -> usize {
         .max(1)
 }
 
+/// One row of the CUDA-graph table: the host gap between replays, the unprofiled and the
+/// profiled replay's medians, the replays read and the replays counted as overwritten.
+struct GraphRow {
+    gap: Duration,
+    plain: Duration,
+    profiled: Duration,
+    read: u64,
+    dropped: u64,
+}
+
+/// Criterion measures the variants one after the other, so a change in machine load between
+/// them (other processes on a small machine) biases their ratio. The same steps interleaved
+/// (unprofiled, sync, events, unprofiled, ...) give every variant the same conditions: the
+/// median step of each variant.
+fn interleaved_medians(
+    stream: &SimStream,
+    recs: [Option<&Recorder>; 3],
+    work: &[Duration],
+    rounds: usize,
+) -> Vec<Duration> {
+    let mut inter: [Vec<Duration>; 3] = Default::default();
+    for _ in 0..rounds {
+        for (v, rec) in recs.into_iter().enumerate() {
+            stream.synchronize();
+            let t0 = Instant::now();
+            step(stream, rec, work);
+            inter[v].push(t0.elapsed());
+        }
+    }
+    inter
+        .iter_mut()
+        .map(|v| {
+            v.sort();
+            v[v.len() / 2]
+        })
+        .collect()
+}
+
+/// Busy host work between replays (the engine's sampling and scheduling).
+fn host_work(gap: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < gap {
+        std::hint::spin_loop();
+    }
+}
+
+/// CUDA graphs: the step captured once (plain and profiled), replayed per token, interleaved,
+/// with no host gap and with 300 µs of host work between replays.
+fn graph_rows(stream: &SimStream, work: &[Duration], rounds: usize) -> Vec<GraphRow> {
+    let p_graph = profiler();
+    let rec_graph = p_graph
+        .recorder_with(RecorderOptions::new().clock(Arc::new(SimEventClock::new(stream.clone()))));
+    stream.synchronize();
+    stream.begin_capture().expect("capture");
+    for d in work {
+        stream.enqueue(*d);
+    }
+    let plain_graph = stream.end_capture().expect("graph");
+    stream.begin_capture().expect("capture");
+    let capture = rec_graph.begin_capture();
+    for (i, d) in work.iter().enumerate() {
+        let _s = rec_graph.section(KINDS[i % KINDS.len()], (i / KINDS.len()) as u32, Site::MLP);
+        stream.enqueue(*d);
+    }
+    let profiled_graph = stream.end_capture().expect("graph");
+    let handle = capture.finish();
+    let mut rows = Vec::new();
+    for gap in [Duration::ZERO, Duration::from_micros(300)] {
+        let before = p_graph.stats();
+        let mut times: [Vec<Duration>; 2] = Default::default();
+        for _ in 0..rounds {
+            stream.synchronize();
+            let t0 = Instant::now();
+            plain_graph.launch(stream);
+            stream.synchronize();
+            host_work(gap);
+            times[0].push(t0.elapsed());
+            let t0 = Instant::now();
+            {
+                let _step = rec_graph.step();
+                let replay = rec_graph.replay(&handle);
+                profiled_graph.launch(stream);
+                replay.end();
+                stream.synchronize();
+            }
+            host_work(gap);
+            times[1].push(t0.elapsed());
+        }
+        p_graph.drain();
+        let after = p_graph.stats();
+        for t in &mut times {
+            t.sort();
+        }
+        rows.push(GraphRow {
+            gap,
+            plain: times[0][rounds / 2],
+            profiled: times[1][rounds / 2],
+            read: after.graph_replays - before.graph_replays,
+            dropped: after.dropped_graph_replays - before.dropped_graph_replays,
+        });
+    }
+    drop(handle);
+    drop(rec_graph);
+    p_graph.shutdown();
+    rows
+}
+
+/// One variant's row of the step table: its name, criterion samples, sections recorded and
+/// clock drops (`None` for the unprofiled baseline).
+type StepRow<'a> = (&'static str, &'a Samples, Option<u64>, Option<u64>);
+
+fn print_steps(device_per_step: Duration, rounds: usize, rows: &[StepRow<'_>], inter: &[Duration]) {
+    let base_median = median(rows[0].1, SAMPLE_SIZE);
+    println!();
+    println!(
+        "decode step: {SECTIONS_PER_STEP} sections, {:.0} µs of device work",
+        device_per_step.as_secs_f64() * 1e6
+    );
+    println!(
+        "criterion: median of the last {SAMPLE_SIZE} samples per variant (run one after the other); \
+         interleaved: median of {rounds} single steps per variant, variants alternating"
+    );
+    println!(
+        "{:<11} {:>10} {:>10} {:>8} {:>13} {:>13} {:>10} {:>8}",
+        "variant", "step µs", "tokens/s", "ratio", "inter. µs", "inter. ratio", "sections", "drops"
+    );
+    for (v, (name, samples, sections, drops)) in rows.iter().enumerate() {
+        let m = median(samples, SAMPLE_SIZE);
+        let im = inter[v];
+        let fmt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        println!(
+            "{:<11} {:>10.1} {:>10.1} {:>8.4} {:>13.1} {:>13.4} {:>10} {:>8}",
+            name,
+            m.as_secs_f64() * 1e6,
+            1.0 / m.as_secs_f64(),
+            base_median.as_secs_f64() / m.as_secs_f64(),
+            im.as_secs_f64() * 1e6,
+            inter[0].as_secs_f64() / im.as_secs_f64(),
+            fmt(*sections),
+            fmt(*drops),
+        );
+    }
+}
+
+fn print_graph(rounds: usize, rows: &[GraphRow]) {
+    println!();
+    println!(
+        "CUDA graph on the simulated stream ({rounds} replays per row, interleaved with unprofiled replays):"
+    );
+    println!(
+        "{:<14} {:>14} {:>14} {:>8} {:>16} {:>10}",
+        "host gap", "unprofiled µs", "events µs", "ratio", "replays read", "counted"
+    );
+    for r in rows {
+        println!(
+            "{:<14} {:>14.1} {:>14.1} {:>8.4} {:>16} {:>10}",
+            format!("{} µs", r.gap.as_micros()),
+            r.plain.as_secs_f64() * 1e6,
+            r.profiled.as_secs_f64() * 1e6,
+            r.plain.as_secs_f64() / r.profiled.as_secs_f64(),
+            format!("{} of {rounds}", r.read),
+            r.dropped
+        );
+    }
+}
+
 fn main() {
     let mut c = Criterion::default()
         .sample_size(SAMPLE_SIZE)
@@ -157,108 +323,19 @@ fn main() {
     let events = bench_variant(&mut group, "events", &stream, Some(&rec_events), &work);
     group.finish();
 
-    // Criterion measures the variants one after the other, so a change in machine load between
-    // them (other processes on a small machine) biases their ratio. The same steps interleaved
-    // (unprofiled, sync, events, unprofiled, ...) give every variant the same conditions.
     let rounds = interleaved_rounds();
-    let mut inter: [Vec<Duration>; 3] = Default::default();
-    for _ in 0..rounds {
-        for (v, rec) in [None, Some(&rec_sync), Some(&rec_events)]
-            .into_iter()
-            .enumerate()
-        {
-            stream.synchronize();
-            let t0 = Instant::now();
-            step(&stream, rec, &work);
-            inter[v].push(t0.elapsed());
-        }
-    }
-
-    // CUDA graphs: the step captured once, replayed per token.
-    let p_graph = profiler();
-    let rec_graph = p_graph
-        .recorder_with(RecorderOptions::new().clock(Arc::new(SimEventClock::new(stream.clone()))));
-    stream.synchronize();
-    stream.begin_capture().expect("capture");
-    for d in &work {
-        stream.enqueue(*d);
-    }
-    let plain_graph = stream.end_capture().expect("graph");
-    stream.begin_capture().expect("capture");
-    let capture = rec_graph.begin_capture();
-    for (i, d) in work.iter().enumerate() {
-        let _s = rec_graph.section(KINDS[i % KINDS.len()], (i / KINDS.len()) as u32, Site::MLP);
-        stream.enqueue(*d);
-    }
-    let profiled_graph = stream.end_capture().expect("graph");
-    let handle = capture.finish();
-    let host_work = |gap: Duration| {
-        let t = Instant::now();
-        while t.elapsed() < gap {
-            std::hint::spin_loop();
-        }
-    };
-    let mut graph_rows = Vec::new();
-    for gap in [Duration::ZERO, Duration::from_micros(300)] {
-        let before = p_graph.stats();
-        let mut times: [Vec<Duration>; 2] = Default::default();
-        for _ in 0..rounds {
-            stream.synchronize();
-            let t0 = Instant::now();
-            plain_graph.launch(&stream);
-            stream.synchronize();
-            host_work(gap);
-            times[0].push(t0.elapsed());
-            let t0 = Instant::now();
-            {
-                let _step = rec_graph.step();
-                let replay = rec_graph.replay(&handle);
-                profiled_graph.launch(&stream);
-                replay.end();
-                stream.synchronize();
-            }
-            host_work(gap);
-            times[1].push(t0.elapsed());
-        }
-        p_graph.drain();
-        let after = p_graph.stats();
-        for t in &mut times {
-            t.sort();
-        }
-        graph_rows.push((
-            gap,
-            times[0][rounds / 2],
-            times[1][rounds / 2],
-            after.graph_replays - before.graph_replays,
-            after.dropped_graph_replays - before.dropped_graph_replays,
-        ));
-    }
+    let inter = interleaved_medians(
+        &stream,
+        [None, Some(&rec_sync), Some(&rec_events)],
+        &work,
+        rounds,
+    );
+    let graphs = graph_rows(&stream, &work, rounds);
 
     p_sync.drain();
     p_events.drain();
     let (s_stats, e_stats) = (p_sync.stats(), p_events.stats());
-    let base_median = median(&base, SAMPLE_SIZE);
-    let inter_medians: Vec<Duration> = inter
-        .iter_mut()
-        .map(|v| {
-            v.sort();
-            v[v.len() / 2]
-        })
-        .collect();
-    println!();
-    println!(
-        "decode step: {SECTIONS_PER_STEP} sections, {:.0} µs of device work",
-        device_per_step.as_secs_f64() * 1e6
-    );
-    println!(
-        "criterion: median of the last {SAMPLE_SIZE} samples per variant (run one after the other); \
-         interleaved: median of {rounds} single steps per variant, variants alternating"
-    );
-    println!(
-        "{:<11} {:>10} {:>10} {:>8} {:>13} {:>13} {:>10} {:>8}",
-        "variant", "step µs", "tokens/s", "ratio", "inter. µs", "inter. ratio", "sections", "drops"
-    );
-    for (v, (name, samples, sections, drops)) in [
+    let rows = [
         ("unprofiled", &base, None, None),
         (
             "sync",
@@ -272,47 +349,9 @@ fn main() {
             Some(e_stats.sections),
             Some(event_clock.dropped()),
         ),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let m = median(samples, SAMPLE_SIZE);
-        let im = inter_medians[v];
-        let fmt = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
-        println!(
-            "{:<11} {:>10.1} {:>10.1} {:>8.4} {:>13.1} {:>13.4} {:>10} {:>8}",
-            name,
-            m.as_secs_f64() * 1e6,
-            1.0 / m.as_secs_f64(),
-            base_median.as_secs_f64() / m.as_secs_f64(),
-            im.as_secs_f64() * 1e6,
-            inter_medians[0].as_secs_f64() / im.as_secs_f64(),
-            fmt(sections),
-            fmt(drops),
-        );
-    }
-    println!();
-    println!(
-        "CUDA graph on the simulated stream ({rounds} replays per row, interleaved with unprofiled replays):"
-    );
-    println!(
-        "{:<14} {:>14} {:>14} {:>8} {:>16} {:>10}",
-        "host gap", "unprofiled µs", "events µs", "ratio", "replays read", "counted"
-    );
-    for (gap, plain, prof, read, dropped) in graph_rows {
-        println!(
-            "{:<14} {:>14.1} {:>14.1} {:>8.4} {:>16} {:>10}",
-            format!("{} µs", gap.as_micros()),
-            plain.as_secs_f64() * 1e6,
-            prof.as_secs_f64() * 1e6,
-            plain.as_secs_f64() / prof.as_secs_f64(),
-            format!("{read} of {rounds}"),
-            dropped
-        );
-    }
-    drop(handle);
-    drop(rec_graph);
-    p_graph.shutdown();
+    ];
+    print_steps(device_per_step, rounds, &rows, &inter);
+    print_graph(rounds, &graphs);
     drop(rec_sync);
     drop(rec_events);
     p_sync.shutdown();

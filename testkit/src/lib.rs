@@ -3,6 +3,8 @@
 //!
 //! - [`Rotel`]: an OTLP collector (gRPC + HTTP) whose debug output [`otlp_debug`] parses
 //!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
+//! - [`OtlpReceiver`]: an in-process OTLP/HTTP receiver that decodes what it is sent into
+//!   `opentelemetry-proto` messages, for the tests whose subject is not the collector.
 //! - [`Prometheus`]: a Prometheus 3 server scraping given targets, with PromQL queries.
 //! - [`Otelcol`]: the OpenTelemetry Collector built from tools/otelcol, running the bundled
 //!   `otel-config/collector.yaml`; [`Jaeger`]: Jaeger v2 running `otel-config/jaeger.yaml`,
@@ -17,6 +19,7 @@
 pub mod jaeger;
 pub mod otelcol;
 pub mod otlp_debug;
+pub mod otlp_receiver;
 pub mod process;
 pub mod prometheus;
 pub mod rotel;
@@ -29,6 +32,7 @@ pub use otlp_debug::{
     MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedExemplar, ReceivedLink, ReceivedMetric,
     ReceivedSpan, parse_output,
 };
+pub use otlp_receiver::OtlpReceiver;
 pub use process::{
     CapturedChild, Peer, StaticHttpServer, TempDir, free_port, http_get, http_request,
     http_request_bytes, poll, port_accepts, repo_root, spawn_ready, start_on_free_ports, tools_dir,

@@ -44,6 +44,8 @@ pub struct Target<'a> {
 }
 
 impl Target<'_> {
+    /// Whether the endpoint is `https://` (the gRPC channel and the HTTP client ask).
+    #[cfg(any(feature = "grpc", feature = "http"))]
     fn https(&self) -> bool {
         self.endpoint.starts_with("https://")
     }

@@ -86,5 +86,9 @@ fn the_console_spec_lines_replay_through_the_importer() {
             matches!(r, ImportRecord::VerifySplit { tag, rounds: 16, k: 4, .. } if tag == "phasetrace-spec-v")
         })
         .count();
-    assert_eq!(splits, bursts.len(), "each burst has its verify split: {done}");
+    assert_eq!(
+        splits,
+        bursts.len(),
+        "each burst has its verify split: {done}"
+    );
 }
