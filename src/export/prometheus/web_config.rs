@@ -118,7 +118,8 @@ impl ClientAuth {
             .map_or("NoClientCert", |(n, _)| n)
     }
 
-    fn verifies(self) -> bool {
+    /// Whether a client certificate, when given, is verified against `client_ca_file`.
+    pub(crate) fn verifies(self) -> bool {
         matches!(
             self,
             ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
@@ -180,29 +181,15 @@ impl WebConfig {
     }
 }
 
-/// When the file is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum When {
-    /// At start (`build()`, `check`): every problem is an error.
-    Start,
-    /// Again, after a change: an empty file is refused too, as one caught while being
-    /// rewritten in place.
-    Reload,
-}
-
 /// Reads and checks the file at `path`.
 pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-    read(path, &mut Files::default(), When::Start)
+    read(path, &mut Files::default())
 }
 
 /// Reads and checks the file at `path`, noting in `files` each file it read (itself and the
 /// certificate, key and CA files it names) as it was when read, so that a change is seen later
 /// (see [`super::reload`]); on an error, the files read up to it.
-pub(crate) fn read(
-    path: &Path,
-    files: &mut Files,
-    when: When,
-) -> Result<WebConfig, WebConfigError> {
+pub(crate) fn read(path: &Path, files: &mut Files) -> Result<WebConfig, WebConfigError> {
     let text = files
         .read(path)
         .and_then(|bytes| {
@@ -222,31 +209,7 @@ pub(crate) fn read(
         field: field.to_owned(),
         detail,
     };
-    let file: File = if text.trim().is_empty() {
-        if when == When::Reload {
-            return Err(bad(
-                "(document)",
-                "empty, as a file being rewritten in place reads: expected the new \
-                 configuration (`{}` for no TLS and no basic auth; write a new file and rename \
-                 it over this one to replace it at once)"
-                    .into(),
-            ));
-        }
-        File {
-            tls_server_config: None,
-            basic_auth_users: None,
-            http_server_config: None,
-        }
-    } else {
-        serde_yaml_ng::from_str(&text).map_err(|e| {
-            let msg = e.to_string();
-            // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
-            match msg.split_once(": ") {
-                Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
-                _ => bad("(document)", msg),
-            }
-        })?
-    };
+    let file = parse(&text, &bad)?;
     if file.http_server_config.is_some() {
         return Err(bad(
             "http_server_config",
@@ -268,6 +231,63 @@ pub(crate) fn read(
         tls,
         users,
     })
+}
+
+/// The document, refused when it configures nothing: a file that is empty, comments only, `---`,
+/// `null` or `{}`, or that names `tls_server_config` or `basic_auth_users` with nothing under it
+/// (a file cut right after the key), reads as "no TLS, no basic auth", which is what a file
+/// caught half-written looks like, never what an operator means (leaving the variable unset
+/// means that).
+fn parse(text: &str, bad: &dyn Fn(&str, String) -> WebConfigError) -> Result<File, WebConfigError> {
+    use serde_yaml_ng::Value;
+    let yaml_error = |e: serde_yaml_ng::Error| {
+        let msg = e.to_string();
+        // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
+        match msg.split_once(": ") {
+            Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
+            _ => bad("(document)", msg),
+        }
+    };
+    let doc: Value = serde_yaml_ng::from_str(text).map_err(yaml_error)?;
+    let nothing = match &doc {
+        Value::Null => true,
+        Value::Mapping(m) => m.is_empty(),
+        _ => false,
+    };
+    if nothing {
+        return Err(bad(
+            "(document)",
+            format!(
+                "configures nothing (empty, comments only, `---`, `null` or `{{}}`, as a file \
+                 caught while being written reads): expected tls_server_config, \
+                 basic_auth_users or both; to serve plain HTTP without basic auth, unset {}",
+                env::PROMETHEUS_WEB_CONFIG
+            ),
+        ));
+    }
+    if let Value::Mapping(m) = &doc {
+        for (key, what) in [
+            ("tls_server_config", "cert_file and key_file"),
+            ("basic_auth_users", "user names mapped to bcrypt hashes"),
+        ] {
+            let empty = match m.get(key) {
+                Some(Value::Null) => true,
+                Some(Value::Mapping(v)) => key == "basic_auth_users" && v.is_empty(),
+                _ => false,
+            };
+            if empty {
+                return Err(bad(
+                    key,
+                    format!(
+                        "empty (as a file cut right after `{key}:` reads): expected {what}; \
+                         remove the key to go without it"
+                    ),
+                ));
+            }
+        }
+    }
+    // Parsed again as the typed document: its errors name the field's path.
+    serde_yaml_ng::from_str(text).map_err(yaml_error)
 }
 
 fn tls(
@@ -690,6 +710,14 @@ mod tests {
                 "not supported",
             ),
             ("weird: 1\n", "(document)", "unknown field `weird`"),
+            ("", "(document)", "configures nothing"),
+            ("# managed by ...\n", "(document)", "configures nothing"),
+            ("---\n", "(document)", "configures nothing"),
+            ("{}\n", "(document)", "configures nothing"),
+            ("null\n", "(document)", "configures nothing"),
+            ("tls_server_config:\n", "tls_server_config", "empty"),
+            ("basic_auth_users:\n", "basic_auth_users", "empty"),
+            ("basic_auth_users: {}\n", "basic_auth_users", "empty"),
         ];
         for (i, (text, field, detail)) in cases.iter().enumerate() {
             let e = err(text, &format!("bad{i}"));
