@@ -119,6 +119,17 @@ pub mod metric {
     /// once something connects to its endpoint). Alert: `PhasetraceWebConfigReloadFailed`.
     pub const PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
         "phasetrace.prometheus.web_config.last_reload_successful";
+    /// Counter of the connections the Prometheus endpoint closed before their client was done,
+    /// attribute `reason` (`phasetrace::names::ConnectionClose`: evicted or refused at the
+    /// bound on connections, no request head in time, idle too long); every reason a series
+    /// from the start (`phasetrace_prometheus_connections_closed_total`). Only with the
+    /// endpoint on.
+    pub const PROMETHEUS_CONNECTIONS_CLOSED: &str = "phasetrace.prometheus.connections.closed";
+    /// Counter of the requests the Prometheus endpoint refused at basic auth, attribute
+    /// `reason` (`phasetrace::names::AuthRefusal`: 401 unauthorized, 429 busy); every reason a
+    /// series from the start (`phasetrace_prometheus_auth_refused_total`). Only with a web
+    /// configuration file.
+    pub const PROMETHEUS_AUTH_REFUSED: &str = "phasetrace.prometheus.auth.refused";
     /// Counter of OTLP metrics exports, attribute `result` (`phasetrace::names::Outcome`); both
     /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
     /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export
@@ -144,6 +155,10 @@ pub mod metric {
     pub const UNIT_RELOADS: &str = "{reload}";
     /// Unit of the metrics export counter.
     pub const UNIT_EXPORTS: &str = "{export}";
+    /// Unit of the Prometheus endpoint's closed-connections counter.
+    pub const UNIT_CONNECTIONS: &str = "{connection}";
+    /// Unit of the Prometheus endpoint's refused-auth counter.
+    pub const UNIT_REQUESTS: &str = "{request}";
 
     // Per-layer latency distributions (native histograms): one series per histogram, so they
     // are exported only where a histogram costs one series (the protobuf scrape, OTLP).

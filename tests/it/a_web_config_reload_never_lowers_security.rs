@@ -61,15 +61,17 @@ fn nothing_or_cut(users: &str) -> Vec<(&'static str, String)> {
         ("`---`", "---\n".into()),
         ("`{}`", "{}\n".into()),
         ("`null`", "null\n".into()),
-        ("cut after `basic_auth_users:`", "basic_auth_users:\n".into()),
+        (
+            "cut after `basic_auth_users:`",
+            "basic_auth_users:\n".into(),
+        ),
         ("cut inside a hash", users[..users.len() - 25].into()),
         ("an empty user list", "basic_auth_users: {}\n".into()),
     ]
 }
 
 #[test]
-fn a_file_that_configures_nothing_or_is_cut_short_keeps_basic_auth_on_reload_and_fails_at_start()
-{
+fn a_file_that_configures_nothing_or_is_cut_short_keeps_basic_auth_on_reload_and_fails_at_start() {
     let dir = TempDir::new("phasetrace-web-lower");
     let web = dir.path().join("web.yml");
     let users = format!("basic_auth_users:\n  prometheus: '{}'\n", hash());
@@ -97,7 +99,10 @@ fn a_file_that_configures_nothing_or_is_cut_short_keeps_basic_auth_on_reload_and
     for (i, (what, text)) in nothing_or_cut(&users).iter().enumerate() {
         replace(&web, text);
         let (status, body) = scrape(false);
-        assert_eq!(status, 401, "{what}: an unauthenticated scrape after the reload: {body}");
+        assert_eq!(
+            status, 401,
+            "{what}: an unauthenticated scrape after the reload: {body}"
+        );
         let (status, body) = scrape(true);
         assert_eq!(status, 200, "{what}");
         assert_eq!(failed_reloads(&body), Some(i as u64 + 1), "{what}: {body}");
@@ -123,7 +128,10 @@ fn a_file_that_configures_nothing_or_is_cut_short_keeps_basic_auth_on_reload_and
             .expect_err(what)
             .to_string();
         assert!(
-            e.contains(&format!("PHASETRACE_PROMETHEUS_WEB_CONFIG={}", web.display())),
+            e.contains(&format!(
+                "PHASETRACE_PROMETHEUS_WEB_CONFIG={}",
+                web.display()
+            )),
             "{what}: {e}"
         );
         assert!(e.contains("expected"), "{what}: {e}");
@@ -172,13 +180,21 @@ fn a_reload_that_drops_basic_auth_client_certificates_or_the_tls_version_is_refu
             format!("{tls}{mutual}  min_version: TLS12\n{users}"),
         ),
         ("TLS removed", users.clone()),
-        ("cut after `tls_server_config:`", "tls_server_config:\n".into()),
+        (
+            "cut after `tls_server_config:`",
+            "tls_server_config:\n".into(),
+        ),
     ];
     for (i, (what, text)) in lowered.iter().enumerate() {
         replace(&web, text);
         let r = authorized();
         assert_eq!(r.status, 200, "{what}");
-        assert_eq!(failed_reloads(&r.body), Some(i as u64 + 1), "{what}: {}", r.body);
+        assert_eq!(
+            failed_reloads(&r.body),
+            Some(i as u64 + 1),
+            "{what}: {}",
+            r.body
+        );
         assert_eq!(last_reload_successful(&r.body), Some(0), "{what}");
         assert_eq!(
             with_cert(None).map(|r| r.status),

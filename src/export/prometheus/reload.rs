@@ -109,7 +109,8 @@ impl LiveWebConfig {
             return st.current.clone();
         }
         let mut files = Files::default();
-        let read = web_config::read(&self.file, &mut files).and_then(|c| self.no_weaker(&st.current, c));
+        let read =
+            web_config::read(&self.file, &mut files).and_then(|c| self.no_weaker(&st.current, c));
         // What was read is what the next check compares with, even when it failed: a broken
         // file is reported once, and re-read when it changes again.
         st.files = files;
@@ -147,7 +148,8 @@ impl LiveWebConfig {
     /// off (a listener's kind is fixed at start). A file cut short while being written can
     /// read as a weaker one; a restart is a deliberate act.
     fn no_weaker(&self, now: &WebConfig, c: WebConfig) -> Result<WebConfig, WebConfigError> {
-        const RESTART: &str = "a reload never lowers what a client must show: restart the                                engine to apply it";
+        const RESTART: &str =
+            "a reload never lowers what a client must show: restart the engine to apply it";
         let refused = |field: &str, detail: String| {
             Err(WebConfigError::Invalid {
                 file: self.file.clone(),
@@ -160,14 +162,16 @@ impl LiveWebConfig {
                 return refused(
                     "tls_server_config",
                     format!(
-                        "removed, but the endpoint was started with TLS and a listener's kind                          is fixed at start: it keeps serving TLS; {RESTART} (plain HTTP)"
+                        "removed, but the endpoint was started with TLS and a listener's kind is \
+                         fixed at start: it keeps serving TLS; {RESTART} (plain HTTP)"
                     ),
                 );
             }
             (false, true) => {
                 return refused(
                     "tls_server_config",
-                    "added, but the endpoint was started without TLS and a listener's kind is                      fixed at start: it keeps serving plain HTTP; restart the engine to serve TLS"
+                    "added, but the endpoint was started without TLS and a listener's kind is \
+                     fixed at start: it keeps serving plain HTTP; restart the engine to serve TLS"
                         .to_owned(),
                 );
             }
@@ -297,7 +301,10 @@ mod tests {
             assert!(!live.get().users.as_ref().unwrap().allows("alice", b"b"));
             assert!(live.get().users.as_ref().unwrap().allows("alice", b"a"));
             // The same text at start: an error naming the file and what is expected.
-            let e = super::super::web_config::load(&f).map(|_| ()).unwrap_err().to_string();
+            let e = super::super::web_config::load(&f)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(&f.display().to_string()), "{text:?}: {e}");
             assert!(e.contains("expected"), "{text:?}: {e}");
             assert!(!e.contains(&a[7..]), "{text:?}: no hash in {e}");
