@@ -78,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let requests: Vec<_> = finished.iter().filter(|s| s.name == "request").collect();
     let steps: Vec<_> = finished
         .iter()
-        .filter(|s| s.name == phasetrace_names::span::STEP)
+        .filter(|s| s.name == phasetrace::names::span::STEP)
         .collect();
     for step in &steps {
         let parent = requests

@@ -5,7 +5,7 @@
 #   2. runs every Rust test with all features against them,
 #   3. validates the deployable stack (scripts/validate-stack.sh), when present,
 #   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh).
-# Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh -p phasetrace --test it rotel_harness`.
+# Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh -p phasetrace-testkit --test it rotel_harness`.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

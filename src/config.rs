@@ -12,6 +12,8 @@
 
 pub mod settings;
 mod table;
+#[cfg(feature = "transport")]
+mod transport;
 
 pub use table::Config;
 
@@ -686,6 +688,10 @@ pub(crate) struct ConfigBuilder {
     pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
     pub(crate) aliases: Vec<(String, &'static str)>,
+    /// The engine gave a provider of its own (meter, tracer or both): the process's `OTEL_*`
+    /// variables are its SDK's, never read here, and no exporter of phasetrace's is on by
+    /// default (only code or a `PHASETRACE_*` setting starts one).
+    pub(crate) embedded: bool,
 }
 
 impl ConfigBuilder {
@@ -734,6 +740,8 @@ impl fmt::Debug for ConfigBuilder {
 /// Where values come from while resolving: code, then the environment; records origins.
 struct Sources<'a> {
     env: &'a dyn Fn(&str) -> Option<OsString>,
+    /// `OTEL_*` variables are not read (see [`ConfigBuilder::embedded`]).
+    embedded: bool,
     code: &'a BTreeMap<&'static str, CodeValue>,
     aliases: &'a [(String, &'static str)],
     origins: BTreeMap<&'static str, Origin>,
@@ -743,6 +751,9 @@ struct Sources<'a> {
 impl Sources<'_> {
     /// The trimmed text of `var`, `None` when unset or empty.
     fn text(&self, var: &str, expected: &str) -> Result<Option<String>, ConfigError> {
+        if self.embedded && var.starts_with("OTEL_") {
+            return Ok(None);
+        }
         match (self.env)(var) {
             None => Ok(None),
             Some(v) => match v.into_string() {
@@ -790,7 +801,7 @@ impl Sources<'_> {
             match &found {
                 None => found = Some((v, raw)),
                 Some((g, text)) if *g != v => self.alias_warnings.push(format!(
-                    "phasetrace: {target}={text} overrides {alias}={raw} (the phasetrace name wins; unset one to silence this)"
+                    "{target}={text} overrides {alias}={raw} (the phasetrace name wins; unset one to silence this)"
                 )),
                 Some(_) => {}
             }
@@ -931,6 +942,7 @@ impl ConfigBuilder {
         }
         let mut src = Sources {
             env: &get,
+            embedded: self.embedded,
             code: &self.code,
             aliases: &self.aliases,
             origins: BTreeMap::new(),
@@ -951,8 +963,18 @@ impl ConfigBuilder {
         let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
-        let given_traces = src.signal_given(&TRACES)?;
-        let given_metrics = src.signal_given(&METRICS)?;
+        let mut given_traces = src.signal_given(&TRACES)?;
+        let mut given_metrics = src.signal_given(&METRICS)?;
+        // `with_otlp_endpoint(None)` means no OTLP: a signal's endpoint from the environment
+        // does not bring it back (one set in code for that signal does).
+        if endpoint.is_none() && src.origins.get(s::OTLP_ENDPOINT.var) == Some(&Origin::Code) {
+            for (sig, given) in [(&TRACES, &mut given_traces), (&METRICS, &mut given_metrics)] {
+                if src.origins.get(sig.endpoint.var) == Some(&Origin::Env) {
+                    given.endpoint = None;
+                    src.origins.remove(sig.endpoint.var);
+                }
+            }
+        }
         let general = endpoint.clone().map(|endpoint| OtlpConfig {
             protocol,
             endpoint,
@@ -1048,6 +1070,14 @@ impl ConfigBuilder {
             } else {
                 env::OTEL_EXPORTER_OTLP_PROTOCOL
             };
+            // A protocol nobody set is the default's: say so, and what asked for OTLP.
+            let asked = match src.origins.get(protocol_var) {
+                Some(_) => format!("{protocol_var}={}", o.protocol),
+                None => format!(
+                    "{}={} ({protocol_var} unset: {} by default)",
+                    o.vars.endpoint, o.endpoint, o.protocol
+                ),
+            };
             let (endpoint_var, certificate_var) = (o.vars.endpoint, o.vars.certificate);
             if !protocol_compiled(o.protocol) {
                 let feature = match o.protocol {
@@ -1055,10 +1085,10 @@ impl ConfigBuilder {
                     Protocol::HttpProtobuf => "otlp-http",
                 };
                 return Err(ConfigError::Conflict(format!(
-                    "{protocol_var}={}: this build of phasetrace has no OTLP {} exporter for {} \
+                    "{asked}: this build of phasetrace has no OTLP {} exporter for {} \
                      (its cargo feature `{feature}` is off): enable the feature, or choose \
                      another protocol",
-                    o.protocol, o.protocol, sig.name
+                    o.protocol, sig.name
                 )));
             }
             if o.certificate.is_some() && !o.endpoint.starts_with("https://") {
@@ -1079,6 +1109,9 @@ impl ConfigBuilder {
                 )));
             }
             Some(l) => l,
+            // The engine gave a provider: phasetrace starts no exporter it was not asked for,
+            // whatever features the build has.
+            None if self.embedded && !metrics.prometheus => Listen::Off,
             None if !cfg!(feature = "prometheus") => Listen::Off,
             None if metrics.prometheus || (!metrics_explicit && metrics_otlp.is_none()) => {
                 src.builtin_listen()?
@@ -1417,7 +1450,7 @@ mod tests {
         assert_eq!(
             c.alias_warnings,
             vec![
-                "phasetrace: PHASETRACE_SPEC_LEVEL=2 overrides MEMRA_SPEC_TRACE=1 (the phasetrace name wins; unset one to silence this)"
+                "PHASETRACE_SPEC_LEVEL=2 overrides MEMRA_SPEC_TRACE=1 (the phasetrace name wins; unset one to silence this)"
             ]
         );
         let alone = resolve(&b, &[("MEMRA_SPEC_TRACE", "2")]).unwrap();

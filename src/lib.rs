@@ -37,6 +37,7 @@
 #[doc = include_str!("../BENCHMARKS.md")]
 pub mod benchmarks {}
 pub mod config;
+mod diag;
 mod export;
 pub mod names;
 mod profiler;

@@ -1,11 +1,15 @@
 //! The values of the telemetry contract that the library's API carries (why a record was
-//! dropped, the outcome of an export) and the defaults of its settings. The names themselves
-//! (metrics, units, attributes, spans, variables) are the `phasetrace-names` crate's
-//! ([`phasetrace_names`]), used here through the re-exports below.
+//! dropped, the outcome of an export) as types, and the defaults of its settings. The names and
+//! values themselves (metrics, units, attributes, spans, variables, `reason` and `result`
+//! values, with what they mean) are the `phasetrace-names` crate's data ([`phasetrace_names`]),
+//! re-exported here so that a crate depending on phasetrace alone spells them
+//! `phasetrace::names::env::LEVEL`, `phasetrace::names::metric::STEP_DURATION`; a unit test keeps
+//! the enums and that data equal.
 
-#[cfg(feature = "prometheus")]
-pub(crate) use phasetrace_names::prometheus;
-pub(crate) use phasetrace_names::{SCOPE, attr, env, metric, resource, span};
+pub use phasetrace_names::{
+    SCOPE, attr, auth_refusal, connection_close, env, metric, outcome, prometheus, reason,
+    resource, span,
+};
 
 /// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
 /// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
@@ -56,15 +60,15 @@ impl DropReason {
     /// The `reason` attribute value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            DropReason::QueueFull => "queue_full",
-            DropReason::Unbalanced => "unbalanced",
-            DropReason::Clock => "clock",
-            DropReason::OutOfRange => "out_of_range",
-            DropReason::SpanQueue => "span_queue",
-            DropReason::SpanExport => "span_export",
-            DropReason::TailBudget => "tail_budget",
-            DropReason::TraceBound => "trace_bound",
-            DropReason::GraphReplay => "graph_replay",
+            DropReason::QueueFull => reason::QUEUE_FULL,
+            DropReason::Unbalanced => reason::UNBALANCED,
+            DropReason::Clock => reason::CLOCK,
+            DropReason::OutOfRange => reason::OUT_OF_RANGE,
+            DropReason::SpanQueue => reason::SPAN_QUEUE,
+            DropReason::SpanExport => reason::SPAN_EXPORT,
+            DropReason::TailBudget => reason::TAIL_BUDGET,
+            DropReason::TraceBound => reason::TRACE_BOUND,
+            DropReason::GraphReplay => reason::GRAPH_REPLAY,
         }
     }
 
@@ -99,8 +103,8 @@ impl Outcome {
     /// The `result` attribute value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            Outcome::Ok => "ok",
-            Outcome::Failed => "failed",
+            Outcome::Ok => outcome::OK,
+            Outcome::Failed => outcome::FAILED,
         }
     }
 }
@@ -134,10 +138,10 @@ impl ConnectionClose {
     /// The `reason` attribute value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            ConnectionClose::Evicted => "evicted",
-            ConnectionClose::Refused => "refused",
-            ConnectionClose::HeadTimeout => "head_timeout",
-            ConnectionClose::IdleTimeout => "idle_timeout",
+            ConnectionClose::Evicted => connection_close::EVICTED,
+            ConnectionClose::Refused => connection_close::REFUSED,
+            ConnectionClose::HeadTimeout => connection_close::HEAD_TIMEOUT,
+            ConnectionClose::IdleTimeout => connection_close::IDLE_TIMEOUT,
         }
     }
 }
@@ -161,8 +165,8 @@ impl AuthRefusal {
     /// The `reason` attribute value.
     pub const fn as_str(self) -> &'static str {
         match self {
-            AuthRefusal::Unauthorized => "unauthorized",
-            AuthRefusal::Busy => "busy",
+            AuthRefusal::Unauthorized => auth_refusal::UNAUTHORIZED,
+            AuthRefusal::Busy => auth_refusal::BUSY,
         }
     }
 }
@@ -242,4 +246,25 @@ pub(crate) mod default {
     /// overflow series (the SDK's default is 2,000): room for 4 ranks as threads of one process
     /// at 96 layers and 20 sections a layer.
     pub(crate) const LAYER_SERIES_LIMIT: usize = 8_192;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_enums_spell_the_values_of_the_names_crate_in_its_order() {
+        let reasons: Vec<&str> = DropReason::ALL.iter().map(|r| r.as_str()).collect();
+        let data: Vec<&str> = reason::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(reasons, data);
+        let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        let data: Vec<&str> = outcome::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(outcomes, data);
+        let closes: Vec<&str> = ConnectionClose::ALL.iter().map(|c| c.as_str()).collect();
+        let data: Vec<&str> = connection_close::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(closes, data);
+        let refusals: Vec<&str> = AuthRefusal::ALL.iter().map(|r| r.as_str()).collect();
+        let data: Vec<&str> = auth_refusal::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(refusals, data);
+    }
 }

@@ -84,7 +84,9 @@ impl ProfilerBuilder {
         // Only a provider whose type is the SDK's records through bound handles: the API's
         // default `bind` of any other drops what it is given.
         self.given.meter_bind = Bind::of::<P>();
+        self.given.meter_readers = crate::export::views::sdk_has_readers(&provider);
         self.given.meter = Some(Arc::new(provider));
+        self.cfg.embedded = true;
         self
     }
 
@@ -103,17 +105,25 @@ impl ProfilerBuilder {
         P: opentelemetry::trace::TracerProvider<Tracer = T> + Send + Sync + 'static,
     {
         self.given.tracer = Some(Arc::new(provider));
+        self.cfg.embedded = true;
         self
     }
 
     /// Records into `opentelemetry::global`'s meter and tracer providers, as they are when
     /// `build()` runs (the engine sets them first): [`Self::with_meter_provider`] and
     /// [`Self::with_tracer_provider`] with the globals.
+    ///
+    /// A global provider that is still the API's no-op default when `build()` runs records
+    /// nothing: `build()` cannot tell it apart from a provider without readers, and says so
+    /// once (target `phasetrace`) when its meter took none of phasetrace's instruments.
     pub fn with_global_providers(mut self) -> Self {
         // The global provider's type is not known: recorded by attributes, never bound.
         self.given.meter_bind = Bind::Unbound;
-        self.given.meter = Some(opentelemetry::global::meter_provider());
-        self.with_tracer_provider(opentelemetry::global::tracer_provider())
+        self.given.meter = None;
+        self.given.tracer = None;
+        self.given.global = true;
+        self.cfg.embedded = true;
+        self
     }
 
     /// The embedded Prometheus endpoint as its variable spells it: `None` turned it **off**,
@@ -238,17 +248,14 @@ impl ProfilerBuilder {
     /// Safe to call from async code (inside a Tokio runtime of either flavour): the exporters
     /// are set up on a thread of their own, and the caller only waits for it.
     pub fn build(self) -> Result<Profiler, Error> {
-        let mut cfg = self.config()?;
-        for w in &cfg.alias_warnings {
-            eprintln!("{w}");
+        let cfg = self.config()?;
+        let mut given = self.given;
+        if given.global {
+            given.meter = Some(opentelemetry::global::meter_provider());
+            given.tracer = Some(Arc::new(opentelemetry::global::tracer_provider()));
         }
-        // The engine's meter provider carries the metrics: the built-in Prometheus endpoint is
-        // served only when asked for.
-        if self.given.meter.is_some()
-            && cfg.origin(crate::names::env::PROMETHEUS) == Origin::Default
-            && cfg.origin(crate::names::env::OTEL_METRICS_EXPORTER) == Origin::Default
-        {
-            cfg.prometheus = None;
+        for w in &cfg.alias_warnings {
+            crate::diag::notice!("{w}");
         }
         if !cfg.sdk_disabled {
             crate::timing::choose_host_source(cfg.host_clock)?;
@@ -294,6 +301,7 @@ impl ProfilerBuilder {
                 SpecLevel::Off
             }),
             trace_every: cfg.trace_every,
+            parent_always: cfg.trace_slower_than != crate::config::TraceSlowerThan::Off,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
             experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
@@ -309,7 +317,7 @@ impl ProfilerBuilder {
         let start = Start {
             k_max: self.spec_k_max.unwrap_or(16),
             drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
-            given: self.given,
+            given,
             views_warned: Arc::new(AtomicBool::new(false)),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
@@ -377,20 +385,37 @@ impl Start {
                     .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
+        // The SDK consults a provider's views only for its readers: a view not consulted means
+        // no view, no reader, or a no-op provider, told apart where the type says enough.
         if given.meter.is_some()
             && cfg.layer_attr
             && crate::export::views::layer_views_applied() == views_before
             && !self.views_warned.swap(true, Ordering::Relaxed)
         {
-            eprintln!(
-                "phasetrace: the meter provider given to with_meter_provider has no \
-                 phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's 2000 \
-                 series each, and a model with more (section, layer) pairs folds the rest into \
-                 one otel.metric.overflow series; register it with \
-                 SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
-                crate::names::metric::SECTION_LAYER_TIME,
-                crate::names::metric::SECTION_LAYER_CALLS,
-            );
+            match (given.global, given.meter_readers) {
+                (true, _) => crate::diag::warning!(
+                    "with_global_providers: the global meter provider took none of phasetrace's \
+                     instruments through phasetrace::view(): it is still the API's no-op \
+                     default (call opentelemetry::global::set_meter_provider before build()), \
+                     has no reader, or has no phasetrace::view() (said once)"
+                ),
+                (false, Some(false)) => crate::diag::warning!(
+                    "the meter provider given to with_meter_provider has no reader: \
+                     phasetrace's instruments on it record nowhere; add the engine's reader \
+                     (SdkMeterProvider::builder().with_reader(..)) (said once)"
+                ),
+                (false, Some(true)) => crate::diag::warning!(
+                    "the meter provider given to with_meter_provider has no \
+                     phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's \
+                     2000 series each, and a model with more (section, layer) pairs folds the \
+                     rest into one otel.metric.overflow series; register it with \
+                     SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
+                    crate::names::metric::SECTION_LAYER_TIME,
+                    crate::names::metric::SECTION_LAYER_CALLS,
+                ),
+                // Another crate's provider: views are the SDK's, nothing to say.
+                (false, None) => {}
+            }
         }
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
@@ -617,8 +642,8 @@ impl Profiler {
             && unset(crate::names::env::SPEC_LEVEL)
             && !self.inner.warned_off.swap(true, Ordering::Relaxed)
         {
-            eprintln!(
-                "phasetrace: recording is off: {} and {} are off by default, so this recorder \
+            crate::diag::notice!(
+                "recording is off: {} and {} are off by default, so this recorder \
                  records nothing until one is set ({}=full, ProfilerBuilder::with_level, or \
                  Profiler::set_level at run time; said once)",
                 crate::names::env::LEVEL,
@@ -814,6 +839,124 @@ mod tests {
             ),
             Bind::Unbound,
             "the globals' type is not known"
+        );
+    }
+
+    /// What an engine's environment typically holds for its own SDK, plus a value phasetrace
+    /// would refuse: none of it is phasetrace's once a provider is given.
+    const ENGINE_ENV: &[(&str, &str)] = &[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://127.0.0.1:9/v1/traces",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://127.0.0.1:9/v1/metrics",
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ("OTEL_TRACES_EXPORTER", "otlp"),
+        ("OTEL_METRICS_EXPORTER", "otlp,prometheus"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
+        ("OTEL_SDK_DISABLED", "true"),
+    ];
+
+    fn resolve(b: &ProfilerBuilder, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        b.cfg.resolve_with(|k| {
+            vars.iter()
+                .find(|(v, _)| *v == k)
+                .map(|(_, x)| std::ffi::OsString::from(x))
+        })
+    }
+
+    /// The same assertions hold in every feature set (`scripts/check-features.sh` runs this
+    /// test with no default features too): which exporters run is configuration, never what
+    /// another crate's features compiled in.
+    #[test]
+    fn with_an_engines_provider_its_otel_environment_starts_nothing_of_phasetraces() {
+        use opentelemetry_sdk::metrics::SdkMeterProvider;
+        use opentelemetry_sdk::trace::SdkTracerProvider;
+        let meter = SdkMeterProvider::builder().build();
+        let tracer = SdkTracerProvider::builder().build();
+        let cases = [
+            (
+                "both",
+                Profiler::builder()
+                    .with_meter_provider(meter.clone())
+                    .with_tracer_provider(tracer.clone()),
+            ),
+            (
+                "meter only",
+                Profiler::builder().with_meter_provider(meter.clone()),
+            ),
+            (
+                "tracer only",
+                Profiler::builder().with_tracer_provider(tracer.clone()),
+            ),
+        ];
+        for (what, b) in cases {
+            let cfg = resolve(&b, ENGINE_ENV).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(cfg.prometheus, None, "{what}");
+            assert!(
+                cfg.traces_otlp.is_none() && cfg.metrics_otlp.is_none(),
+                "{what}"
+            );
+            assert!(
+                !cfg.sdk_disabled,
+                "{what}: OTEL_SDK_DISABLED is the engine's SDK's"
+            );
+            let mut e = crate::export::build(&cfg, &b.given).expect("exporters");
+            assert_eq!(e.own(), Vec::<String>::new(), "{what}");
+            e.shutdown(Duration::from_millis(100));
+        }
+        // Asked in code or by a PHASETRACE_* setting, phasetrace's own exporter runs (where
+        // the build has it; where not, `build()` says which feature is off).
+        let b = Profiler::builder()
+            .with_meter_provider(meter.clone())
+            .with_prometheus_at(([127, 0, 0, 1], 0));
+        let asked = resolve(&b, ENGINE_ENV);
+        if cfg!(feature = "prometheus") {
+            assert!(asked.expect("config").prometheus.is_some());
+        } else {
+            let e = asked.expect_err("no endpoint compiled in").to_string();
+            assert!(e.contains("feature `prometheus` is off"), "{e}");
+        }
+        let env = [ENGINE_ENV, &[("PHASETRACE_PROMETHEUS", "127.0.0.1:0")]].concat();
+        let b = Profiler::builder().with_meter_provider(meter);
+        assert_eq!(
+            resolve(&b, &env).map(|c| c.prometheus.is_some()).ok(),
+            cfg!(feature = "prometheus").then_some(true),
+        );
+    }
+
+    #[test]
+    fn no_otlp_in_code_also_turns_a_signals_endpoint_from_the_environment_off() {
+        let b = Profiler::builder().with_otlp_endpoint(None);
+        let c = resolve(
+            &b,
+            &[
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9"),
+                ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://127.0.0.1:9"),
+            ],
+        )
+        .expect("config");
+        assert!(c.traces_otlp.is_none() && c.metrics_otlp.is_none());
+    }
+
+    #[test]
+    fn a_protocol_nobody_set_is_named_as_the_default_when_it_is_not_compiled_in() {
+        if cfg!(feature = "otlp-grpc") {
+            return;
+        }
+        let b = Profiler::builder().with_otlp_endpoint(Some("http://127.0.0.1:9"));
+        let e = resolve(&b, &[]).expect_err("no grpc").to_string();
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:9 (OTEL_EXPORTER_OTLP_PROTOCOL \
+                 unset: grpc by default)"
+            ),
+            "{e}"
         );
     }
 

@@ -2,7 +2,9 @@
 //! verify parts. Each is a small `Copy` value with `as_str()`; nothing on the hot path is a string.
 //!
 //! Sections and sites are *registered ids*: the reference GLM set is built in, and an engine may
-//! register its own names once at start-up. Phases and verify parts are closed enums.
+//! register its own names once at start-up. Phases and verify parts are closed enums. The
+//! built-in names and what they mean are the telemetry contract's data
+//! (`phasetrace_names::vocab`), which a unit test keeps equal to these.
 
 use std::sync::RwLock;
 use thiserror::Error;
@@ -532,6 +534,36 @@ mod tests {
         assert_eq!(s.as_str(), Some("moe_a2a"));
         assert_eq!(Site::register("attn").unwrap(), Site::ATTN);
         assert_eq!(Site::NONE.as_str(), None);
+    }
+
+    #[test]
+    fn the_builtins_are_the_vocabularies_of_the_names_crate() {
+        use phasetrace_names::vocab;
+        let ours: Vec<(&str, &str)> = Section::builtin()
+            .map(|s| {
+                let kind = match s.kind() {
+                    SectionKind::Compute => "compute",
+                    SectionKind::Collective => "collective",
+                    SectionKind::Probe => "probe",
+                };
+                (s.as_str(), kind)
+            })
+            .collect();
+        let data: Vec<(&str, &str)> = vocab::SECTIONS.iter().map(|s| (s.value, s.kind)).collect();
+        assert_eq!(ours, data);
+        let sites: Vec<&str> = BUILTIN_SITES.to_vec();
+        let data: Vec<&str> = vocab::SITES.iter().map(|n| n.value).collect();
+        assert_eq!(sites, data);
+        let phases: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+        let data: Vec<&str> = vocab::PHASES.iter().map(|n| n.value).collect();
+        assert_eq!(phases, data);
+        let parts: Vec<&str> = VerifyPart::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .chain([VerifyPart::REST])
+            .collect();
+        let data: Vec<&str> = vocab::VERIFY_PARTS.iter().map(|n| n.value).collect();
+        assert_eq!(parts, data);
     }
 
     #[test]

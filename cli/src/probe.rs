@@ -107,16 +107,7 @@ fn tls(
 /// The roots the OTLP exporters trust: the system's, plus `OTEL_EXPORTER_OTLP_CERTIFICATE` (read
 /// by the transport the exporters use, so `check` trusts exactly what they trust).
 fn root_store(o: &OtlpConfig) -> Result<rustls::RootCertStore, String> {
-    phasetrace_transport::root_store(&phasetrace_transport::Target {
-        endpoint: &o.endpoint,
-        headers: &o.headers,
-        timeout: o.timeout,
-        gzip: o.gzip,
-        certificate: o.certificate.as_deref(),
-        headers_var: o.headers_var(),
-        certificate_var: o.certificate_var(),
-    })
-    .map_err(|e| e.to_string())
+    phasetrace_transport::root_store(&o.target()).map_err(|e| e.to_string())
 }
 
 /// An OTLP/HTTP probe: an empty protobuf export request must be answered 2xx.

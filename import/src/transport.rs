@@ -4,7 +4,7 @@
 //! answers (partial successes).
 //!
 //! ```text
-//! OtlpConfig ──target──> phasetrace_transport::Target ──> channel, metadata, http_client, post
+//! OtlpConfig ──OtlpConfig::target──> phasetrace_transport::Target ──> channel, metadata, http_client, post
 //! ```
 
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
@@ -30,35 +30,22 @@ pub(crate) fn traces_rejected(resp: &ExportTraceServiceResponse) -> Option<Rejec
     rejected_of(p.rejected_spans, &p.error_message)
 }
 
-use phasetrace_transport::{Error, Target};
+use phasetrace_transport::Error;
 pub(crate) use phasetrace_transport::{METRICS_PATH, TRACES_PATH, request, status_text};
-
-/// What the transport reads of `o`.
-fn target(o: &OtlpConfig) -> Target<'_> {
-    Target {
-        endpoint: &o.endpoint,
-        headers: &o.headers,
-        timeout: o.timeout,
-        gzip: o.gzip,
-        certificate: o.certificate.as_deref(),
-        headers_var: o.headers_var(),
-        certificate_var: o.certificate_var(),
-    }
-}
 
 /// The headers of `o` as gRPC metadata.
 pub(crate) fn metadata(o: &OtlpConfig) -> Result<tonic::metadata::MetadataMap, Error> {
-    phasetrace_transport::metadata(&target(o))
+    phasetrace_transport::metadata(&o.target())
 }
 
 /// A lazily connecting gRPC channel to `o`; call it inside the runtime that drives it.
 pub(crate) fn channel(o: &OtlpConfig) -> Result<tonic::transport::Channel, Error> {
-    phasetrace_transport::channel(&target(o))
+    phasetrace_transport::channel(&o.target())
 }
 
 /// A blocking HTTP client for `o`.
 pub(crate) fn http_client(o: &OtlpConfig) -> Result<reqwest::blocking::Client, Error> {
-    phasetrace_transport::http_client(&target(o))
+    phasetrace_transport::http_client(&o.target())
 }
 
 /// POSTs one protobuf body to `url` with the headers of `o`; `Err` says why (never a header
@@ -69,5 +56,5 @@ pub(crate) fn post(
     url: &str,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, String> {
-    phasetrace_transport::post(client, &target(o), url, body).map_err(|e| e.to_string())
+    phasetrace_transport::post(client, &o.target(), url, body).map_err(|e| e.to_string())
 }

@@ -1,15 +1,129 @@
-//! The telemetry contract of phasetrace: every metric name, unit, attribute key, span name and
-//! environment variable that phasetrace emits or reads lives here, once, and the rule that
-//! turns a metric name into its Prometheus spelling.
+//! The telemetry contract of phasetrace, as plain data: every metric (its name, instrument,
+//! unit, attributes and meaning), attribute key, span name, resource key and environment
+//! variable that phasetrace emits or reads, the values of its closed attributes (drop reasons,
+//! outcomes) and its label vocabularies (the built-in sections, sites, phases and verify parts),
+//! each once, and the rule that turns a metric name into its Prometheus spelling.
 //!
 //! The engine library (`phasetrace`) emits these names; the log importer
 //! (`phasetrace-import`), the `phasetrace` command, the dashboards (`dashboards/`), the alert
 //! rules (`otel-config/rules/`) and the tests read them from here (as
 //! `opentelemetry-semantic-conventions` stands beside `opentelemetry`). The Prometheus spelling
 //! is the OTel name with dots turned into underscores, the unit appended (`_seconds`) and
-//! `_total` on counters ([`prometheus::metric_name`]).
+//! `_total` on counters ([`prometheus::metric_name`], [`Metric::prometheus_name`]).
+//!
+//! Each name is a constant (`metric::SECTION_DURATION`) for code, and a row of its module's
+//! `ALL` table ([`metric::ALL`], [`attr::ALL`], ...) for what documents or checks the contract:
+//! `cargo xtask docs` writes `docs/telemetry.md` from these tables. A new metric is one entry
+//! in the `metrics!` block of [`metric`] (its doc comment is its description):
+//!
+//! ```text
+//! /// Counter of ..., attributes `rank`, `group`.
+//! NEW_THING = "phasetrace.new.thing" {
+//!     instrument: Counter,
+//!     unit: UNIT_CALLS,
+//!     attributes: [attr::RANK, attr::GROUP],
+//! }
+//! ```
 
 #![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+/// One name of the contract: an attribute key, a span name, a variable or a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Name {
+    /// The constant that holds it (`BUCKET` for `attr::BUCKET`).
+    pub constant: &'static str,
+    /// The name itself (`bucket`).
+    pub value: &'static str,
+    /// What it means (the constant's doc comment).
+    pub description: &'static str,
+}
+
+/// What kind of instrument a metric is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Instrument {
+    /// A monotonic sum (`_total` on Prometheus).
+    Counter,
+    /// A histogram with the explicit [`metric::DURATION_BOUNDARIES`] (or integer) buckets.
+    Histogram,
+    /// A base-2 exponential histogram (a Prometheus native histogram).
+    ExponentialHistogram,
+    /// A value read at each collection.
+    Gauge,
+}
+
+impl Instrument {
+    /// How the reference names it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Instrument::Counter => "counter",
+            Instrument::Histogram => "histogram",
+            Instrument::ExponentialHistogram => "exponential histogram",
+            Instrument::Gauge => "gauge",
+        }
+    }
+}
+
+/// One metric of the contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metric {
+    /// The constant that holds its name (`SECTION_DURATION`).
+    pub constant: &'static str,
+    /// The OTel name (`phasetrace.section.duration`).
+    pub name: &'static str,
+    /// Its instrument.
+    pub instrument: Instrument,
+    /// Its unit (UCUM, `s`; empty for none).
+    pub unit: &'static str,
+    /// The attribute keys its series carry (some only when given: the description says which).
+    pub attributes: &'static [&'static str],
+    /// What it measures (the constant's doc comment).
+    pub description: &'static str,
+}
+
+impl Metric {
+    /// The name a Prometheus scrape shows (`phasetrace_section_layer_time_seconds_total`).
+    pub fn prometheus_name(&self) -> String {
+        let base = prometheus::metric_name(self.name, self.unit);
+        match self.instrument {
+            Instrument::Counter => base + "_total",
+            _ => base,
+        }
+    }
+}
+
+/// Declares name constants and their module's `ALL` table: `/// doc` `CONSTANT = "value";`.
+macro_rules! names {
+    ($($(#[doc = $doc:literal])* $constant:ident = $value:literal;)*) => {
+        $($(#[doc = $doc])* pub const $constant: &str = $value;)*
+        /// Every name of this module, in declaration order, with what it means.
+        pub const ALL: &[crate::Name] = &[$(crate::Name {
+            constant: stringify!($constant),
+            value: $value,
+            description: concat!($($doc, "\n"),*),
+        }),*];
+    };
+}
+
+/// Declares metric name constants and [`metric::ALL`]:
+/// `/// doc` `CONSTANT = "name" { instrument: Kind, unit: UNIT, attributes: [attr::KEY, ...] }`.
+macro_rules! metrics {
+    ($($(#[doc = $doc:literal])* $constant:ident = $name:literal {
+        instrument: $instrument:ident,
+        unit: $unit:expr,
+        attributes: [$($attribute:expr),* $(,)?] $(,)?
+    })*) => {
+        $($(#[doc = $doc])* pub const $constant: &str = $name;)*
+        /// Every metric, in declaration order: name, instrument, unit, attributes, meaning.
+        pub const ALL: &[crate::Metric] = &[$(crate::Metric {
+            constant: stringify!($constant),
+            name: $name,
+            instrument: crate::Instrument::$instrument,
+            unit: $unit,
+            attributes: &[$($attribute),*],
+            description: concat!($($doc, "\n"),*),
+        }),*];
+    };
+}
 
 /// The instrumentation scope of every instrument and span phasetrace creates (with the crate's
 /// version), on its own providers and on the engine's alike.
@@ -18,126 +132,255 @@ pub const SCOPE: &str = "phasetrace";
 /// Metric names and units. Every metric also carries [`crate::attr::GROUP`], the collective
 /// group of the rank (`PHASETRACE_GROUP`).
 pub mod metric {
-    /// Histogram of one section's duration in seconds (all layers: quantiles per bucket),
-    /// attributes `bucket`, `site` (when given), `rank`: the buckets that quantiles need, without
-    /// `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`], two
-    /// series per (bucket, layer) instead of 25). On the protobuf scrape this and the other
-    /// duration histograms also carry a native half (base-2 exponential, in the same
-    /// `Histogram` message), which Prometheus stores with `scrape_native_histograms: true`.
-    pub const SECTION_DURATION: &str = "phasetrace.section.duration";
-    /// Counter of the time spent in one section per layer, in seconds, attributes `bucket`,
-    /// `layer`, `site` (when given), `rank` (`phasetrace_section_layer_time_seconds_total`). Off
-    /// with `PHASETRACE_LAYER_ATTR=off`.
-    pub const SECTION_LAYER_TIME: &str = "phasetrace.section.layer.time";
-    /// Counter of the calls of one section per layer, the same attributes
-    /// (`phasetrace_section_layer_calls_total`): the mean per call is time / calls.
-    pub const SECTION_LAYER_CALLS: &str = "phasetrace.section.layer.calls";
-    /// Histogram of one decode step (token) in seconds, attributes `rank`, `group`.
-    pub const STEP_DURATION: &str = "phasetrace.step.duration";
-    /// Histogram of the time one decode step spent waiting at collective rendezvous probes, in
-    /// seconds (the sum over the step's probe sections and reported waits; 0 for a step without
-    /// any), attributes `rank`, `group`.
-    /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
-    /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
-    /// it costs one histogram per rank whatever the model's depth.
-    pub const STEP_COLLECTIVE_WAIT: &str = "phasetrace.step.collective_wait";
-    /// Counter of decode steps, attribute `rank`.
-    pub const STEPS: &str = "phasetrace.steps";
-    /// Gauge of how long the rank's current decode step has been open, in seconds, attributes
-    /// `rank`, `group` (`phasetrace_step_open_duration_seconds`); 0 while no step is open, so an
-    /// idle engine reads 0 and a hung one (every rank blocked inside a collective) grows. The
-    /// longest over the rank's recorders; with a deferred clock (CUDA events) whose stream has
-    /// not reached the oldest mark, counted from when the worker first found it pending. Read
-    /// at each collection (scrape or export) from when the open step began, so it grows between
-    /// the worker's drains: a series per rank with a live recorder, gone with its last recorder.
-    /// Alert: `PhasetraceStepHung`.
-    pub const STEP_OPEN_DURATION: &str = "phasetrace.step.open_duration";
-    /// Histogram of the time a rank waited at a collective's rendezvous probe, in seconds (its
-    /// arrival skew: the straggler waits about 0), attributes `site`, `rank`, `group`: where the
-    /// time goes, per collective.
-    pub const COLLECTIVE_WAIT: &str = "phasetrace.collective.wait";
-    /// Counter of the time waited at a collective's rendezvous probe per layer, in seconds,
-    /// attributes `site`, `layer`, `rank`, `group`
-    /// (`phasetrace_collective_layer_wait_time_seconds_total`); kept with
-    /// `PHASETRACE_LAYER_ATTR=off` too.
-    pub const COLLECTIVE_LAYER_WAIT_TIME: &str = "phasetrace.collective.layer.wait.time";
-    /// Counter of the rendezvous waits per layer, the same attributes
-    /// (`phasetrace_collective_layer_wait_calls_total`).
-    pub const COLLECTIVE_LAYER_WAIT_CALLS: &str = "phasetrace.collective.layer.wait.calls";
-    /// Counter of the tokens routed in one MoE layer, counted once per expert each goes to
-    /// (tokens x top-k), attributes `layer`, `rank` (`phasetrace_moe_layer_tokens_total`;
-    /// opt-in: `PHASETRACE_EXPERT_COUNTER=on`). One series per (layer, rank) whatever the
-    /// number of experts; the full per-(layer, expert) counts are in process only
-    /// (`Profiler::expert_load`).
-    pub const MOE_LAYER_TOKENS: &str = "phasetrace.moe.layer.tokens";
-    /// Gauge of a MoE layer's routing imbalance over the rank's last complete window of
-    /// `PHASETRACE_EXPERT_WINDOW` steps: the most tokens any expert got divided by the mean
-    /// over the layer's experts (1 = perfectly balanced; the number of experts when one expert
-    /// got everything), attributes `layer`, `rank`.
-    pub const MOE_IMBALANCE: &str = "phasetrace.moe.expert_load.imbalance";
-    /// Gauge of the coefficient of variation (standard deviation / mean) of the tokens per
-    /// expert over the same window, attributes `layer`, `rank`.
-    pub const MOE_LOAD_CV: &str = "phasetrace.moe.expert_load.cv";
-    /// Gauge of a hot expert's share of its layer's tokens in the same window (0..1),
-    /// attributes `layer`, `expert`, `rank`, and `ep_rank` (the rank that hosts it) when
-    /// `PHASETRACE_EXPERT_PARALLEL` is set: `PHASETRACE_EXPERT_TOP` series per (layer, rank),
-    /// the set changing only at a window's end and only for an expert clearly hotter than the
-    /// one it replaces.
-    pub const MOE_HOT_EXPERT_SHARE: &str = "phasetrace.moe.hot_expert.share";
-    /// Counter of records dropped, attribute `reason` (`phasetrace::DropReason`): everything
-    /// dropped is counted, each reason a series from the start at 0; `Profiler::stats()` holds
-    /// the same counts.
-    pub const RECORDS_DROPPED: &str = "phasetrace.records.dropped";
-    /// Histogram of one speculative phase per round in seconds, attributes `phase` (draft,
-    /// verify, accept, rollback, maint), `rank`.
-    pub const SPEC_PHASE_DURATION: &str = "phasetrace.spec.phase.duration";
-    /// Histogram of one verify part per round in seconds (level 2), attributes `part` (kda,
-    /// kda_scan, mla, ffn, rest), `rank`: `rest` = verify - kda - mla; `kda_scan` is inside
-    /// `kda`, `ffn` inside `rest`.
-    pub const SPEC_VERIFY_PART_DURATION: &str = "phasetrace.spec.verify.part.duration";
-    /// Counter of speculative rounds, attribute `rank`.
-    pub const SPEC_ROUNDS: &str = "phasetrace.spec.rounds";
-    /// Counter of drafted tokens, attribute `rank`: the acceptance rate is accepted / drafted.
-    pub const SPEC_DRAFT_TOKENS: &str = "phasetrace.spec.draft_tokens";
-    /// Counter of accepted tokens, attribute `rank`.
-    pub const SPEC_ACCEPTED_TOKENS: &str = "phasetrace.spec.accepted_tokens";
-    /// Histogram of accepted tokens per round, integer buckets `0..=k_max` (`with_spec_k_max`,
-    /// default 16), attribute `rank`.
-    pub const SPEC_ACCEPTED_LENGTH: &str = "phasetrace.spec.accepted_length";
-    /// Counter of the re-reads of the Prometheus endpoint's web configuration file
-    /// (`PHASETRACE_PROMETHEUS_WEB_CONFIG`) after it or a file it names changed, attribute
-    /// `result` (`phasetrace::names::Outcome`); both series exist, at 0, from the start
-    /// (`phasetrace_prometheus_web_config_reloads_total`). Only with a web configuration file.
-    pub const PROMETHEUS_WEB_CONFIG_RELOADS: &str = "phasetrace.prometheus.web_config.reloads";
-    /// Gauge, 1 while the web configuration in force is the one on disk and 0 after a change to
-    /// it was refused (the endpoint serves the configuration it read before), back to 1 with the
-    /// next reload that works; attribute `group` only, no unit (a state, as Prometheus's own
-    /// `prometheus_config_last_reload_successful`:
-    /// `phasetrace_prometheus_web_config_last_reload_successful`). Only with a web
-    /// configuration file; a change is noticed at the next connection or request, so a scrape
-    /// reads the state of the file as it is then (an engine exporting only over OTLP reports it
-    /// once something connects to its endpoint). Alert: `PhasetraceWebConfigReloadFailed`.
-    pub const PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL: &str =
-        "phasetrace.prometheus.web_config.last_reload_successful";
-    /// Counter of the connections the Prometheus endpoint closed before their client was done,
-    /// attribute `reason` (`phasetrace::names::ConnectionClose`: evicted or refused at the
-    /// bound on connections, no request head in time, idle too long); every reason a series
-    /// from the start (`phasetrace_prometheus_connections_closed_total`). Only with the
-    /// endpoint on.
-    pub const PROMETHEUS_CONNECTIONS_CLOSED: &str = "phasetrace.prometheus.connections.closed";
-    /// Counter of the requests the Prometheus endpoint refused at basic auth, attribute
-    /// `reason` (`phasetrace::names::AuthRefusal`: 401 unauthorized, 429 busy); every reason a
-    /// series from the start (`phasetrace_prometheus_auth_refused_total`). Only with a web
-    /// configuration file.
-    pub const PROMETHEUS_AUTH_REFUSED: &str = "phasetrace.prometheus.auth.refused";
-    /// Counter of OTLP metrics exports, attribute `result` (`phasetrace::names::Outcome`); both
-    /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
-    /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export
-    /// carries them), but the backend's view is stale meanwhile: this says so (and stderr, once
-    /// per outage with the first error, and again when exports work again). Seen at once on the
-    /// Prometheus endpoint when both are on, by the collector with the first export that works.
-    /// Alert: `PhasetraceMetricsExportFailing`.
-    pub const METRIC_EXPORTS: &str = "phasetrace.metric.exports";
+    use crate::attr;
+
+    metrics! {
+        /// Histogram of one section's duration in seconds (all layers: quantiles per bucket),
+        /// attributes `bucket`, `site` (when given), `rank`: the buckets that quantiles need, without
+        /// `layer` (per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`], two
+        /// series per (bucket, layer) instead of 25). On the protobuf scrape this and the other
+        /// duration histograms also carry a native half (base-2 exponential, in the same
+        /// `Histogram` message), which Prometheus stores with `scrape_native_histograms: true`.
+        SECTION_DURATION = "phasetrace.section.duration" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::BUCKET, attr::SITE, attr::RANK, attr::GROUP],
+        }
+        /// Counter of the time spent in one section per layer, in seconds, attributes `bucket`,
+        /// `layer`, `site` (when given), `rank` (`phasetrace_section_layer_time_seconds_total`). Off
+        /// with `PHASETRACE_LAYER_ATTR=off`.
+        SECTION_LAYER_TIME = "phasetrace.section.layer.time" {
+            instrument: Counter,
+            unit: UNIT_SECONDS,
+            attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
+        }
+        /// Counter of the calls of one section per layer, the same attributes
+        /// (`phasetrace_section_layer_calls_total`): the mean per call is time / calls.
+        SECTION_LAYER_CALLS = "phasetrace.section.layer.calls" {
+            instrument: Counter,
+            unit: UNIT_CALLS,
+            attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
+        }
+        /// Histogram of one decode step (token) in seconds, attributes `rank`, `group`.
+        STEP_DURATION = "phasetrace.step.duration" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Histogram of the time one decode step spent waiting at collective rendezvous probes, in
+        /// seconds (the sum over the step's probe sections and reported waits; 0 for a step without
+        /// any), attributes `rank`, `group`.
+        /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
+        /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
+        /// it costs one histogram per rank whatever the model's depth.
+        STEP_COLLECTIVE_WAIT = "phasetrace.step.collective_wait" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Counter of decode steps, attribute `rank`.
+        STEPS = "phasetrace.steps" {
+            instrument: Counter,
+            unit: UNIT_STEPS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Gauge of how long the rank's current decode step has been open, in seconds, attributes
+        /// `rank`, `group` (`phasetrace_step_open_duration_seconds`); 0 while no step is open, so an
+        /// idle engine reads 0 and a hung one (every rank blocked inside a collective) grows. The
+        /// longest over the rank's recorders; with a deferred clock (CUDA events) whose stream has
+        /// not reached the oldest mark, counted from when the worker first found it pending. Read
+        /// at each collection (scrape or export) from when the open step began, so it grows between
+        /// the worker's drains: a series per rank with a live recorder, gone with its last recorder.
+        /// Alert: `PhasetraceStepHung`.
+        STEP_OPEN_DURATION = "phasetrace.step.open_duration" {
+            instrument: Gauge,
+            unit: UNIT_SECONDS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Histogram of the time a rank waited at a collective's rendezvous probe, in seconds (its
+        /// arrival skew: the straggler waits about 0), attributes `site`, `rank`, `group`: where the
+        /// time goes, per collective.
+        COLLECTIVE_WAIT = "phasetrace.collective.wait" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::SITE, attr::RANK, attr::GROUP],
+        }
+        /// Counter of the time waited at a collective's rendezvous probe per layer, in seconds,
+        /// attributes `site`, `layer`, `rank`, `group`
+        /// (`phasetrace_collective_layer_wait_time_seconds_total`); kept with
+        /// `PHASETRACE_LAYER_ATTR=off` too.
+        COLLECTIVE_LAYER_WAIT_TIME = "phasetrace.collective.layer.wait.time" {
+            instrument: Counter,
+            unit: UNIT_SECONDS,
+            attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
+        }
+        /// Counter of the rendezvous waits per layer, the same attributes
+        /// (`phasetrace_collective_layer_wait_calls_total`).
+        COLLECTIVE_LAYER_WAIT_CALLS = "phasetrace.collective.layer.wait.calls" {
+            instrument: Counter,
+            unit: UNIT_CALLS,
+            attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
+        }
+        /// Counter of the tokens routed in one MoE layer, counted once per expert each goes to
+        /// (tokens x top-k), attributes `layer`, `rank` (`phasetrace_moe_layer_tokens_total`;
+        /// opt-in: `PHASETRACE_EXPERT_COUNTER=on`). One series per (layer, rank) whatever the
+        /// number of experts; the full per-(layer, expert) counts are in process only
+        /// (`Profiler::expert_load`).
+        MOE_LAYER_TOKENS = "phasetrace.moe.layer.tokens" {
+            instrument: Counter,
+            unit: UNIT_TOKENS,
+            attributes: [attr::LAYER, attr::RANK, attr::GROUP],
+        }
+        /// Gauge of a MoE layer's routing imbalance over the rank's last complete window of
+        /// `PHASETRACE_EXPERT_WINDOW` steps: the most tokens any expert got divided by the mean
+        /// over the layer's experts (1 = perfectly balanced; the number of experts when one expert
+        /// got everything), attributes `layer`, `rank`.
+        MOE_IMBALANCE = "phasetrace.moe.expert_load.imbalance" {
+            instrument: Gauge,
+            unit: UNIT_NONE,
+            attributes: [attr::LAYER, attr::RANK, attr::GROUP],
+        }
+        /// Gauge of the coefficient of variation (standard deviation / mean) of the tokens per
+        /// expert over the same window, attributes `layer`, `rank`.
+        MOE_LOAD_CV = "phasetrace.moe.expert_load.cv" {
+            instrument: Gauge,
+            unit: UNIT_NONE,
+            attributes: [attr::LAYER, attr::RANK, attr::GROUP],
+        }
+        /// Gauge of a hot expert's share of its layer's tokens in the same window (0..1),
+        /// attributes `layer`, `expert`, `rank`, and `ep_rank` (the rank that hosts it) when
+        /// `PHASETRACE_EXPERT_PARALLEL` is set: `PHASETRACE_EXPERT_TOP` series per (layer, rank),
+        /// the set changing only at a window's end and only for an expert clearly hotter than the
+        /// one it replaces.
+        MOE_HOT_EXPERT_SHARE = "phasetrace.moe.hot_expert.share" {
+            instrument: Gauge,
+            unit: UNIT_NONE,
+            attributes: [attr::LAYER, attr::EXPERT, attr::EP_RANK, attr::RANK, attr::GROUP],
+        }
+        /// Counter of records dropped, attribute `reason` (`phasetrace::DropReason`): everything
+        /// dropped is counted, each reason a series from the start at 0; `Profiler::stats()` holds
+        /// the same counts.
+        RECORDS_DROPPED = "phasetrace.records.dropped" {
+            instrument: Counter,
+            unit: UNIT_RECORDS,
+            attributes: [attr::REASON, attr::GROUP],
+        }
+        /// Histogram of one speculative phase per round in seconds, attributes `phase` (draft,
+        /// verify, accept, rollback, maint), `rank`.
+        SPEC_PHASE_DURATION = "phasetrace.spec.phase.duration" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::PHASE, attr::RANK, attr::GROUP],
+        }
+        /// Histogram of one verify part per round in seconds (level 2), attributes `part` (kda,
+        /// kda_scan, mla, ffn, rest), `rank`: `rest` = verify - kda - mla; `kda_scan` is inside
+        /// `kda`, `ffn` inside `rest`.
+        SPEC_VERIFY_PART_DURATION = "phasetrace.spec.verify.part.duration" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::PART, attr::RANK, attr::GROUP],
+        }
+        /// Counter of speculative rounds, attribute `rank`.
+        SPEC_ROUNDS = "phasetrace.spec.rounds" {
+            instrument: Counter,
+            unit: UNIT_ROUNDS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Counter of drafted tokens, attribute `rank`: the acceptance rate is accepted / drafted.
+        SPEC_DRAFT_TOKENS = "phasetrace.spec.draft_tokens" {
+            instrument: Counter,
+            unit: UNIT_TOKENS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Counter of accepted tokens, attribute `rank`.
+        SPEC_ACCEPTED_TOKENS = "phasetrace.spec.accepted_tokens" {
+            instrument: Counter,
+            unit: UNIT_TOKENS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Histogram of accepted tokens per round, integer buckets `0..=k_max` (`with_spec_k_max`,
+        /// default 16), attribute `rank`.
+        SPEC_ACCEPTED_LENGTH = "phasetrace.spec.accepted_length" {
+            instrument: Histogram,
+            unit: UNIT_TOKENS,
+            attributes: [attr::RANK, attr::GROUP],
+        }
+        /// Counter of the re-reads of the Prometheus endpoint's web configuration file
+        /// (`PHASETRACE_PROMETHEUS_WEB_CONFIG`) after it or a file it names changed, attribute
+        /// `result` (`phasetrace::names::Outcome`); both series exist, at 0, from the start
+        /// (`phasetrace_prometheus_web_config_reloads_total`). Only with a web configuration file.
+        PROMETHEUS_WEB_CONFIG_RELOADS = "phasetrace.prometheus.web_config.reloads" {
+            instrument: Counter,
+            unit: UNIT_RELOADS,
+            attributes: [attr::RESULT, attr::GROUP],
+        }
+        /// Gauge, 1 while the web configuration in force is the one on disk and 0 after a change to
+        /// it was refused (the endpoint serves the configuration it read before), back to 1 with the
+        /// next reload that works; attribute `group` only, no unit (a state, as Prometheus's own
+        /// `prometheus_config_last_reload_successful`:
+        /// `phasetrace_prometheus_web_config_last_reload_successful`). Only with a web
+        /// configuration file; a change is noticed at the next connection or request, so a scrape
+        /// reads the state of the file as it is then (an engine exporting only over OTLP reports it
+        /// once something connects to its endpoint). Alert: `PhasetraceWebConfigReloadFailed`.
+        PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL = "phasetrace.prometheus.web_config.last_reload_successful" {
+            instrument: Gauge,
+            unit: UNIT_NONE,
+            attributes: [attr::GROUP],
+        }
+        /// Counter of OTLP metrics exports, attribute `result` (`phasetrace::names::Outcome`); both
+        /// series exist, at 0, from the start (`phasetrace_metric_exports_total`). Only with metrics
+        /// over OTLP. A failed export loses nothing (the totals are cumulative; the next export
+        /// carries them), but the backend's view is stale meanwhile: this says so (and stderr, once
+        /// per outage with the first error, and again when exports work again). Seen at once on the
+        /// Prometheus endpoint when both are on, by the collector with the first export that works.
+        /// Alert: `PhasetraceMetricsExportFailing`.
+        METRIC_EXPORTS = "phasetrace.metric.exports" {
+            instrument: Counter,
+            unit: UNIT_EXPORTS,
+            attributes: [attr::RESULT, attr::GROUP],
+        }
+        /// Counter of the connections the Prometheus endpoint closed before their client was
+        /// done, attribute `reason` (`phasetrace::names::ConnectionClose`: evicted or refused at
+        /// the bound on connections, no request head in time, idle too long); every reason a
+        /// series from the start (`phasetrace_prometheus_connections_closed_total`). Only with
+        /// the endpoint on.
+        PROMETHEUS_CONNECTIONS_CLOSED = "phasetrace.prometheus.connections.closed" {
+            instrument: Counter,
+            unit: UNIT_CONNECTIONS,
+            attributes: [attr::REASON, attr::GROUP],
+        }
+        /// Counter of the requests the Prometheus endpoint refused at basic auth, attribute
+        /// `reason` (`phasetrace::names::AuthRefusal`: 401 unauthorized, 429 busy); every reason
+        /// a series from the start (`phasetrace_prometheus_auth_refused_total`). Only with a web
+        /// configuration file.
+        PROMETHEUS_AUTH_REFUSED = "phasetrace.prometheus.auth.refused" {
+            instrument: Counter,
+            unit: UNIT_REQUESTS,
+            attributes: [attr::REASON, attr::GROUP],
+        }
+        /// Base-2 exponential histogram of one section's duration per layer, in seconds,
+        /// attributes `bucket`, `layer`, `site` (when given), `rank`, `group`
+        /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
+        /// protobuf scrape (Prometheus with `scrape_native_histograms: true`) and over OTLP when
+        /// its histograms are exponential; the text scrapes and OTLP with explicit buckets leave it
+        /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]); an
+        /// engine's own meter provider gets it only with `phasetrace::view(true)` registered. Off
+        /// with `PHASETRACE_LAYER_ATTR=off`.
+        SECTION_LAYER_DURATION = "phasetrace.section.layer.duration" {
+            instrument: ExponentialHistogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
+        }
+        /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
+        /// layer, in seconds, attributes `site`, `layer`, `rank`, `group`
+        /// (`phasetrace_collective_layer_wait_duration_seconds`, a native histogram); exported as
+        /// [`SECTION_LAYER_DURATION`] is.
+        COLLECTIVE_LAYER_WAIT_DURATION = "phasetrace.collective.layer.wait.duration" {
+            instrument: ExponentialHistogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
+        }
+    }
 
     /// Unit of every duration histogram.
     pub const UNIT_SECONDS: &str = "s";
@@ -159,24 +402,12 @@ pub mod metric {
     pub const UNIT_CONNECTIONS: &str = "{connection}";
     /// Unit of the Prometheus endpoint's refused-auth counter.
     pub const UNIT_REQUESTS: &str = "{request}";
+    /// No unit (a ratio or a state).
+    pub const UNIT_NONE: &str = "";
 
     // Per-layer latency distributions (native histograms): one series per histogram, so they
     // are exported only where a histogram costs one series (the protobuf scrape, OTLP).
 
-    /// Base-2 exponential histogram of one section's duration per layer, in seconds,
-    /// attributes `bucket`, `layer`, `site` (when given), `rank`, `group`
-    /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
-    /// protobuf scrape (Prometheus with `scrape_native_histograms: true`) and over OTLP when
-    /// its histograms are exponential; the text scrapes and OTLP with explicit buckets leave it
-    /// out (their per-layer detail is [`SECTION_LAYER_TIME`] and [`SECTION_LAYER_CALLS`]); an
-    /// engine's own meter provider gets it only with `phasetrace::view(true)` registered. Off
-    /// with `PHASETRACE_LAYER_ATTR=off`.
-    pub const SECTION_LAYER_DURATION: &str = "phasetrace.section.layer.duration";
-    /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
-    /// layer, in seconds, attributes `site`, `layer`, `rank`, `group`
-    /// (`phasetrace_collective_layer_wait_duration_seconds`, a native histogram); exported as
-    /// [`SECTION_LAYER_DURATION`] is.
-    pub const COLLECTIVE_LAYER_WAIT_DURATION: &str = "phasetrace.collective.layer.wait.duration";
     /// The per-layer distributions: exponential on every provider, skipped by the text
     /// encoders.
     pub const LAYER_DISTRIBUTIONS: [&str; 2] =
@@ -214,56 +445,58 @@ pub mod metric {
 
 /// Attribute keys.
 pub mod attr {
-    /// Section bucket name (`kda_mixer`).
-    pub const BUCKET: &str = "bucket";
-    /// Layer index.
-    pub const LAYER: &str = "layer";
-    /// Collective or call site (`attn`, `mlp`).
-    pub const SITE: &str = "site";
-    /// Rank of the process or thread in the tensor-parallel group.
-    pub const RANK: &str = "rank";
-    /// The collective group a rank belongs to (on every series and span): ranks are compared
-    /// only within their group.
-    pub const GROUP: &str = "group";
-    /// MoE expert id.
-    pub const EXPERT: &str = "expert";
-    /// The expert-parallel rank that hosts an expert (`PHASETRACE_EXPERT_PARALLEL`).
-    pub const EP_RANK: &str = "ep_rank";
-    /// Why a record was dropped.
-    pub const REASON: &str = "reason";
-    /// How a re-read of the web configuration file or a metrics export ended
-    /// (`phasetrace::names::Outcome`).
-    pub const RESULT: &str = "result";
-    /// Speculative phase.
-    pub const PHASE: &str = "phase";
-    /// Verify part.
-    pub const PART: &str = "part";
-    /// Step number (span attribute).
-    pub const STEP: &str = "step";
-    /// Expert ids routed in a layer at a step (on the step's `moe.route` events, and on the
-    /// layer's rendezvous-probe spans, at most 256 there).
-    pub const EXPERT_IDS: &str = "moe.expert_ids";
-    /// How many expert ids the layer routed in the step (on rendezvous-probe spans, beside
-    /// [`EXPERT_IDS`], which holds at most 256 of them).
-    pub const EXPERT_IDS_COUNT: &str = "moe.expert_ids.count";
-    /// Drafted tokens in a round (span attribute).
-    pub const K: &str = "k";
-    /// Accepted tokens in a round (span attribute).
-    pub const ACCEPTED: &str = "accepted";
-    /// Timing backend (span attribute).
-    pub const TIMING: &str = "phasetrace.timing";
-    /// Why a step or round was traced: `head` (one in `PHASETRACE_TRACE_EVERY`) or `tail`
-    /// (slower than `PHASETRACE_TRACE_SLOWER_THAN`) (span attribute).
-    pub const SAMPLED: &str = "phasetrace.sampled";
-    /// Where host-clock boundaries are read from, `tsc` or `monotonic` (resource attribute; see
-    /// `phasetrace::timing::host_source`).
-    pub const HOST_CLOCK: &str = "phasetrace.host_clock";
-    /// The caller's tag of an imported speculative line (`glm5-phase`).
-    pub const TAG: &str = "tag";
-    /// The log file an imported record came from.
-    pub const SOURCE_FILE: &str = "source.file";
-    /// The run (process start) within an imported log.
-    pub const SOURCE_RUN: &str = "source.run";
+    names! {
+        /// Section bucket name (`kda_mixer`).
+        BUCKET = "bucket";
+        /// Layer index.
+        LAYER = "layer";
+        /// Collective or call site (`attn`, `mlp`).
+        SITE = "site";
+        /// Rank of the process or thread in the tensor-parallel group.
+        RANK = "rank";
+        /// The collective group a rank belongs to (on every series and span): ranks are compared
+        /// only within their group.
+        GROUP = "group";
+        /// MoE expert id.
+        EXPERT = "expert";
+        /// The expert-parallel rank that hosts an expert (`PHASETRACE_EXPERT_PARALLEL`).
+        EP_RANK = "ep_rank";
+        /// Why a record was dropped.
+        REASON = "reason";
+        /// How a re-read of the web configuration file or a metrics export ended
+        /// (`phasetrace::names::Outcome`).
+        RESULT = "result";
+        /// Speculative phase.
+        PHASE = "phase";
+        /// Verify part.
+        PART = "part";
+        /// Step number (span attribute).
+        STEP = "step";
+        /// Expert ids routed in a layer at a step (on the step's `moe.route` events, and on the
+        /// layer's rendezvous-probe spans, at most 256 there).
+        EXPERT_IDS = "moe.expert_ids";
+        /// How many expert ids the layer routed in the step (on rendezvous-probe spans, beside
+        /// [`EXPERT_IDS`], which holds at most 256 of them).
+        EXPERT_IDS_COUNT = "moe.expert_ids.count";
+        /// Drafted tokens in a round (span attribute).
+        K = "k";
+        /// Accepted tokens in a round (span attribute).
+        ACCEPTED = "accepted";
+        /// Timing backend (span attribute).
+        TIMING = "phasetrace.timing";
+        /// Why a step or round was traced: `head` (one in `PHASETRACE_TRACE_EVERY`) or `tail`
+        /// (slower than `PHASETRACE_TRACE_SLOWER_THAN`) (span attribute).
+        SAMPLED = "phasetrace.sampled";
+        /// Where host-clock boundaries are read from, `tsc` or `monotonic` (resource attribute; see
+        /// `phasetrace::timing::host_source`).
+        HOST_CLOCK = "phasetrace.host_clock";
+        /// The caller's tag of an imported speculative line (`glm5-phase`).
+        TAG = "tag";
+        /// The log file an imported record came from.
+        SOURCE_FILE = "source.file";
+        /// The run (process start) within an imported log.
+        SOURCE_RUN = "source.run";
+    }
 }
 
 /// Resource attribute keys (OpenTelemetry semantic conventions) that phasetrace sets.
@@ -271,142 +504,353 @@ pub mod attr {
 /// `telemetry.sdk.*` describe the OpenTelemetry SDK underneath and are the SDK's own;
 /// phasetrace, a distribution of it, names itself in `telemetry.distro.*`.
 pub mod resource {
-    /// The service (`OTEL_SERVICE_NAME`).
-    pub const SERVICE_NAME: &str = "service.name";
-    /// This process's id.
-    pub const PROCESS_PID: &str = "process.pid";
-    /// This process's executable file name.
-    pub const PROCESS_EXECUTABLE_NAME: &str = "process.executable.name";
-    /// The host's name.
-    pub const HOST_NAME: &str = "host.name";
-    /// `phasetrace`.
-    pub const TELEMETRY_DISTRO_NAME: &str = "telemetry.distro.name";
-    /// phasetrace's version.
-    pub const TELEMETRY_DISTRO_VERSION: &str = "telemetry.distro.version";
+    names! {
+        /// The service (`OTEL_SERVICE_NAME`).
+        SERVICE_NAME = "service.name";
+        /// This process's id.
+        PROCESS_PID = "process.pid";
+        /// This process's executable file name.
+        PROCESS_EXECUTABLE_NAME = "process.executable.name";
+        /// The host's name.
+        HOST_NAME = "host.name";
+        /// `phasetrace`.
+        TELEMETRY_DISTRO_NAME = "telemetry.distro.name";
+        /// phasetrace's version.
+        TELEMETRY_DISTRO_VERSION = "telemetry.distro.version";
+    }
+
     /// The value of [`TELEMETRY_DISTRO_NAME`].
     pub const DISTRO: &str = "phasetrace";
 }
 
 /// Span names (sections are named by their bucket).
 pub mod span {
-    /// One decode step (token).
-    pub const STEP: &str = "decode.step";
-    /// One layer inside a step.
-    pub const LAYER: &str = "layer";
-    /// One speculative round.
-    pub const ROUND: &str = "spec.round";
-    /// The span event carrying routed expert ids.
-    pub const MOE_ROUTE_EVENT: &str = "moe.route";
+    names! {
+        /// One decode step (token).
+        STEP = "decode.step";
+        /// One layer inside a step.
+        LAYER = "layer";
+        /// One speculative round.
+        ROUND = "spec.round";
+        /// The span event carrying routed expert ids.
+        MOE_ROUTE_EVENT = "moe.route";
+    }
 }
 
 /// Environment variables read by `phasetrace::Config::from_env`.
 pub mod env {
-    /// `off`/`0`, `full`/`1`, `collectives`/`2`.
-    pub const LEVEL: &str = "PHASETRACE_LEVEL";
-    /// `off`/`0`, `1` (phases), `2` (phases and the verify sub-split).
-    pub const SPEC_LEVEL: &str = "PHASETRACE_SPEC_LEVEL";
-    /// Trace one step (and one round) in N; `0` builds no spans.
-    pub const TRACE_EVERY: &str = "PHASETRACE_TRACE_EVERY";
-    /// Also trace a step (or round) slower than this: a duration (`25ms`), a quantile of the
-    /// rank's recent steps (`p99`), or `off`.
-    pub const TRACE_SLOWER_THAN: &str = "PHASETRACE_TRACE_SLOWER_THAN";
-    /// Most slow-step (tail) traces a second per rank.
-    pub const TRACE_SLOW_BUDGET: &str = "PHASETRACE_TRACE_SLOW_BUDGET";
-    /// Read one CUDA-graph replay in N; `0` reads none.
-    pub const GRAPH_READ_EVERY: &str = "PHASETRACE_GRAPH_READ_EVERY";
-    /// `on`/`off`: the `layer` attribute on section metrics.
-    pub const LAYER_ATTR: &str = "PHASETRACE_LAYER_ATTR";
-    /// Console summary table every N steps; `0` = off.
-    pub const SUMMARY_EVERY: &str = "PHASETRACE_SUMMARY_EVERY";
-    /// Console line every N speculative rounds; `0` = off.
-    pub const SPEC_SUMMARY_EVERY: &str = "PHASETRACE_SPEC_SUMMARY_EVERY";
-    /// Prometheus listen address, or `off`.
-    pub const PROMETHEUS: &str = "PHASETRACE_PROMETHEUS";
-    /// Path of the Prometheus endpoint's web configuration file (the exporter-toolkit format:
-    /// `tls_server_config`, `basic_auth_users`).
-    pub const PROMETHEUS_WEB_CONFIG: &str = "PHASETRACE_PROMETHEUS_WEB_CONFIG";
-    /// Per-thread buffer capacity in records.
-    pub const QUEUE: &str = "PHASETRACE_QUEUE";
-    /// This process's rank.
-    pub const RANK: &str = "PHASETRACE_RANK";
-    /// The collective group of this process's ranks (the `group` attribute).
-    pub const GROUP: &str = "PHASETRACE_GROUP";
-    /// `on`/`off`: the MoE expert-load telemetry (per-layer tokens, imbalance, hot experts,
-    /// `Profiler::expert_load`).
-    pub const EXPERT_COUNTER: &str = "PHASETRACE_EXPERT_COUNTER";
-    /// Routed experts per MoE layer; `0` infers it from the highest id seen.
-    pub const MOE_EXPERTS: &str = "PHASETRACE_MOE_EXPERTS";
-    /// Steps of a rank per expert-load window (imbalance, hot experts).
-    pub const EXPERT_WINDOW: &str = "PHASETRACE_EXPERT_WINDOW";
-    /// Hot experts exported per (layer, rank); `0` exports none.
-    pub const EXPERT_TOP: &str = "PHASETRACE_EXPERT_TOP";
-    /// Expert-parallel ranks that host the experts in contiguous blocks; `0` = not exported.
-    pub const EXPERT_PARALLEL: &str = "PHASETRACE_EXPERT_PARALLEL";
-    /// `host`, `sync` or `events`.
-    pub const TIMING: &str = "PHASETRACE_TIMING";
-    /// `auto`, `tsc` or `monotonic`: where the host clock reads.
-    pub const HOST_CLOCK: &str = "PHASETRACE_HOST_CLOCK";
+    names! {
+        /// `off`/`0`, `full`/`1`, `collectives`/`2`.
+        LEVEL = "PHASETRACE_LEVEL";
+        /// `off`/`0`, `1` (phases), `2` (phases and the verify sub-split).
+        SPEC_LEVEL = "PHASETRACE_SPEC_LEVEL";
+        /// Trace one step (and one round) in N; `0` builds no spans.
+        TRACE_EVERY = "PHASETRACE_TRACE_EVERY";
+        /// Also trace a step (or round) slower than this: a duration (`25ms`), a quantile of the
+        /// rank's recent steps (`p99`), or `off`.
+        TRACE_SLOWER_THAN = "PHASETRACE_TRACE_SLOWER_THAN";
+        /// Most slow-step (tail) traces a second per rank.
+        TRACE_SLOW_BUDGET = "PHASETRACE_TRACE_SLOW_BUDGET";
+        /// Read one CUDA-graph replay in N; `0` reads none.
+        GRAPH_READ_EVERY = "PHASETRACE_GRAPH_READ_EVERY";
+        /// `on`/`off`: the `layer` attribute on section metrics.
+        LAYER_ATTR = "PHASETRACE_LAYER_ATTR";
+        /// Console summary table every N steps; `0` = off.
+        SUMMARY_EVERY = "PHASETRACE_SUMMARY_EVERY";
+        /// Console line every N speculative rounds; `0` = off.
+        SPEC_SUMMARY_EVERY = "PHASETRACE_SPEC_SUMMARY_EVERY";
+        /// Prometheus listen address, or `off`.
+        PROMETHEUS = "PHASETRACE_PROMETHEUS";
+        /// Path of the Prometheus endpoint's web configuration file (the exporter-toolkit format:
+        /// `tls_server_config`, `basic_auth_users`).
+        PROMETHEUS_WEB_CONFIG = "PHASETRACE_PROMETHEUS_WEB_CONFIG";
+        /// Per-thread buffer capacity in records.
+        QUEUE = "PHASETRACE_QUEUE";
+        /// This process's rank.
+        RANK = "PHASETRACE_RANK";
+        /// The collective group of this process's ranks (the `group` attribute).
+        GROUP = "PHASETRACE_GROUP";
+        /// `on`/`off`: the MoE expert-load telemetry (per-layer tokens, imbalance, hot experts,
+        /// `Profiler::expert_load`).
+        EXPERT_COUNTER = "PHASETRACE_EXPERT_COUNTER";
+        /// Routed experts per MoE layer; `0` infers it from the highest id seen.
+        MOE_EXPERTS = "PHASETRACE_MOE_EXPERTS";
+        /// Steps of a rank per expert-load window (imbalance, hot experts).
+        EXPERT_WINDOW = "PHASETRACE_EXPERT_WINDOW";
+        /// Hot experts exported per (layer, rank); `0` exports none.
+        EXPERT_TOP = "PHASETRACE_EXPERT_TOP";
+        /// Expert-parallel ranks that host the experts in contiguous blocks; `0` = not exported.
+        EXPERT_PARALLEL = "PHASETRACE_EXPERT_PARALLEL";
+        /// `host`, `sync` or `events`.
+        TIMING = "PHASETRACE_TIMING";
+        /// `auto`, `tsc` or `monotonic`: where the host clock reads.
+        HOST_CLOCK = "PHASETRACE_HOST_CLOCK";
+        /// `true` turns phasetrace off entirely (no recording, no export), as the OTel SDKs do.
+        OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED";
+        /// Resource `service.name`.
+        OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME";
+        /// Extra resource attributes, `k=v,k2=v2`.
+        OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES";
+        /// OTLP endpoint.
+        OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT";
+        /// `grpc` or `http/protobuf`.
+        OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL";
+        /// OTLP headers, `k=v,k2=v2` (values are secrets: never printed).
+        OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS";
+        /// OTLP export timeout in milliseconds.
+        OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT";
+        /// `gzip` or `none`.
+        OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION";
+        /// PEM file of a custom CA for `https://` endpoints.
+        OTEL_EXPORTER_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_CERTIFICATE";
+        /// `explicit_bucket_histogram` or `base2_exponential_bucket_histogram`.
+        OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
+        /// The traces endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/traces`); unset:
+        /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/traces` over HTTP).
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+        /// The metrics endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/metrics`); unset:
+        /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/metrics` over HTTP).
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
+        /// The traces transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
+        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
+        /// The metrics transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
+        OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
+        /// The traces request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
+        OTEL_EXPORTER_OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
+        /// The metrics request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
+        OTEL_EXPORTER_OTLP_METRICS_HEADERS = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
+        /// The traces export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
+        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
+        /// The metrics export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
+        OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
+        /// The traces compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
+        OTEL_EXPORTER_OTLP_TRACES_COMPRESSION = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
+        /// The metrics compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
+        OTEL_EXPORTER_OTLP_METRICS_COMPRESSION = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
+        /// The traces endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
+        OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
+        /// The metrics endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
+        OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE";
+        /// The launcher's rank of this process on its host (torchrun and most launchers set it):
+        /// the built-in Prometheus port is 9464 plus it.
+        LOCAL_RANK = "LOCAL_RANK";
+        /// Metric export interval in milliseconds.
+        OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL";
+        /// `otlp`, `console` or `none`.
+        OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER";
+        /// Comma list of `otlp`, `prometheus`, `console`, `none`.
+        OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER";
+    }
+
     /// Rank fallbacks set by launchers, read in this order after `PHASETRACE_RANK`.
     pub const RANK_FALLBACKS: [&str; 3] = ["RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK"];
+}
 
-    /// `true` turns phasetrace off entirely (no recording, no export), as the OTel SDKs do.
-    pub const OTEL_SDK_DISABLED: &str = "OTEL_SDK_DISABLED";
-    /// Resource `service.name`.
-    pub const OTEL_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
-    /// Extra resource attributes, `k=v,k2=v2`.
-    pub const OTEL_RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
-    /// OTLP endpoint.
-    pub const OTEL_EXPORTER_OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
-    /// `grpc` or `http/protobuf`.
-    pub const OTEL_EXPORTER_OTLP_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_PROTOCOL";
-    /// OTLP headers, `k=v,k2=v2` (values are secrets: never printed).
-    pub const OTEL_EXPORTER_OTLP_HEADERS: &str = "OTEL_EXPORTER_OTLP_HEADERS";
-    /// OTLP export timeout in milliseconds.
-    pub const OTEL_EXPORTER_OTLP_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TIMEOUT";
-    /// `gzip` or `none`.
-    pub const OTEL_EXPORTER_OTLP_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_COMPRESSION";
-    /// PEM file of a custom CA for `https://` endpoints.
-    pub const OTEL_EXPORTER_OTLP_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
-    /// `explicit_bucket_histogram` or `base2_exponential_bucket_histogram`.
-    pub const OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION: &str =
-        "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
-    /// The traces endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/traces`); unset:
-    /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/traces` over HTTP).
-    pub const OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
-    /// The metrics endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/metrics`); unset:
-    /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/metrics` over HTTP).
-    pub const OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
-    /// The traces transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
-    pub const OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-    /// The metrics transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
-    pub const OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: &str = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
-    /// The traces request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
-    pub const OTEL_EXPORTER_OTLP_TRACES_HEADERS: &str = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-    /// The metrics request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
-    pub const OTEL_EXPORTER_OTLP_METRICS_HEADERS: &str = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
-    /// The traces export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
-    pub const OTEL_EXPORTER_OTLP_TRACES_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-    /// The metrics export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
-    pub const OTEL_EXPORTER_OTLP_METRICS_TIMEOUT: &str = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
-    /// The traces compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
-    pub const OTEL_EXPORTER_OTLP_TRACES_COMPRESSION: &str = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
-    /// The metrics compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
-    pub const OTEL_EXPORTER_OTLP_METRICS_COMPRESSION: &str =
-        "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
-    /// The traces endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
-    pub const OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE: &str = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
-    /// The metrics endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
-    pub const OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE: &str =
-        "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE";
-    /// The launcher's rank of this process on its host (torchrun and most launchers set it):
-    /// the built-in Prometheus port is 9464 plus it.
-    pub const LOCAL_RANK: &str = "LOCAL_RANK";
-    /// Metric export interval in milliseconds.
-    pub const OTEL_METRIC_EXPORT_INTERVAL: &str = "OTEL_METRIC_EXPORT_INTERVAL";
-    /// `otlp`, `console` or `none`.
-    pub const OTEL_TRACES_EXPORTER: &str = "OTEL_TRACES_EXPORTER";
-    /// Comma list of `otlp`, `prometheus`, `console`, `none`.
-    pub const OTEL_METRICS_EXPORTER: &str = "OTEL_METRICS_EXPORTER";
+/// The values of the `reason` attribute of [`metric::RECORDS_DROPPED`]: why a record was
+/// dropped (`phasetrace::DropReason`, whose `as_str` spells these). Every reason has a series
+/// from the start (at 0), so that `rate()` over it reads 0, not "no data".
+pub mod reason {
+    names! {
+        /// The per-thread buffer was full.
+        QUEUE_FULL = "queue_full";
+        /// An end without a begin, or a begin never ended.
+        UNBALANCED = "unbalanced";
+        /// The clock could not give or resolve a timestamp (pool exhausted, event error).
+        CLOCK = "clock";
+        /// A value outside what the record format holds (an expert id above 65535).
+        OUT_OF_RANGE = "out_of_range";
+        /// Spans not built because the span processor's queue was full (collector slow or down).
+        SPAN_QUEUE = "span_queue";
+        /// Spans lost because their export failed (collector down or refusing).
+        SPAN_EXPORT = "span_export";
+        /// Slow steps or rounds not traced because their rank's tail-trace budget
+        /// (`PHASETRACE_TRACE_SLOW_BUDGET` a second) was spent: one record per step or round.
+        TAIL_BUDGET = "tail_budget";
+        /// Sections, expert ids or waits of one step beyond what the worker holds for its trace
+        /// (the step is still measured; its trace is built without them).
+        TRACE_BOUND = "trace_bound";
+        /// Boundaries of a CUDA-graph replay whose events a later launch re-recorded before the
+        /// worker read them (or whose graph was dropped first): counted, never attributed to
+        /// another replay.
+        GRAPH_REPLAY = "graph_replay";
+    }
+}
+
+/// The values of the `result` attribute of [`metric::PROMETHEUS_WEB_CONFIG_RELOADS`] (a re-read
+/// of the web configuration file) and [`metric::METRIC_EXPORTS`] (one OTLP metrics export):
+/// how an attempt ended (`phasetrace::names::Outcome`). Both have a series from the start.
+pub mod outcome {
+    names! {
+        /// It worked: for a reload, new connections and requests use the file read.
+        OK = "ok";
+        /// It failed: a reload keeps the configuration read before (a warning on stderr says
+        /// why); a failed export is retried with the next interval's cumulative totals.
+        FAILED = "failed";
+    }
+}
+
+/// The values of the `reason` attribute of [`metric::PROMETHEUS_CONNECTIONS_CLOSED`]: why the
+/// Prometheus endpoint closed a connection before its client was done
+/// (`phasetrace::names::ConnectionClose`). Every reason has a series from the start (at 0).
+pub mod connection_close {
+    names! {
+        /// At the bound on connections, the oldest idle one (no complete request head yet, or
+        /// kept alive between requests) was closed to admit a new one.
+        EVICTED = "evicted";
+        /// At the bound, with every connection in the middle of a request: the new one was
+        /// closed.
+        REFUSED = "refused";
+        /// No complete request head within the head time (slowloris, a port scanner).
+        HEAD_TIMEOUT = "head_timeout";
+        /// Kept alive without a new request for the idle time.
+        IDLE_TIMEOUT = "idle_timeout";
+    }
+}
+
+/// The values of the `reason` attribute of [`metric::PROMETHEUS_AUTH_REFUSED`]: why the
+/// Prometheus endpoint refused a request at basic auth (`phasetrace::names::AuthRefusal`).
+/// Every reason has a series from the start (at 0).
+pub mod auth_refusal {
+    names! {
+        /// 401: no credentials, malformed ones, an unknown user or a wrong password.
+        UNAUTHORIZED = "unauthorized";
+        /// 429: credentials not verified before, and every password-check thread and queue
+        /// slot taken.
+        BUSY = "busy";
+    }
+}
+
+/// The label vocabularies: the values of the `bucket`, `site`, `phase` and `part` attributes
+/// that phasetrace knows without being told (`phasetrace::Section`, `Site`, `Phase`,
+/// `VerifyPart`). An engine may register sections and sites of its own; phases and parts are
+/// closed.
+pub mod vocab {
+    /// A built-in section bucket: its `bucket` value, how it is recorded by level, and what it
+    /// times.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Section {
+        /// The `bucket` value (`kda_mixer`).
+        pub value: &'static str,
+        /// `compute` (level `full` only), `collective` (levels `full` and `collectives`) or
+        /// `probe` (a rendezvous probe: both levels, and it feeds `phasetrace.collective.wait`).
+        pub kind: &'static str,
+        /// What it times.
+        pub description: &'static str,
+    }
+
+    const fn section(
+        value: &'static str,
+        kind: &'static str,
+        description: &'static str,
+    ) -> Section {
+        Section {
+            value,
+            kind,
+            description,
+        }
+    }
+
+    const fn label(value: &'static str, description: &'static str) -> crate::Name {
+        crate::Name {
+            constant: "",
+            value,
+            description,
+        }
+    }
+
+    /// The built-in section buckets (the reference GLM decoder's), in id order.
+    pub const SECTIONS: &[Section] = &[
+        section("mhc", "compute", "`hc_expand` and `hc_pre`."),
+        section(
+            "mhc_post",
+            "compute",
+            "`hc_post` (and `hc_head_mean` on the last layer).",
+        ),
+        section("norm", "compute", "Normalization."),
+        section(
+            "kda_mixer",
+            "compute",
+            "The whole KDA mixer; `kda_front`, `kda_recur`, `kda_back` nest inside it.",
+        ),
+        section(
+            "kda_front",
+            "compute",
+            "KDA projections before the recurrence.",
+        ),
+        section("kda_recur", "compute", "The KDA recurrence."),
+        section("kda_back", "compute", "The KDA output side."),
+        section("dsa_proj", "compute", "DSA projections."),
+        section("dsa_indexer", "compute", "DSA indexer."),
+        section("dsa_select", "compute", "DSA top-k selection."),
+        section("dsa_attend", "compute", "DSA sparse attention."),
+        section("mlp_dense", "compute", "Dense MLP."),
+        section("moe_router", "compute", "MoE router."),
+        section(
+            "moe_hostsync",
+            "compute",
+            "Reading the routed expert ids back to the host.",
+        ),
+        section("moe_experts", "compute", "Routed experts."),
+        section("moe_shared", "compute", "Shared expert."),
+        section("moe_combine", "compute", "Combining expert outputs."),
+        section(
+            "reduce_attn",
+            "collective",
+            "The attention all-reduce (after its probe).",
+        ),
+        section(
+            "reduce_mlp",
+            "collective",
+            "The MLP all-reduce (after its probe).",
+        ),
+        section(
+            "reduce_attn_enq",
+            "collective",
+            "Host time to enqueue the attention all-reduce.",
+        ),
+        section(
+            "reduce_mlp_enq",
+            "collective",
+            "Host time to enqueue the MLP all-reduce.",
+        ),
+        section(
+            "reduce_attn_bar",
+            "probe",
+            "The rendezvous probe before the attention all-reduce: this rank's arrival wait.",
+        ),
+        section(
+            "reduce_mlp_bar",
+            "probe",
+            "The rendezvous probe before the MLP all-reduce: this rank's arrival wait.",
+        ),
+    ];
+
+    /// The built-in collective sites (`site`).
+    pub const SITES: &[crate::Name] = &[
+        label("attn", "The attention block's collective."),
+        label("mlp", "The MLP (or MoE) block's collective."),
+    ];
+
+    /// The speculative phases (`phase`), in round order.
+    pub const PHASES: &[crate::Name] = &[
+        label("draft", "The draft model proposes k tokens."),
+        label("verify", "The target model verifies them."),
+        label("accept", "Accepted tokens are committed."),
+        label("rollback", "Rejected state is rolled back."),
+        label("maint", "Source maintenance (caches, drafter state)."),
+    ];
+
+    /// The verify parts (`part`, level 2); `rest` is derived: verify - kda - mla.
+    pub const VERIFY_PARTS: &[crate::Name] = &[
+        label("kda", "The KDA mixer."),
+        label(
+            "kda_scan",
+            "The sequential scan inside the KDA mixer (reported inside `kda`).",
+        ),
+        label("mla", "The MLA mixer."),
+        label("ffn", "The FFN / MoE branch (reported inside `rest`)."),
+        label("rest", "Derived: verify - kda - mla."),
+    ];
 }
 
 /// How the Prometheus endpoint spells the names above: the rule its `/metrics` encoder applies,

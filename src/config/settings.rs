@@ -26,7 +26,7 @@
 //!    reads back, and `example` is a valid non-default value that works with every other
 //!    example (the tests set them all at once).
 //! 3. Use the value (`cfg.name`), and regenerate `docs/configuration.md`
-//!    (`PHASETRACE_REGENERATE_DOCS=1 cargo test -p phasetrace --test it the_generated_references`).
+//!    (`cargo xtask docs`).
 //!
 //! A setting whose value is combined with others (the OTLP connection, the exporters, a default
 //! that depends on another setting) declares `get` (how `check` reads it back from the

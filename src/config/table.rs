@@ -195,7 +195,7 @@ settings! {
         expected: Listen::EXPECTED,
         example: "127.0.0.1:9464+rank",
         default: Listen::builtin(),
-        default_note: "when no OTLP endpoint is set, else off",
+        default_note: "(port + LOCAL_RANK when a launcher sets it) when no OTLP endpoint is set and no provider of the engine's is given, else off",
         parse: closed,
         show: shown,
         get: |c| Some(c.prometheus.map_or(Listen::Off, Listen::At)),

@@ -128,8 +128,8 @@ impl ExportCounts {
                 self.counts[Outcome::Ok as usize].fetch_add(1, Relaxed);
                 let failed = self.failing.swap(0, Relaxed);
                 if failed > 0 {
-                    eprintln!(
-                        "phasetrace: OTLP metrics export to {endpoint} works again after {failed} \
+                    crate::diag::notice!(
+                        "OTLP metrics export to {endpoint} works again after {failed} \
                          failed export(s)"
                     );
                 }
@@ -137,8 +137,8 @@ impl ExportCounts {
             Err(e) => {
                 self.counts[Outcome::Failed as usize].fetch_add(1, Relaxed);
                 if self.failing.fetch_add(1, Relaxed) == 0 {
-                    eprintln!(
-                        "phasetrace: warning: OTLP metrics export to {endpoint} failed ({e}); \
+                    crate::diag::warning!(
+                        "OTLP metrics export to {endpoint} failed ({e}); \
                          nothing is lost (the next export carries the cumulative totals) but the \
                          backend's view is stale until one succeeds; counted in {}{{{}=\"{}\"}}",
                         metric::METRIC_EXPORTS,

@@ -1,5 +1,5 @@
 //! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
-//! `tracing` layer that shares the tracer provider.
+//! lookup of the engine's current `tracing` span (`tracing_layer`).
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
@@ -75,6 +75,11 @@ pub(crate) struct Given {
     /// `with_meter_provider`): only then do its instruments record through bound handles.
     pub(crate) meter_bind: Bind,
     pub(crate) tracer: Option<Arc<dyn ObjectSafeTracerProvider + Send + Sync>>,
+    /// `with_global_providers`: `meter` and `tracer` are `opentelemetry::global`'s, read when
+    /// `build()` runs.
+    pub(crate) global: bool,
+    /// Whether `meter`, an `SdkMeterProvider`, has a reader; `None` for another type.
+    pub(crate) meter_readers: Option<bool>,
 }
 
 impl std::fmt::Debug for Given {
@@ -396,8 +401,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
                     if cfg.origin(crate::names::env::PROMETHEUS)
                         == crate::config::Origin::Default =>
                 {
-                    eprintln!(
-                        "phasetrace: the default Prometheus endpoint {addr} cannot listen \
+                    crate::diag::warning!(
+                        "the default Prometheus endpoint {addr} cannot listen \
                          ({source}); running without it (set {}=host:port, or off, to choose)",
                         crate::names::env::PROMETHEUS
                     );
@@ -718,6 +723,25 @@ fn tracer_provider<E: SpanExporter + 'static>(res: Resource, exporter: E) -> Sdk
 }
 
 impl Exporters {
+    /// What phasetrace runs of its own here (listeners, providers, threads), by name: empty
+    /// when everything goes to the engine's providers.
+    #[cfg(test)]
+    pub(crate) fn own(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        if let Some(a) = self.prometheus_addr() {
+            v.push(format!("prometheus endpoint {a}"));
+        }
+        v.extend((0..self.own_meter_providers.len()).map(|i| format!("meter provider {i}")));
+        if self.own_tracer_provider.is_some() {
+            v.push("tracer provider".to_owned());
+        }
+        #[cfg(feature = "otlp")]
+        if self.runtime.is_some() {
+            v.push("OTLP runtime".to_owned());
+        }
+        v
+    }
+
     /// The embedded Prometheus endpoint's address, when it runs.
     pub(crate) fn prometheus_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "prometheus")]
@@ -796,6 +820,8 @@ mod tests {
             meter: Some(Arc::new(meter)),
             meter_bind: Bind::of::<SdkMeterProvider>(),
             tracer: Some(Arc::new(tracer)),
+            global: false,
+            meter_readers: Some(false),
         };
         let mut e = build(&cfg, &given).expect("exporters");
         assert_eq!(e.meters.len(), 1, "the engine's meter only");

@@ -1,7 +1,7 @@
 //! OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest).
 
 use super::ExportError;
-use super::transport::{self, target};
+use super::transport;
 use crate::config::{OtlpConfig, Protocol};
 #[cfg(feature = "otlp-http")]
 use opentelemetry_otlp::WithHttpConfig;
@@ -40,7 +40,7 @@ pub(crate) fn http_client(
     signal: &'static str,
     o: &OtlpConfig,
 ) -> Result<reqwest::blocking::Client, ExportError> {
-    transport::http_client(&target(o)).map_err(|e| transport::export_err(signal, o, e))
+    transport::http_client(&o.target()).map_err(|e| transport::export_err(signal, o, e))
 }
 
 pub(super) fn span_exporter(
@@ -60,7 +60,7 @@ pub(super) fn span_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(transport::metadata(&target(o)).map_err(|e| err("traces", o, e))?);
+                .with_metadata(transport::metadata(&o.target()).map_err(|e| err("traces", o, e))?);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);
             }
@@ -103,7 +103,7 @@ pub(super) fn metric_exporter(
                 .with_tonic()
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
-                .with_metadata(transport::metadata(&target(o)).map_err(|e| err("metrics", o, e))?)
+                .with_metadata(transport::metadata(&o.target()).map_err(|e| err("metrics", o, e))?)
                 .with_temporality(Temporality::Cumulative);
             if o.gzip {
                 b = b.with_compression(Compression::Gzip);

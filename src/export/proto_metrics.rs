@@ -94,7 +94,7 @@ impl ProtoMetricExporter {
             (Protocol::Grpc, Some(rt)) => {
                 let channel = {
                     let _guard = rt.enter();
-                    transport::channel(&transport::target(o)).map_err(|e| err(o, e))?
+                    transport::channel(&o.target()).map_err(|e| err(o, e))?
                 };
                 let mut client = MetricsServiceClient::new(channel);
                 if o.gzip {
@@ -102,9 +102,7 @@ impl ProtoMetricExporter {
                 }
                 Transport::Grpc {
                     client,
-                    metadata: Box::new(
-                        transport::metadata(&transport::target(o)).map_err(|e| err(o, e))?,
-                    ),
+                    metadata: Box::new(transport::metadata(&o.target()).map_err(|e| err(o, e))?),
                     runtime: rt.handle().clone(),
                 }
             }
@@ -234,14 +232,11 @@ impl PushMetricExporter for ProtoMetricExporter {
                     }
                 }
                 #[cfg(feature = "otlp-http")]
-                Transport::Http { client, url, otlp } => transport::post(
-                    client,
-                    &transport::target(otlp),
-                    url,
-                    message.encode_to_vec(),
-                )
-                .map(drop)
-                .map_err(|e| OTelSdkError::InternalFailure(e.to_string())),
+                Transport::Http { client, url, otlp } => {
+                    transport::post(client, &otlp.target(), url, message.encode_to_vec())
+                        .map(drop)
+                        .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))
+                }
             }
         }
     }

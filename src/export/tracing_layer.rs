@@ -1,5 +1,6 @@
-//! The bridge to `tracing`: a `tracing-opentelemetry` layer on phasetrace's tracer provider, and
-//! the lookup that makes a sampled step a child of the engine's current `tracing` span.
+//! The bridge to `tracing`: the lookup that makes a sampled step a child of the engine's current
+//! `tracing` span, read through the engine's own `tracing-opentelemetry` layer (phasetrace
+//! installs no layer of its own).
 
 use opentelemetry::trace::TraceContextExt;
 use tracing_opentelemetry::OpenTelemetrySpanExt;

@@ -1,32 +1,16 @@
 //! The OTLP transport of the exporters built here (the live metrics exporter with exemplars,
 //! [`super::proto_metrics`], and the TLS and HTTP client of the opentelemetry-otlp exporters) is
 //! `phasetrace-transport`'s, the one the importer and `phasetrace check` use too; this is the
-//! glue: the [`OtlpConfig`] it reads, and its errors as [`ExportError`]s.
-//!
-//! ```text
-//! OtlpConfig ──target──> phasetrace_transport::Target ──> channel, metadata, tls, http_client, post
-//! ```
+//! glue: its errors as [`ExportError`]s. What it reads of the settings is
+//! [`OtlpConfig::target`] (`config/transport.rs`), the conversion the importer and `check` use.
 
 use super::ExportError;
 use crate::config::OtlpConfig;
-pub(crate) use phasetrace_transport::{Error, Target};
+pub(crate) use phasetrace_transport::Error;
 #[cfg(feature = "otlp-grpc")]
 pub(crate) use phasetrace_transport::{channel, metadata, request, status_text};
 #[cfg(feature = "otlp-http")]
 pub(crate) use phasetrace_transport::{http_client, post};
-
-/// What the transport reads of `o`.
-pub(crate) fn target(o: &OtlpConfig) -> Target<'_> {
-    Target {
-        endpoint: &o.endpoint,
-        headers: &o.headers,
-        timeout: o.timeout,
-        gzip: o.gzip,
-        certificate: o.certificate.as_deref(),
-        headers_var: o.headers_var(),
-        certificate_var: o.certificate_var(),
-    }
-}
 
 /// `e` as the error of exporting `signal` to `o`: an unreadable CA keeps its own variant.
 pub(crate) fn export_err(signal: &'static str, o: &OtlpConfig, e: Error) -> ExportError {
@@ -51,5 +35,5 @@ pub(crate) fn tls(
     signal: &'static str,
     o: &OtlpConfig,
 ) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {
-    phasetrace_transport::tls(&target(o)).map_err(|e| export_err(signal, o, e))
+    phasetrace_transport::tls(&o.target()).map_err(|e| export_err(signal, o, e))
 }

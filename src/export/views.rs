@@ -30,6 +30,16 @@ pub(crate) fn layer_views_applied() -> u64 {
     LAYER_VIEWS_APPLIED.load(Relaxed)
 }
 
+/// Whether `provider`, when it is an `SdkMeterProvider`, has at least one reader (`None` for
+/// any other type). The SDK has no accessor for it; its `Debug` shows the pipelines, one per
+/// reader, as `Pipelines([..])`. Should that shape change, the answer is "has readers", and the
+/// missing-view hint is said as before.
+pub(crate) fn sdk_has_readers<P: 'static>(provider: &P) -> Option<bool> {
+    let sdk = (provider as &dyn std::any::Any)
+        .downcast_ref::<opentelemetry_sdk::metrics::SdkMeterProvider>()?;
+    Some(!format!("{sdk:?}").contains("Pipelines([])"))
+}
+
 std::thread_local! {
     /// How many duration histograms a `view(true)` made exponential on this thread. The SDK
     /// asks the views while an instrument is built, on the building thread, so `build()`
@@ -110,5 +120,23 @@ pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send 
                     .ok()
             })
             .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
+
+    #[test]
+    fn an_sdk_provider_is_told_with_or_without_readers_and_another_type_not_at_all() {
+        let none = SdkMeterProvider::builder().build();
+        let one = SdkMeterProvider::builder()
+            .with_reader(ManualReader::builder().build())
+            .build();
+        assert_eq!(sdk_has_readers(&none), Some(false));
+        assert_eq!(sdk_has_readers(&one), Some(true));
+        let noop = opentelemetry::metrics::noop::NoopMeterProvider::new();
+        assert_eq!(sdk_has_readers(&noop), None);
     }
 }

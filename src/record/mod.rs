@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     /// The gate of speculative rounds and verify parts.
     pub(crate) spec_level: Gate<SpecLevel>,
     pub(crate) trace_every: u64,
+    /// Every step and round reads the engine's current span, not only the head-sampled ones:
+    /// the tail rule (`PHASETRACE_TRACE_SLOWER_THAN`) may keep any of them.
+    pub(crate) parent_always: bool,
     /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`), read by `Profiler::expert_load`.
     pub(crate) experts: Arc<crate::worker::sinks::metrics::experts::ExpertTotals>,
     pub(crate) queue: usize,
@@ -112,8 +115,8 @@ impl Shared {
             .spec_off_hint
             .swap(false, std::sync::atomic::Ordering::Relaxed)
         {
-            eprintln!(
-                "phasetrace: a speculative round was begun but {} is off (its default), so \
+            crate::diag::notice!(
+                "a speculative round was begun but {} is off (its default), so \
                  rounds record nothing: set {}=phases or verify, or \
                  ProfilerBuilder::with_spec_level (said once)",
                 crate::names::env::SPEC_LEVEL,

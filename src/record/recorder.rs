@@ -226,7 +226,9 @@ impl Recorder {
         self.steps.set(n.wrapping_add(1));
         let every = self.shared.trace_every;
         let sampled = every != 0 && n.is_multiple_of(every);
-        if sampled {
+        // The tail rule may keep any step: each reads its parent (one `Span::current` lookup
+        // through the engine's layer, and three marks when there is a span).
+        if sampled || self.shared.parent_always {
             self.push_parent();
         }
         let ok = self.push_timed(Mark::step_begin(sampled, n as u32));
@@ -398,6 +400,9 @@ impl Recorder {
         self.round_seq.set(seq);
         let every = self.shared.trace_every;
         let sampled = every != 0 && n.is_multiple_of(every);
+        if sampled || self.shared.parent_always {
+            self.push_parent();
+        }
         let ok = self.push_timed(Mark::round_begin(seq, k, sampled));
         RoundGuard {
             rec: ok.then_some(self),

@@ -106,6 +106,8 @@ pub(crate) struct HeldRound<'a> {
     pub(crate) phases: &'a [Interval<Phase>],
     /// Verify parts, in start order.
     pub(crate) parts: &'a [Interval<VerifyPart>],
+    /// The span the round's spans are children of (see `RoundTrace::parent`).
+    pub(crate) parent: Option<super::trace::Parent>,
 }
 
 /// Which steps and rounds pairing holds the trace of, for the span sink; fixed when the
@@ -133,13 +135,22 @@ pub(crate) struct VerifySplit {
     pub(crate) ffn: u64,
     /// Verify less kda and mla.
     pub(crate) rest: u64,
+    /// Bit per [`VerifyPart`] that was timed (a part may take 0 ns and still have run); bit
+    /// [`VerifySplit::REST_RAN`] when the verify phase ran. The others are not exported.
+    pub(crate) ran: u8,
 }
 
 impl VerifySplit {
     /// The split of a round whose verify phase took `verify` ns, from its parts' totals.
-    pub(crate) fn of(verify: u64, parts: &[u64; VerifyPart::ALL.len()]) -> VerifySplit {
+    pub(crate) fn of(
+        verify: u64,
+        verify_ran: bool,
+        parts: &[u64; VerifyPart::ALL.len()],
+        ran: u8,
+    ) -> VerifySplit {
         let part = |p: VerifyPart| parts[p as usize];
         VerifySplit {
+            ran: ran | if verify_ran { Self::REST_RAN } else { 0 },
             kda: part(VerifyPart::Kda),
             kda_scan: part(VerifyPart::KdaScan),
             mla: part(VerifyPart::Mla),
@@ -148,15 +159,37 @@ impl VerifySplit {
         }
     }
 
-    /// Each `part` value with its nanoseconds.
-    pub(crate) fn by_name(&self) -> [(&'static str, u64); 5] {
+    /// The `ran` bit of the rest of verify.
+    pub(crate) const REST_RAN: u8 = 1 << VerifyPart::ALL.len();
+
+    /// Each `part` value with its nanoseconds, the parts that ran only.
+    pub(crate) fn by_name(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         [
-            (VerifyPart::Kda.as_str(), self.kda),
-            (VerifyPart::KdaScan.as_str(), self.kda_scan),
-            (VerifyPart::Mla.as_str(), self.mla),
-            (VerifyPart::Ffn.as_str(), self.ffn),
-            (VerifyPart::REST, self.rest),
+            (
+                VerifyPart::Kda.as_str(),
+                self.kda,
+                1 << VerifyPart::Kda as u8,
+            ),
+            (
+                VerifyPart::KdaScan.as_str(),
+                self.kda_scan,
+                1 << VerifyPart::KdaScan as u8,
+            ),
+            (
+                VerifyPart::Mla.as_str(),
+                self.mla,
+                1 << VerifyPart::Mla as u8,
+            ),
+            (
+                VerifyPart::Ffn.as_str(),
+                self.ffn,
+                1 << VerifyPart::Ffn as u8,
+            ),
+            (VerifyPart::REST, self.rest, Self::REST_RAN),
         ]
+        .into_iter()
+        .filter(|&(_, _, bit)| self.ran & bit != 0)
+        .map(|(name, ns, _)| (name, ns))
     }
 
     pub(crate) fn add(&mut self, o: &VerifySplit) {
@@ -165,5 +198,6 @@ impl VerifySplit {
         self.mla += o.mla;
         self.ffn += o.ffn;
         self.rest += o.rest;
+        self.ran |= o.ran;
     }
 }

@@ -93,6 +93,8 @@ pub(crate) struct EndedRound {
 #[derive(Default)]
 pub(crate) struct PartsAcc {
     pub(crate) ns: [u64; VerifyPart::ALL.len()],
+    /// Bit per part that ended at least once.
+    pub(crate) ran: u8,
     pub(crate) intervals: Vec<Interval<VerifyPart>>,
 }
 
@@ -210,7 +212,9 @@ impl Pairing {
         let split = (self.shared.spec_level.load() == SpecLevel::VerifySplit).then(|| {
             VerifySplit::of(
                 r.round.phases[Phase::Verify as usize],
+                r.round.ran & (1 << Phase::Verify as u8) != 0,
                 &parts.as_ref().map_or([0; 4], |p| p.ns),
+                parts.as_ref().map_or(0, |p| p.ran),
             )
         });
         self.counts.rounds += 1;
@@ -232,6 +236,7 @@ impl Pairing {
                 sampled: r.round.sampled,
                 phases: &t.phases,
                 parts: &intervals,
+                parent: t.parent,
             }),
         }));
     }
@@ -730,6 +735,12 @@ impl LaneState {
                 }
                 let sampled = m.is_sampled() && s.hold.sampled;
                 let collect = sampled || s.hold.every;
+                // Its own parent marks (the engine's span at its begin), else the step's it
+                // runs in: a round is in the trace of the step and request that ran it.
+                let parent = self
+                    .parent
+                    .take()
+                    .or_else(|| self.step.as_ref().and(self.trace.parent));
                 if self.in_replay != 0 {
                     self.replay_rounds.push(m.round_seq());
                 }
@@ -747,7 +758,10 @@ impl LaneState {
                     phases: [0; 5],
                     ran: 0,
                     sampled,
-                    trace: collect.then(RoundTrace::default),
+                    trace: collect.then(|| RoundTrace {
+                        phases: Vec::new(),
+                        parent,
+                    }),
                 });
             }
             MarkKind::Phase => {
@@ -834,6 +848,7 @@ impl LaneState {
                 let open = self.parts_open.remove(pos);
                 let acc = s.parts.entry(open.round).or_default();
                 acc.ns[open.part as usize] += t.saturating_sub(open.start);
+                acc.ran |= 1 << open.part as u8;
                 if acc.intervals.len() < ROUND_PARTS_MAX {
                     acc.intervals.push(Interval {
                         what: open.part,

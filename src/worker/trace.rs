@@ -75,4 +75,6 @@ impl StepTrace {
 #[derive(Debug, Default)]
 pub(crate) struct RoundTrace {
     pub(crate) phases: Vec<Interval<Phase>>,
+    /// The engine's span current when the round began, else that of the step it ran in.
+    pub(crate) parent: Option<Parent>,
 }

@@ -171,3 +171,70 @@ fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collecto
         .shutdown()
         .expect("the engine shuts its provider down");
 }
+
+/// Under the tail rule alone (no head sampling), the steps it keeps are the request's children
+/// as head-sampled ones are, and a speculative round begun inside a step of the request sits in
+/// the request's trace with its phases under it.
+#[test]
+fn tail_kept_steps_and_their_rounds_are_children_of_the_request_span() {
+    use phasetrace::{Phase, SpecLevel, TraceSlowerThan};
+    let (provider, spans, subscriber) = engine();
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_spec_level(SpecLevel::Phases)
+        .with_trace_every(0)
+        .with_trace_slower_than(TraceSlowerThan::Duration(Duration::from_nanos(1)))
+        .with_trace_slow_budget(10_000)
+        .without_prometheus()
+        .with_tracer_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    let rec = profiler.recorder();
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::info_span!("request", request.id = 7_i64);
+        let _entered = request.enter();
+        for layer in 0..3u32 {
+            let _step = rec.step();
+            let round = rec.round(4);
+            std::thread::sleep(Duration::from_micros(50));
+            round.phase(Phase::Draft);
+            let _mixer = rec.section(Section::KDA_MIXER, layer, Site::ATTN);
+            std::thread::sleep(Duration::from_micros(50));
+            drop(_mixer);
+            round.phase(Phase::Verify);
+            round.end(2);
+        }
+    });
+    profiler.shutdown();
+    let all = spans.get_finished_spans().expect("the engine's spans");
+    let request = all
+        .iter()
+        .find(|s| s.name == "request")
+        .unwrap_or_else(|| panic!("no request span: {all:#?}"));
+    let under_request = |s: &&SpanData| {
+        s.parent_span_id == request.span_context.span_id()
+            && s.span_context.trace_id() == request.span_context.trace_id()
+    };
+    let steps: Vec<&SpanData> = all.iter().filter(|s| s.name == span::STEP).collect();
+    assert_eq!(steps.len(), 3, "every step kept by the tail rule: {all:#?}");
+    assert!(steps.iter().all(under_request), "{steps:#?}");
+    assert!(
+        steps.iter().all(|s| s
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == attr::SAMPLED && kv.value.as_str() == "tail")),
+        "{steps:#?}"
+    );
+    let rounds: Vec<&SpanData> = all.iter().filter(|s| s.name == span::ROUND).collect();
+    assert_eq!(rounds.len(), 3, "{all:#?}");
+    assert!(rounds.iter().all(under_request), "{rounds:#?}");
+    for r in &rounds {
+        assert!(
+            all.iter()
+                .any(|s| s.name == "draft" && s.parent_span_id == r.span_context.span_id()),
+            "the round's phases follow it: {all:#?}"
+        );
+    }
+    let _ = provider.shutdown();
+}

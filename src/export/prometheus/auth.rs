@@ -200,7 +200,9 @@ mod tests {
             for _ in 0..default::PROMETHEUS_AUTH_THREADS {
                 let g = gate.clone();
                 pool.queue
-                    .try_send(Box::new(move || drop(g.wait())))
+                    .try_send(Box::new(move || {
+                        g.wait();
+                    }))
                     .unwrap();
             }
             let mut filled = 0;

@@ -117,8 +117,8 @@ impl LiveWebConfig {
         match read {
             Ok(c) => {
                 self.counts.add(Outcome::Ok);
-                eprintln!(
-                    "phasetrace: {}={}: re-read after a change and applied: {}",
+                crate::diag::notice!(
+                    "{}={}: re-read after a change and applied: {}",
                     env::PROMETHEUS_WEB_CONFIG,
                     self.file.display(),
                     c.describe()
@@ -127,8 +127,8 @@ impl LiveWebConfig {
             }
             Err(e) => {
                 self.counts.add(Outcome::Failed);
-                eprintln!(
-                    "phasetrace: warning: the changed web configuration is not applied, the \
+                crate::diag::warning!(
+                    "the changed web configuration is not applied, the \
                      Prometheus endpoint keeps the one it read before ({}) until the file is \
                      fixed (counted in {}{{{}=\"{}\"}}): {e}",
                     st.current.describe(),

@@ -267,6 +267,8 @@ pub(crate) struct RoundSpans<'a> {
     /// `group` on every span of the round.
     pub(crate) group: &'a KeyValue,
     pub(crate) why: Why,
+    /// The engine's span the round is a child of (`HeldRound::parent`).
+    pub(crate) parent: Option<Parent>,
 }
 
 /// Builds `spec.round -> phase -> part` spans; returns how many spans were built.
@@ -281,7 +283,7 @@ pub(crate) fn build_round(tracer: &BoxedTracer, round: &RoundSpans<'_>) -> usize
     }
     let root = child(
         tracer,
-        &Context::new(),
+        &parent_context(round.parent),
         span::ROUND,
         round.start,
         attrs,

@@ -169,6 +169,7 @@ impl SpanSink {
                 end: r.end,
                 group: &self.group,
                 why,
+                parent: held.parent,
             },
         ) as u64;
         None
