@@ -6,7 +6,10 @@
 //! `phasetrace::names::env::LEVEL`, `phasetrace::names::metric::STEP_DURATION`; a unit test keeps
 //! the enums and that data equal.
 
-pub use phasetrace_names::{SCOPE, attr, env, metric, outcome, prometheus, reason, resource, span};
+pub use phasetrace_names::{
+    SCOPE, attr, auth_refusal, connection_close, env, metric, outcome, prometheus, reason,
+    resource, span,
+};
 
 /// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
 /// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
@@ -111,6 +114,68 @@ impl Outcome {
     }
 }
 
+/// Why the Prometheus endpoint closed a connection it had accepted before the client was done:
+/// the `reason` attribute of [`metric::PROMETHEUS_CONNECTIONS_CLOSED`]. Every reason has a
+/// series from the start (at 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConnectionClose {
+    /// At the bound on connections, the oldest idle one (no complete request head yet, or kept
+    /// alive between requests) was closed to admit a new one.
+    Evicted,
+    /// At the bound, with every connection in the middle of a request: the new one was closed.
+    Refused,
+    /// No complete request head within the head time (slowloris, a port scanner).
+    HeadTimeout,
+    /// Kept alive without a new request for the idle time.
+    IdleTimeout,
+}
+
+impl ConnectionClose {
+    /// Every reason, each a series from the start.
+    pub const ALL: [ConnectionClose; 4] = [
+        ConnectionClose::Evicted,
+        ConnectionClose::Refused,
+        ConnectionClose::HeadTimeout,
+        ConnectionClose::IdleTimeout,
+    ];
+
+    /// The `reason` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ConnectionClose::Evicted => connection_close::EVICTED,
+            ConnectionClose::Refused => connection_close::REFUSED,
+            ConnectionClose::HeadTimeout => connection_close::HEAD_TIMEOUT,
+            ConnectionClose::IdleTimeout => connection_close::IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// Why the Prometheus endpoint refused a request's basic auth: the `reason` attribute of
+/// [`metric::PROMETHEUS_AUTH_REFUSED`]. Every reason has a series from the start (at 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AuthRefusal {
+    /// 401: no credentials, malformed ones, an unknown user or a wrong password.
+    Unauthorized,
+    /// 429: credentials not verified before, and every password-check thread and queue slot
+    /// taken.
+    Busy,
+}
+
+impl AuthRefusal {
+    /// Every reason, each a series from the start.
+    pub const ALL: [AuthRefusal; 2] = [AuthRefusal::Unauthorized, AuthRefusal::Busy];
+
+    /// The `reason` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AuthRefusal::Unauthorized => auth_refusal::UNAUTHORIZED,
+            AuthRefusal::Busy => auth_refusal::BUSY,
+        }
+    }
+}
+
 /// Defaults, beside the names they belong to; `config::settings` reads them.
 pub(crate) mod default {
     /// Service name when `OTEL_SERVICE_NAME` is unset.
@@ -144,16 +209,44 @@ pub(crate) mod default {
     pub(crate) const METRIC_EXPORT_INTERVAL_MS: u64 = 10_000;
     /// How long `shutdown()` may take before it gives up.
     pub(crate) const SHUTDOWN_TIMEOUT_MS: u64 = 5_000;
-    /// Connections the Prometheus endpoint serves at once; more are closed at accept.
+    /// Connections the Prometheus endpoint holds at once (also bounded by the process's file
+    /// descriptors: see docs/security.md). At the bound, the oldest idle one is closed to
+    /// admit a new one; only when every one is in the middle of a request is the new one
+    /// closed.
     #[cfg(feature = "prometheus")]
-    pub(crate) const PROMETHEUS_MAX_CONNECTIONS: usize = 512;
+    pub(crate) const PROMETHEUS_MAX_CONNECTIONS: usize = 4_096;
+    /// Connections waiting in the kernel to be accepted (the listen backlog).
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_BACKLOG: u32 = 1_024;
     /// Largest request head (request line and headers) the Prometheus endpoint reads.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_MAX_HEADER_BYTES: usize = 16 * 1024;
-    /// Time a Prometheus request may take at each stage: the TLS handshake, reading the request
-    /// head (an idle kept-alive connection included), answering, and each stalled write.
+    /// Time a client has to send a whole request head: from accept on a new connection (the
+    /// TLS handshake included), from its first byte on a kept-alive one (as Go's
+    /// `ReadHeaderTimeout`).
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_HEAD_TIMEOUT_MS: u64 = 5_000;
+    /// Time a kept-alive connection may wait for its next request (as Go's `IdleTimeout`):
+    /// longer than the usual scrape intervals, so that a scraper keeps its connection.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_IDLE_TIMEOUT_MS: u64 = 90_000;
+    /// Time a Prometheus request may take to be answered, and each stalled write.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_REQUEST_TIMEOUT_MS: u64 = 10_000;
+    /// Threads of the endpoint's own that check passwords (bcrypt): never the threads that
+    /// render scrapes, at most this much of the engine's CPU, and at a lower priority (nice
+    /// 10 on Linux) than the engine's threads.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_THREADS: usize = 1;
+    /// Password checks waiting for those threads; more are answered 429 at once.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_QUEUE: usize = 4;
+    /// Credentials remembered as verified (checked without bcrypt), at most.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_CACHE: usize = 64;
+    /// How long verified credentials are remembered.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_CACHE_TTL_SECS: u64 = 900;
     /// Series each per-layer instrument may hold before new attribute sets fold into the SDK's
     /// overflow series (the SDK's default is 2,000): room for 4 ranks as threads of one process
     /// at 96 layers and 20 sections a layer.
@@ -172,5 +265,11 @@ mod tests {
         let outcomes: Vec<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
         let data: Vec<&str> = outcome::ALL.iter().map(|n| n.value).collect();
         assert_eq!(outcomes, data);
+        let closes: Vec<&str> = ConnectionClose::ALL.iter().map(|c| c.as_str()).collect();
+        let data: Vec<&str> = connection_close::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(closes, data);
+        let refusals: Vec<&str> = AuthRefusal::ALL.iter().map(|r| r.as_str()).collect();
+        let data: Vec<&str> = auth_refusal::ALL.iter().map(|n| n.value).collect();
+        assert_eq!(refusals, data);
     }
 }

@@ -339,6 +339,25 @@ pub mod metric {
             unit: UNIT_EXPORTS,
             attributes: [attr::RESULT, attr::GROUP],
         }
+        /// Counter of the connections the Prometheus endpoint closed before their client was
+        /// done, attribute `reason` (`phasetrace::names::ConnectionClose`: evicted or refused at
+        /// the bound on connections, no request head in time, idle too long); every reason a
+        /// series from the start (`phasetrace_prometheus_connections_closed_total`). Only with
+        /// the endpoint on.
+        PROMETHEUS_CONNECTIONS_CLOSED = "phasetrace.prometheus.connections.closed" {
+            instrument: Counter,
+            unit: UNIT_CONNECTIONS,
+            attributes: [attr::REASON, attr::GROUP],
+        }
+        /// Counter of the requests the Prometheus endpoint refused at basic auth, attribute
+        /// `reason` (`phasetrace::names::AuthRefusal`: 401 unauthorized, 429 busy); every reason
+        /// a series from the start (`phasetrace_prometheus_auth_refused_total`). Only with a web
+        /// configuration file.
+        PROMETHEUS_AUTH_REFUSED = "phasetrace.prometheus.auth.refused" {
+            instrument: Counter,
+            unit: UNIT_REQUESTS,
+            attributes: [attr::REASON, attr::GROUP],
+        }
         /// Base-2 exponential histogram of one section's duration per layer, in seconds,
         /// attributes `bucket`, `layer`, `site` (when given), `rank`, `group`
         /// (`phasetrace_section_layer_duration_seconds`, a native histogram). Served on the
@@ -507,6 +526,10 @@ pub mod metric {
     pub const UNIT_RELOADS: &str = "{reload}";
     /// Unit of the metrics export counter.
     pub const UNIT_EXPORTS: &str = "{export}";
+    /// Unit of the Prometheus endpoint's closed-connections counter.
+    pub const UNIT_CONNECTIONS: &str = "{connection}";
+    /// Unit of the Prometheus endpoint's refused-auth counter.
+    pub const UNIT_REQUESTS: &str = "{request}";
     /// No unit (a ratio or a state).
     pub const UNIT_NONE: &str = "";
 
@@ -879,6 +902,37 @@ pub mod outcome {
         /// It failed: a reload keeps the configuration read before (a warning on stderr says
         /// why); a failed export is retried with the next interval's cumulative totals.
         FAILED = "failed";
+    }
+}
+
+/// The values of the `reason` attribute of [`metric::PROMETHEUS_CONNECTIONS_CLOSED`]: why the
+/// Prometheus endpoint closed a connection before its client was done
+/// (`phasetrace::names::ConnectionClose`). Every reason has a series from the start (at 0).
+pub mod connection_close {
+    names! {
+        /// At the bound on connections, the oldest idle one (no complete request head yet, or
+        /// kept alive between requests) was closed to admit a new one.
+        EVICTED = "evicted";
+        /// At the bound, with every connection in the middle of a request: the new one was
+        /// closed.
+        REFUSED = "refused";
+        /// No complete request head within the head time (slowloris, a port scanner).
+        HEAD_TIMEOUT = "head_timeout";
+        /// Kept alive without a new request for the idle time.
+        IDLE_TIMEOUT = "idle_timeout";
+    }
+}
+
+/// The values of the `reason` attribute of [`metric::PROMETHEUS_AUTH_REFUSED`]: why the
+/// Prometheus endpoint refused a request at basic auth (`phasetrace::names::AuthRefusal`).
+/// Every reason has a series from the start (at 0).
+pub mod auth_refusal {
+    names! {
+        /// 401: no credentials, malformed ones, an unknown user or a wrong password.
+        UNAUTHORIZED = "unauthorized";
+        /// 429: credentials not verified before, and every password-check thread and queue
+        /// slot taken.
+        BUSY = "busy";
     }
 }
 

@@ -508,6 +508,37 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
                 move || last.last_successful(),
             ));
         }
+        #[cfg(feature = "prometheus")]
+        if let Some(server) = prometheus.as_ref() {
+            use crate::names::{AuthRefusal, ConnectionClose};
+            let closed = server.connections();
+            outcome_counters.push(reason_counter(
+                m,
+                metric::PROMETHEUS_CONNECTIONS_CLOSED,
+                metric::UNIT_CONNECTIONS,
+                "Connections the Prometheus endpoint closed before their client was done, by reason",
+                &cfg.group,
+                ConnectionClose::ALL.len(),
+                move |i| {
+                    let r = ConnectionClose::ALL[i];
+                    (r.as_str(), closed.get(r))
+                },
+            ));
+            if let Some(refused) = server.auth() {
+                outcome_counters.push(reason_counter(
+                    m,
+                    metric::PROMETHEUS_AUTH_REFUSED,
+                    metric::UNIT_REQUESTS,
+                    "Requests the Prometheus endpoint refused at basic auth, by reason",
+                    &cfg.group,
+                    AuthRefusal::ALL.len(),
+                    move |i| {
+                        let r = AuthRefusal::ALL[i];
+                        (r.as_str(), refused.get(r))
+                    },
+                ));
+            }
+        }
         if let Some(counts) = export_counts.clone() {
             outcome_counters.push(outcome_counter(
                 m,
@@ -618,6 +649,39 @@ fn outcome_counter(
         .with_callback(move |o| {
             for (r, kv) in &series {
                 o.observe(get(*r), kv);
+            }
+        })
+        .build()
+}
+
+/// A counter on `meter` with one series per `reason` (`n` of them, each from the start):
+/// `get(i)` gives the i-th reason's attribute value and count.
+#[cfg(feature = "prometheus")]
+fn reason_counter(
+    meter: &Meter,
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    group: &str,
+    n: usize,
+    get: impl Fn(usize) -> (&'static str, u64) + Send + Sync + 'static,
+) -> opentelemetry::metrics::ObservableCounter<u64> {
+    use crate::names::attr;
+    let group = group.to_owned();
+    meter
+        .u64_observable_counter(name)
+        .with_unit(unit)
+        .with_description(description)
+        .with_callback(move |o| {
+            for i in 0..n {
+                let (reason, count) = get(i);
+                o.observe(
+                    count,
+                    &[
+                        KeyValue::new(attr::REASON, reason),
+                        KeyValue::new(attr::GROUP, group.clone()),
+                    ],
+                );
             }
         })
         .build()

@@ -158,7 +158,9 @@ fn list(names: &[&str]) -> String {
 }
 
 fn telemetry() -> String {
-    use names::{attr, env, metric, outcome, reason, resource, span, vocab};
+    use names::{
+        attr, auth_refusal, connection_close, env, metric, outcome, reason, resource, span, vocab,
+    };
     let mut out = String::new();
     metrics_table(&mut out, metric::ALL);
     let boundaries = metric::DURATION_BOUNDARIES
@@ -219,6 +221,23 @@ fn telemetry() -> String {
          `phasetrace.metric.exports`; both are series from the start.",
         "outcome",
         outcome::ALL,
+    );
+    names_table(
+        &mut out,
+        "Closed connections (`phasetrace_names::connection_close::ALL`, \
+         `phasetrace::names::ConnectionClose`)",
+        "The `reason` values of `phasetrace.prometheus.connections.closed`; each is a series \
+         from the start, at 0.",
+        "connection_close",
+        connection_close::ALL,
+    );
+    names_table(
+        &mut out,
+        "Refused auth (`phasetrace_names::auth_refusal::ALL`, `phasetrace::names::AuthRefusal`)",
+        "The `reason` values of `phasetrace.prometheus.auth.refused`; each is a series from the \
+         start, at 0.",
+        "auth_refusal",
+        auth_refusal::ALL,
     );
     out.push_str(
         "### Built-in sections (`phasetrace_names::vocab::SECTIONS`)\n\nThe `bucket` values \

@@ -212,7 +212,7 @@ pub(crate) fn long_functions(root: &Path, dirs: &[&str], max: usize) -> Result<V
 
 /// The modules of `names/src/lib.rs` whose string constants must be declared in their table
 /// (`names!` or `metrics!`), with the constants that are plain values, not names.
-const TABLED: [(&str, &[&str]); 8] = [
+const TABLED: [(&str, &[&str]); 10] = [
     ("metric", &["UNIT_"]),
     ("attr", &[]),
     ("resource", &["DISTRO"]),
@@ -220,6 +220,8 @@ const TABLED: [(&str, &[&str]); 8] = [
     ("env", &[]),
     ("reason", &[]),
     ("outcome", &[]),
+    ("connection_close", &[]),
+    ("auth_refusal", &[]),
     ("vocab", &[]),
 ];
 

@@ -2,10 +2,13 @@
 //! small runtime thread of its own.
 //!
 //! ```text
-//! accept (at most PROMETHEUS_MAX_CONNECTIONS at once; more are closed at once)
-//!   ─► TLS handshake (web config, re-read if changed; bounded by the request timeout)
-//!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES, read within the timeout)
-//!   ─► basic auth (web config, re-read if changed; bcrypt, verified credentials cached)
+//! accept (at most PROMETHEUS_MAX_CONNECTIONS at once; at the bound the oldest idle one is
+//!         closed to admit the new one: slots.rs)
+//!   ─► TLS handshake (web config, re-read if changed) and the request head, within
+//!      PROMETHEUS_HEAD_TIMEOUT_MS of accept; kept alive at most PROMETHEUS_IDLE_TIMEOUT_MS idle
+//!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES)
+//!   ─► basic auth (web config, re-read if changed; verified credentials checked inline, bcrypt
+//!      on a bounded pool of its own, 429 when full: auth.rs)
 //!   ─► route
 //!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics |
 //!      delimited protobuf with native histograms)
@@ -13,20 +16,26 @@
 //! ```
 //!
 //! Binds to loopback by default (`127.0.0.1:9464`). Connections are served concurrently, so an
-//! idle or slow client never delays a scrape; each stage of a request is bounded by
-//! [`default::PROMETHEUS_REQUEST_TIMEOUT_MS`] (a stalled write too). Scraping runs off the
+//! idle or slow client never delays a scrape, and idle ones never hold a scraper out; answering
+//! is bounded by [`default::PROMETHEUS_REQUEST_TIMEOUT_MS`] (a stalled write too). The limits,
+//! with their numbers, are in `docs/security.md`. Scraping runs off the
 //! engine's threads and off the worker: it collects what the SDK aggregated.
 
+mod auth;
 pub(crate) mod encode;
 mod negotiate;
 mod proto;
 pub(crate) mod reload;
+mod slots;
 mod watched;
 pub(crate) mod web_config;
 
 use super::ExportError;
 use super::exemplars::{BUCKETS, EXEMPLAR_METRICS, ExemplarStore};
+use crate::names::AuthRefusal;
 use crate::names::default;
+pub(crate) use auth::AuthCounts;
+use auth::{AuthPool, Verdict};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -39,6 +48,8 @@ use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, Temporality};
 use reload::{LiveWebConfig, ReloadCounts};
+pub(crate) use slots::ConnCounts;
+use slots::{Conn, Slots};
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -49,7 +60,7 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::oneshot;
 
 pub(crate) use encode::Format;
 
@@ -128,6 +139,8 @@ pub(crate) struct PrometheusServer {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
     reloads: Option<Arc<ReloadCounts>>,
+    connections: Arc<ConnCounts>,
+    auth: Option<Arc<AuthCounts>>,
     tls: bool,
 }
 
@@ -147,6 +160,16 @@ impl PrometheusServer {
         self.reloads.clone()
     }
 
+    /// The connections closed before their client was done, by reason.
+    pub(crate) fn connections(&self) -> Arc<ConnCounts> {
+        self.connections.clone()
+    }
+
+    /// The requests refused at basic auth, when there is a web configuration file.
+    pub(crate) fn auth(&self) -> Option<Arc<AuthCounts>> {
+        self.auth.clone()
+    }
+
     pub(crate) fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -164,6 +187,8 @@ struct Endpoint {
     native: Native,
     /// TLS and basic auth, re-read when the file changed.
     web: Option<LiveWebConfig>,
+    /// The password checks' threads (with a web configuration file).
+    auth: Option<AuthPool>,
     /// Exemplars of delivered traces, rendered on OpenMetrics bucket lines.
     exemplars: Option<Arc<ExemplarStore>>,
     /// The size of the last uncompressed scrape, to size the next one's buffer.
@@ -188,6 +213,19 @@ pub(super) fn start(
     otlp: Option<SharedReader>,
     native: Native,
 ) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
+    let bound = slots::fd_bound(default::PROMETHEUS_MAX_CONNECTIONS);
+    start_with(addr, web, exemplars, otlp, native, bound)
+}
+
+/// [`start`], holding at most `max_connections` connections.
+fn start_with(
+    addr: SocketAddr,
+    web: Option<LiveWebConfig>,
+    exemplars: Option<Arc<ExemplarStore>>,
+    otlp: Option<SharedReader>,
+    native: Native,
+    max_connections: usize,
+) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
     let (own, source) = match otlp {
         #[cfg(feature = "otlp")]
         Some(r) => (None, Source::Otlp(r)),
@@ -198,12 +236,6 @@ pub(super) fn start(
             (Some(r.clone()), Source::Own(r))
         }
     };
-    let listener = std::net::TcpListener::bind(addr)
-        .map_err(|source| ExportError::PrometheusBind { addr, source })?;
-    let bound = listener.local_addr().unwrap_or(addr);
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| ExportError::PrometheusBind { addr, source })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -211,12 +243,26 @@ pub(super) fn start(
         .thread_name("phasetrace-prometheus-scrape")
         .build()
         .map_err(ExportError::Thread)?;
+    let listener = {
+        let _in = runtime.enter();
+        listen(addr).map_err(|source| ExportError::PrometheusBind { addr, source })?
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
     let reloads = web.as_ref().map(LiveWebConfig::counts);
     let tls = web.as_ref().is_some_and(LiveWebConfig::is_tls);
+    let auth_counts = web.as_ref().map(|_| Arc::new(AuthCounts::default()));
+    let auth = auth_counts
+        .clone()
+        .map(AuthPool::start)
+        .transpose()
+        .map_err(ExportError::Thread)?;
+    let connections = Arc::new(ConnCounts::default());
+    let slots = Arc::new(Slots::new(max_connections, connections.clone()));
     let endpoint = Arc::new(Endpoint {
         reader: source,
         native,
         web,
+        auth,
         exemplars,
         last_size: AtomicUsize::new(64 * 1024),
     });
@@ -224,14 +270,7 @@ pub(super) fn start(
     let thread = std::thread::Builder::new()
         .name("phasetrace-prometheus".into())
         .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => accept_loop(l, endpoint, rx).await,
-                    Err(_) => {
-                        let _ = rx.await;
-                    }
-                }
-            });
+            runtime.block_on(accept_loop(listener, slots, endpoint, rx));
             // Dropping the runtime ends every connection task.
             runtime.shutdown_timeout(Duration::from_millis(200));
         })
@@ -243,37 +282,59 @@ pub(super) fn start(
             stop: Some(tx),
             thread: Some(thread),
             reloads,
+            connections,
+            auth: auth_counts,
             tls,
         },
     ))
 }
 
+/// The listening socket, with a backlog of [`default::PROMETHEUS_BACKLOG`] (inside a runtime).
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `std::net::TcpListener::bind` does on Unix: a restarted engine rebinds its port at
+    // once (a port another process listens on stays refused).
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(default::PROMETHEUS_BACKLOG)
+}
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
+    slots: Arc<Slots>,
     endpoint: Arc<Endpoint>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let slots = Arc::new(Semaphore::new(default::PROMETHEUS_MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => {
-                    // At the bound, the newest connection is closed rather than left waiting in
-                    // the backlog: the ones already served keep their slots until they finish
-                    // or time out.
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // At the bound, the oldest idle connection makes room; only when every one
+                    // is being answered is the new one closed (counted either way).
+                    let Some(conn) = slots.admit() else {
                         drop(tcp);
                         continue;
                     };
                     let _ = tcp.set_nodelay(true);
                     let ep = endpoint.clone();
-                    tokio::spawn(async move {
-                        ep.connection(tcp).await;
-                        drop(slot);
-                    });
+                    tokio::spawn(conn.clone().run(ep.connection(tcp, conn)));
+                    // Its task reads what the client sent before the next accept: a burst of
+                    // connections beyond the bound cannot evict it before it had the chance
+                    // to send its head.
+                    tokio::task::yield_now().await;
                 }
-                // Out of file descriptors and the like: back off instead of spinning.
+                // Out of file descriptors: an idle connection gives its own back (its task
+                // closes it at its next poll, hence the pause).
+                Err(e) if slots::out_of_files(&e) && slots.evict_oldest() => {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                // Out of descriptors with none idle, and the like: back off instead of spinning.
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
         }
@@ -281,39 +342,47 @@ async fn accept_loop(
 }
 
 impl Endpoint {
-    async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream) {
+    /// Serves one connection (its deadlines are [`Conn::run`]'s: the TLS handshake and the
+    /// first head are within the head time of accept).
+    async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream, conn: Conn) {
         // Each handshake with the certificates of now: a `stat` per file when none changed.
         let web = self.web.as_ref().map(LiveWebConfig::get);
         match web.as_ref().and_then(|w| w.tls.as_ref()) {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
-                if let Ok(Ok(stream)) = tokio::time::timeout(TIMEOUT, acceptor.accept(tcp)).await {
-                    self.http(stream).await;
+                if let Ok(stream) = acceptor.accept(tcp).await {
+                    self.http(stream, conn).await;
                 }
             }
-            None => self.http(tcp).await,
+            None => self.http(tcp, conn).await,
         }
     }
 
-    async fn http<I>(self: Arc<Self>, io: I)
+    async fn http<I>(self: Arc<Self>, io: I, conn: Conn)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let ep = self.clone();
-        let service = hyper::service::service_fn(move |req| ep.clone().handle(req));
+        let c = conn.clone();
+        let service = hyper::service::service_fn(move |req| ep.clone().handle(req, c.clone()));
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(TIMEOUT)
+            // The connection's own deadlines bound the head, and tell it from an idle
+            // kept-alive wait (hyper's one timer would cut both at the same time).
+            .header_read_timeout(None)
             .max_buf_size(default::PROMETHEUS_MAX_HEADER_BYTES)
-            .serve_connection(TokioIo::new(WriteDeadline::new(io)), service)
+            .serve_connection(TokioIo::new(Tracked::new(io, conn)), service)
             .await;
     }
 
     async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        conn: Conn,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
+        conn.busy();
         let answer = tokio::time::timeout(TIMEOUT, self.answer(req)).await;
+        conn.answered();
         Ok(answer.unwrap_or_else(|_| {
             text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -325,25 +394,33 @@ impl Endpoint {
     async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
         // Each request with the users of now: a kept-alive scraper's too.
         if let Some(users) = self.web.as_ref().and_then(|w| w.get().users.clone()) {
-            let creds = req
+            let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
-                .and_then(|v| basic_credentials(v.as_bytes()));
-            let allowed = match creds {
-                None => false,
-                Some((user, password)) => {
-                    tokio::task::spawn_blocking(move || users.allows(&user, &password))
-                        .await
-                        .unwrap_or(false)
-                }
+                .map(HeaderValue::as_bytes);
+            let verdict = match &self.auth {
+                Some(pool) => pool.check(users, given).await,
+                None => Verdict::Refused(AuthRefusal::Busy),
             };
-            if !allowed {
-                let mut r = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
-                r.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Basic realm=\"phasetrace\""),
-                );
-                return r;
+            match verdict {
+                Verdict::Allowed => {}
+                Verdict::Refused(AuthRefusal::Unauthorized) => {
+                    let mut r = text(StatusCode::UNAUTHORIZED, "unauthorized\n");
+                    r.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        HeaderValue::from_static("Basic realm=\"phasetrace\""),
+                    );
+                    return r;
+                }
+                Verdict::Refused(AuthRefusal::Busy) => {
+                    let mut r = text(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "too many password checks at once: retry\n",
+                    );
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return r;
+                }
             }
         }
         let get = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -497,32 +574,22 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     r
 }
 
-/// `(user, password)` of an `Authorization: Basic ...` header value.
-fn basic_credentials(v: &[u8]) -> Option<(String, Vec<u8>)> {
-    use base64::Engine as _;
-    let v = std::str::from_utf8(v).ok()?.trim();
-    let (scheme, b64) = v.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64.trim())
-        .ok()?;
-    let colon = raw.iter().position(|b| *b == b':')?;
-    let user = String::from_utf8(raw[..colon].to_vec()).ok()?;
-    Some((user, raw[colon + 1..].to_vec()))
-}
-
-/// An IO whose writes fail with `TimedOut` once one has made no progress for [`TIMEOUT`]: a
-/// client that stops reading its response loses its connection instead of holding a slot.
-struct WriteDeadline<I> {
+/// The connection's IO, telling it where it is ([`Conn::read_some`], [`Conn::flushed`]), whose
+/// writes fail with `TimedOut` once one has made no progress for [`TIMEOUT`]: a client that
+/// stops reading its response loses its connection instead of holding a slot.
+struct Tracked<I> {
     io: I,
+    conn: Conn,
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl<I> WriteDeadline<I> {
-    fn new(io: I) -> Self {
-        WriteDeadline { io, stalled: None }
+impl<I> Tracked<I> {
+    fn new(io: I, conn: Conn) -> Self {
+        Tracked {
+            io,
+            conn,
+            stalled: None,
+        }
     }
 
     fn check<T>(
@@ -544,17 +611,22 @@ impl<I> WriteDeadline<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for WriteDeadline<I> {
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.conn.read_some();
+        }
+        r
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -579,6 +651,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let r = Pin::new(&mut self.io).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.conn.flushed();
+        }
         self.check(cx, r)
     }
 
@@ -590,7 +665,6 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<I> {
 
 #[cfg(test)]
 mod tests {
-    use super::basic_credentials;
 
     #[test]
     fn openmetrics_and_protobuf_scrapes_show_exemplars_of_exported_spans_only() {
@@ -795,15 +869,140 @@ mod tests {
         p.shutdown();
     }
 
+    /// `n` clients on a thread of their own that connect, send nothing (even) or half a head
+    /// (odd), and connect again as soon as they are closed, until `stop` is sent.
+    pub(crate) fn flood(
+        addr: std::net::SocketAddr,
+        n: usize,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> std::thread::JoinHandle<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        std::thread::spawn(move || {
+            // An attacker's CPU is its own: at the lowest priority here.
+            #[cfg(target_os = "linux")]
+            // SAFETY: plain integers in and out.
+            unsafe {
+                let _ = libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("flood runtime");
+            rt.block_on(async move {
+                let clients: Vec<_> = (0..n)
+                    .map(|i| {
+                        let mut stop = stop.clone();
+                        tokio::spawn(async move {
+                            let mut buf = [0u8; 256];
+                            while !*stop.borrow() {
+                                let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else {
+                                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                                    continue;
+                                };
+                                if i % 2 == 1 {
+                                    let _ =
+                                        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await;
+                                }
+                                // Until the endpoint closes it, or the flood ends.
+                                loop {
+                                    tokio::select! {
+                                        r = c.read(&mut buf) => if !matches!(r, Ok(n) if n > 0) {
+                                            break;
+                                        },
+                                        _ = stop.changed() => return,
+                                    }
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for c in clients {
+                    let _ = c.await;
+                }
+            });
+        })
+    }
+
+    /// `GET /metrics` on a new connection: the status and how long it took.
+    pub(crate) fn timed_get(addr: std::net::SocketAddr) -> (u16, std::time::Duration) {
+        use std::io::{Read, Write};
+        let t = std::time::Instant::now();
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        let status = std::str::from_utf8(raw.get(9..12).unwrap_or_default())
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, t.elapsed())
+    }
+
     #[test]
-    fn basic_credentials_decode_and_reject_other_schemes() {
-        // "alice:pa:ss"
-        assert_eq!(
-            basic_credentials(b"Basic YWxpY2U6cGE6c3M="),
-            Some(("alice".into(), b"pa:ss".to_vec()))
+    fn beyond_the_bound_idle_connections_are_evicted_and_a_scraper_is_answered_at_once() {
+        use crate::names::ConnectionClose;
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        use std::time::Duration;
+        // Well above the runtime's event interval (61 tasks between two polls of the sockets):
+        // a new connection's head is read before a burst of accepts could evict it.
+        const BOUND: usize = 256;
+        let native = super::Native {
+            reader: super::PrometheusReader::manual(),
+            wanted: Arc::new(AtomicBool::new(false)),
+        };
+        let (own, server) =
+            super::start_with(([127, 0, 0, 1], 0).into(), None, None, None, native, BOUND)
+                .expect("endpoint");
+        // Scrapes collect from a registered reader.
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(own.expect("the endpoint's own reader"))
+            .build();
+        let addr = server.addr();
+        let closed = server.connections();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        // Three times the bound, reconnecting as soon as they are closed.
+        let flood = flood(addr, 3 * BOUND, stopped);
+        let t = std::time::Instant::now();
+        while closed.get(ConnectionClose::Evicted) < 10 * BOUND as u64 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the flood never filled the bound"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut took = Vec::new();
+        for _ in 0..20 {
+            let (status, t) = timed_get(addr);
+            assert_eq!(status, 200, "a scrape under the flood (0: closed)");
+            took.push(t);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let evicted = closed.get(ConnectionClose::Evicted);
+        let _ = stop.send(true);
+        flood.join().unwrap();
+        server.stop();
+        drop(provider);
+        took.sort();
+        let slowest = *took.last().unwrap();
+        assert!(
+            slowest < Duration::from_secs(1),
+            "the slowest of 20 scrapes beside {} reconnecting idle clients took {slowest:?} \
+             (median {:?})",
+            3 * BOUND,
+            took[10]
         );
-        assert_eq!(basic_credentials(b"Bearer YWxpY2U6cGE6c3M="), None);
-        assert_eq!(basic_credentials(b"Basic !!!"), None);
-        assert_eq!(basic_credentials(b"Basic bm9jb2xvbg=="), None);
+        assert!(evicted >= 10 * BOUND as u64, "{evicted}");
+        assert_eq!(
+            closed.get(ConnectionClose::Refused),
+            0,
+            "none refused: idle ones make room"
+        );
     }
 }

@@ -14,12 +14,16 @@
 //!
 //! Whether a file changed: [`super::watched`].
 //!
-//! The listener's kind is fixed at start, as in the exporter-toolkit: a file that gains
-//! `tls_server_config` while the endpoint serves plain HTTP, or loses it while it serves TLS, is
-//! a failed reload (the warning says to restart); certificates, client CA and client
-//! certificate policy, TLS versions and users may all change. Connections already open keep
-//! the certificate they were handshaken with; their next request is checked against the
-//! current users.
+//! A reload never lowers what a client must show, by accident or on purpose: a file that
+//! configures nothing (empty, comments only, `---`, `null`, `{}`, or cut right after a key) is
+//! refused as at start, and so is a valid file that would let in a client that the
+//! configuration in force keeps out: `basic_auth_users` removed, `client_auth_type` no longer
+//! requiring or verifying certificates, a lower `min_version`, and TLS turned off (or on: the
+//! listener's kind is fixed at start, as in the exporter-toolkit). Those take a restart, which
+//! is a deliberate act; a file cut short while being written is not. Certificates, keys,
+//! client CAs, passwords and users may all change, and requirements may rise. Connections
+//! already open keep the certificate they were handshaken with; their next request is checked
+//! against the current users.
 
 use super::watched::Files;
 use super::web_config::{self, WebConfig, WebConfigError};
@@ -75,7 +79,7 @@ impl LiveWebConfig {
     /// Reads and checks `path`: an error is an error at start.
     pub(crate) fn load(path: &Path) -> Result<LiveWebConfig, WebConfigError> {
         let mut files = Files::default();
-        let cfg = web_config::read(path, &mut files, web_config::When::Start)?;
+        let cfg = web_config::read(path, &mut files)?;
         Ok(LiveWebConfig {
             file: path.to_owned(),
             tls: cfg.tls.is_some(),
@@ -105,8 +109,8 @@ impl LiveWebConfig {
             return st.current.clone();
         }
         let mut files = Files::default();
-        let read = web_config::read(&self.file, &mut files, web_config::When::Reload)
-            .and_then(|c| self.same_listener(c));
+        let read =
+            web_config::read(&self.file, &mut files).and_then(|c| self.no_weaker(&st.current, c));
         // What was read is what the next check compares with, even when it failed: a broken
         // file is reported once, and re-read when it changes again.
         st.files = files;
@@ -137,24 +141,71 @@ impl LiveWebConfig {
         st.current.clone()
     }
 
-    /// `c`, unless it turns TLS on or off: the listener's kind is fixed at start.
-    fn same_listener(&self, c: WebConfig) -> Result<WebConfig, WebConfigError> {
-        let detail = match (self.tls, c.tls.is_some()) {
+    /// `c`, unless it lowers what `now` asks of a client: a reload may rotate certificates,
+    /// keys, client CAs and passwords, add and remove users, and ask more, but what would let
+    /// a client in that `now` keeps out (basic auth removed, client certificates no longer
+    /// required or verified, an older TLS version) takes a restart, as does turning TLS on or
+    /// off (a listener's kind is fixed at start). A file cut short while being written can
+    /// read as a weaker one; a restart is a deliberate act.
+    fn no_weaker(&self, now: &WebConfig, c: WebConfig) -> Result<WebConfig, WebConfigError> {
+        const RESTART: &str =
+            "a reload never lowers what a client must show: restart the engine to apply it";
+        let refused = |field: &str, detail: String| {
+            Err(WebConfigError::Invalid {
+                file: self.file.clone(),
+                field: field.to_owned(),
+                detail,
+            })
+        };
+        match (self.tls, c.tls.is_some()) {
             (true, false) => {
-                "removed, but the endpoint was started with TLS and a listener's kind is fixed \
-                 at start: it keeps serving TLS; restart the engine to serve plain HTTP"
+                return refused(
+                    "tls_server_config",
+                    format!(
+                        "removed, but the endpoint was started with TLS and a listener's kind is \
+                         fixed at start: it keeps serving TLS; {RESTART} (plain HTTP)"
+                    ),
+                );
             }
             (false, true) => {
-                "added, but the endpoint was started without TLS and a listener's kind is fixed \
-                 at start: it keeps serving plain HTTP; restart the engine to serve TLS"
+                return refused(
+                    "tls_server_config",
+                    "added, but the endpoint was started without TLS and a listener's kind is \
+                     fixed at start: it keeps serving plain HTTP; restart the engine to serve TLS"
+                        .to_owned(),
+                );
             }
-            _ => return Ok(c),
-        };
-        Err(WebConfigError::Invalid {
-            file: self.file.clone(),
-            field: "tls_server_config".to_owned(),
-            detail: detail.to_owned(),
-        })
+            _ => {}
+        }
+        if now.users.is_some() && c.users.is_none() {
+            return refused(
+                "basic_auth_users",
+                format!("removed, but the endpoint asks for a password now; {RESTART}"),
+            );
+        }
+        if let (Some(old), Some(new)) = (&now.tls, &c.tls) {
+            let (a, b) = (old.client_auth, new.client_auth);
+            if (a.required() && !b.required()) || (a.verifies() && !b.verifies()) {
+                return refused(
+                    "tls_server_config.client_auth_type",
+                    format!(
+                        "{}, weaker than {} in force: {RESTART}",
+                        b.as_str(),
+                        a.as_str()
+                    ),
+                );
+            }
+            if new.min_version < old.min_version {
+                return refused(
+                    "tls_server_config.min_version",
+                    format!(
+                        "{}, below {} in force: {RESTART}",
+                        new.min_version, old.min_version
+                    ),
+                );
+            }
+        }
+        Ok(c)
     }
 }
 
@@ -214,9 +265,50 @@ mod tests {
         }
         assert_eq!(live.counts.get(Outcome::Failed), 4);
         assert_eq!(live.counts.get(Outcome::Ok), 0);
-        std::fs::write(&f, "{}\n").unwrap();
-        assert!(live.get().users.is_none(), "`{{}}`: no basic auth");
+        let b = bcrypt::hash("b", 4).unwrap();
+        std::fs::write(&f, users(&b)).unwrap();
+        assert!(live.get().users.as_ref().unwrap().allows("alice", b"b"));
         assert_eq!(live.counts.get(Outcome::Ok), 1);
         assert!(live.counts.last_successful(), "fixed");
+    }
+
+    #[test]
+    fn documents_that_configure_nothing_or_drop_basic_auth_are_refused_and_the_users_stay() {
+        let d = tmp("nothing");
+        let f = d.join("web.yml");
+        let a = bcrypt::hash("a", 4).unwrap();
+        std::fs::write(&f, users(&a)).unwrap();
+        let live = LiveWebConfig::load(&f).unwrap();
+        let good = live.get();
+        let cut = users(&a);
+        let cases = [
+            "",
+            "# managed by config management\n",
+            "---\n",
+            "--- # nothing yet\n...\n",
+            "{}\n",
+            "null\n",
+            "~\n",
+            "basic_auth_users:\n",
+            "basic_auth_users: {}\n",
+            &cut[..cut.len() - 20],
+        ];
+        for (i, text) in cases.iter().enumerate() {
+            std::fs::write(&f, text).unwrap();
+            assert!(Arc::ptr_eq(&good, &live.get()), "{text:?}: refused");
+            assert_eq!(live.counts.get(Outcome::Failed), i as u64 + 1, "{text:?}");
+            assert!(!live.counts.last_successful(), "{text:?}");
+            assert!(!live.get().users.as_ref().unwrap().allows("alice", b"b"));
+            assert!(live.get().users.as_ref().unwrap().allows("alice", b"a"));
+            // The same text at start: an error naming the file and what is expected.
+            let e = super::super::web_config::load(&f)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&f.display().to_string()), "{text:?}: {e}");
+            assert!(e.contains("expected"), "{text:?}: {e}");
+            assert!(!e.contains(&a[7..]), "{text:?}: no hash in {e}");
+        }
+        assert_eq!(live.counts.get(Outcome::Ok), 0);
     }
 }

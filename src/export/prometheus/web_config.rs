@@ -24,10 +24,11 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::watched::Files;
-use crate::names::env;
+use crate::names::{default, env};
 
 /// A web configuration file that cannot be used.
 #[derive(Debug, Error)]
@@ -118,7 +119,8 @@ impl ClientAuth {
             .map_or("NoClientCert", |(n, _)| n)
     }
 
-    fn verifies(self) -> bool {
+    /// Whether a client certificate, when given, is verified against `client_ca_file`.
+    pub(crate) fn verifies(self) -> bool {
         matches!(
             self,
             ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
@@ -180,29 +182,15 @@ impl WebConfig {
     }
 }
 
-/// When the file is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum When {
-    /// At start (`build()`, `check`): every problem is an error.
-    Start,
-    /// Again, after a change: an empty file is refused too, as one caught while being
-    /// rewritten in place.
-    Reload,
-}
-
 /// Reads and checks the file at `path`.
 pub(crate) fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
-    read(path, &mut Files::default(), When::Start)
+    read(path, &mut Files::default())
 }
 
 /// Reads and checks the file at `path`, noting in `files` each file it read (itself and the
 /// certificate, key and CA files it names) as it was when read, so that a change is seen later
 /// (see [`super::reload`]); on an error, the files read up to it.
-pub(crate) fn read(
-    path: &Path,
-    files: &mut Files,
-    when: When,
-) -> Result<WebConfig, WebConfigError> {
+pub(crate) fn read(path: &Path, files: &mut Files) -> Result<WebConfig, WebConfigError> {
     let text = files
         .read(path)
         .and_then(|bytes| {
@@ -222,31 +210,7 @@ pub(crate) fn read(
         field: field.to_owned(),
         detail,
     };
-    let file: File = if text.trim().is_empty() {
-        if when == When::Reload {
-            return Err(bad(
-                "(document)",
-                "empty, as a file being rewritten in place reads: expected the new \
-                 configuration (`{}` for no TLS and no basic auth; write a new file and rename \
-                 it over this one to replace it at once)"
-                    .into(),
-            ));
-        }
-        File {
-            tls_server_config: None,
-            basic_auth_users: None,
-            http_server_config: None,
-        }
-    } else {
-        serde_yaml_ng::from_str(&text).map_err(|e| {
-            let msg = e.to_string();
-            // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
-            match msg.split_once(": ") {
-                Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
-                _ => bad("(document)", msg),
-            }
-        })?
-    };
+    let file = parse(&text, &bad)?;
     if file.http_server_config.is_some() {
         return Err(bad(
             "http_server_config",
@@ -268,6 +232,63 @@ pub(crate) fn read(
         tls,
         users,
     })
+}
+
+/// The document, refused when it configures nothing: a file that is empty, comments only, `---`,
+/// `null` or `{}`, or that names `tls_server_config` or `basic_auth_users` with nothing under it
+/// (a file cut right after the key), reads as "no TLS, no basic auth", which is what a file
+/// caught half-written looks like, never what an operator means (leaving the variable unset
+/// means that).
+fn parse(text: &str, bad: &dyn Fn(&str, String) -> WebConfigError) -> Result<File, WebConfigError> {
+    use serde_yaml_ng::Value;
+    let yaml_error = |e: serde_yaml_ng::Error| {
+        let msg = e.to_string();
+        // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
+        match msg.split_once(": ") {
+            Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
+            _ => bad("(document)", msg),
+        }
+    };
+    let doc: Value = serde_yaml_ng::from_str(text).map_err(yaml_error)?;
+    let nothing = match &doc {
+        Value::Null => true,
+        Value::Mapping(m) => m.is_empty(),
+        _ => false,
+    };
+    if nothing {
+        return Err(bad(
+            "(document)",
+            format!(
+                "configures nothing (empty, comments only, `---`, `null` or `{{}}`, as a file \
+                 caught while being written reads): expected tls_server_config, \
+                 basic_auth_users or both; to serve plain HTTP without basic auth, unset {}",
+                env::PROMETHEUS_WEB_CONFIG
+            ),
+        ));
+    }
+    if let Value::Mapping(m) = &doc {
+        for (key, what) in [
+            ("tls_server_config", "cert_file and key_file"),
+            ("basic_auth_users", "user names mapped to bcrypt hashes"),
+        ] {
+            let empty = match m.get(key) {
+                Some(Value::Null) => true,
+                Some(Value::Mapping(v)) => key == "basic_auth_users" && v.is_empty(),
+                _ => false,
+            };
+            if empty {
+                return Err(bad(
+                    key,
+                    format!(
+                        "empty (as a file cut right after `{key}:` reads): expected {what}; \
+                         remove the key to go without it"
+                    ),
+                ));
+            }
+        }
+    }
+    // Parsed again as the typed document: its errors name the field's path.
+    serde_yaml_ng::from_str(text).map_err(yaml_error)
 }
 
 fn tls(
@@ -529,17 +550,22 @@ impl ClientCertVerifier for AnyClientCert {
 }
 
 /// The users of `basic_auth_users`, with a cache of the credentials that verified: a bcrypt
-/// check costs tens of milliseconds, and a scraper sends the same credentials every scrape.
+/// check costs tens of milliseconds, and a scraper sends the same credentials every scrape (the
+/// exporter-toolkit caches them too). The cache holds an HMAC-SHA256 of user and password under
+/// a key made for this configuration, never the password; it is dropped with the
+/// configuration (a reload starts a new one).
 pub(crate) struct Users {
     hashes: Vec<(String, String)>,
-    verified: Mutex<Vec<(String, Vec<u8>)>>,
+    /// `None` when the system gave no randomness for the key: every request is checked.
+    key: Option<ring::hmac::Key>,
+    verified: Mutex<Vec<([u8; 32], Instant)>>,
     /// A hash at the first user's cost, checked for unknown users so that their answer takes as
     /// long as a known user's (made on first use).
     dummy: std::sync::OnceLock<String>,
 }
 
-/// Credentials remembered as verified, at most.
-const VERIFIED_CACHE: usize = 64;
+/// How long verified credentials are remembered.
+const CACHE_TTL: Duration = Duration::from_secs(default::PROMETHEUS_AUTH_CACHE_TTL_SECS);
 
 fn users(
     v: serde_yaml_ng::Value,
@@ -576,30 +602,68 @@ fn users(
         }
         hashes.push((user, hash));
     }
-    Ok(Users {
-        hashes,
-        verified: Mutex::new(Vec::new()),
-        dummy: std::sync::OnceLock::new(),
-    })
+    Ok(Users::new(hashes))
 }
 
 impl Users {
+    fn new(hashes: Vec<(String, String)>) -> Users {
+        let key =
+            ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
+                .ok();
+        Users {
+            hashes,
+            key,
+            verified: Mutex::new(Vec::new()),
+            dummy: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Users from `(name, bcrypt hash)` pairs, unchecked.
+    #[cfg(test)]
+    pub(crate) fn for_test(users: &[(&str, &str)]) -> Users {
+        Users::new(
+            users
+                .iter()
+                .map(|(u, h)| ((*u).to_owned(), (*h).to_owned()))
+                .collect(),
+        )
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.hashes.len()
     }
 
-    /// Whether `user:password` may scrape. Blocking: a bcrypt check on a cache miss.
-    pub(crate) fn allows(&self, user: &str, password: &[u8]) -> bool {
+    /// The cache's tag of `user:password`.
+    fn tag(&self, user: &str, password: &[u8]) -> Option<[u8; 32]> {
+        let key = self.key.as_ref()?;
+        let mut ctx = ring::hmac::Context::with_key(key);
+        // Length-prefixed: no two (user, password) pairs give the same message.
+        ctx.update(&(user.len() as u64).to_le_bytes());
+        ctx.update(user.as_bytes());
+        ctx.update(password);
+        ctx.sign().as_ref().try_into().ok()
+    }
+
+    /// Whether `user:password` verified within the last
+    /// [`default::PROMETHEUS_AUTH_CACHE_TTL_SECS`]: an HMAC and a constant-time comparison
+    /// with each cached tag, no bcrypt (a few microseconds: fine on the endpoint's thread).
+    pub(crate) fn cached(&self, user: &str, password: &[u8]) -> bool {
         use subtle::ConstantTimeEq;
-        {
-            let cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if cache
-                .iter()
-                .any(|(u, p)| u == user && bool::from(p.as_slice().ct_eq(password)))
-            {
-                return true;
-            }
-        }
+        let Some(tag) = self.tag(user, password) else {
+            return false;
+        };
+        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(_, at)| at.elapsed() < CACHE_TTL);
+        // Every entry compared, whatever matched: the time says nothing about which.
+        let hit = cache
+            .iter()
+            .fold(subtle::Choice::from(0), |hit, (t, _)| hit | t.ct_eq(&tag));
+        bool::from(hit)
+    }
+
+    /// Whether `user:password` may scrape, by bcrypt (blocking: tens of milliseconds at the
+    /// usual costs); remembered when it may.
+    pub(crate) fn verify(&self, user: &str, password: &[u8]) -> bool {
         let hash = self.hashes.iter().find(|(u, _)| u == user).map(|(_, h)| h);
         let checked = match hash {
             Some(h) => h.as_str(),
@@ -615,14 +679,20 @@ impl Users {
             }),
         };
         let ok = bcrypt::verify(password, checked).unwrap_or(false) && hash.is_some();
-        if ok {
+        if let (true, Some(tag)) = (ok, self.tag(user, password)) {
             let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.len() >= VERIFIED_CACHE {
+            if cache.len() >= default::PROMETHEUS_AUTH_CACHE {
                 cache.remove(0);
             }
-            cache.push((user.to_owned(), password.to_vec()));
+            cache.push((tag, Instant::now()));
         }
         ok
+    }
+
+    /// [`Users::cached`], else [`Users::verify`] (blocking).
+    #[cfg(test)]
+    pub(crate) fn allows(&self, user: &str, password: &[u8]) -> bool {
+        self.cached(user, password) || self.verify(user, password)
     }
 }
 
@@ -690,6 +760,14 @@ mod tests {
                 "not supported",
             ),
             ("weird: 1\n", "(document)", "unknown field `weird`"),
+            ("", "(document)", "configures nothing"),
+            ("# managed by ...\n", "(document)", "configures nothing"),
+            ("---\n", "(document)", "configures nothing"),
+            ("{}\n", "(document)", "configures nothing"),
+            ("null\n", "(document)", "configures nothing"),
+            ("tls_server_config:\n", "tls_server_config", "empty"),
+            ("basic_auth_users:\n", "basic_auth_users", "empty"),
+            ("basic_auth_users: {}\n", "basic_auth_users", "empty"),
         ];
         for (i, (text, field, detail)) in cases.iter().enumerate() {
             let e = err(text, &format!("bad{i}"));
@@ -719,7 +797,8 @@ mod tests {
         let c = load(&f).unwrap();
         let u = c.users.as_ref().unwrap();
         assert!(u.allows("alice", b"pw"));
-        assert!(u.allows("alice", b"pw"), "cached");
+        assert!(u.cached("alice", b"pw"), "cached");
+        assert!(!u.cached("alice", b"pw2") && !u.cached("alicepw", b""));
         assert!(!u.allows("alice", b"wrong"));
         assert!(!u.allows("bob", b"pw"));
         assert!(!format!("{c:?}").contains(&hash));

@@ -1,0 +1,191 @@
+//! 200 clients sending wrong passwords as fast as they are answered never starve a scraper whose
+//! credentials verified before: its scrapes are answered within 1 s, the flooders get 401 (after
+//! a bcrypt check on the endpoint's password pool) or 429 (the pool full) quickly, and both are
+//! counted in `phasetrace_prometheus_auth_refused_total{reason}`.
+
+use crate::idle_connections_never_lock_a_scraper_out::{ONE_FLOOD, as_an_outsider};
+use crate::prometheus_scrapes_over_tls_with_basic_auth::base64;
+use crate::support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use phasetrace::{Level, Profiler};
+use support::TempDir;
+
+const FLOODERS: usize = 200;
+const PASSWORD: &str = "the right one";
+/// A bcrypt cost that makes each check cost real CPU (htpasswd's -B default is 5; the
+/// exporter-toolkit's docs use 10; a debug build is about 30 times slower than a release one).
+const COST: u32 = 6;
+
+/// `GET /metrics` with `user:password` on a new connection: status and how long it took.
+fn get(addr: SocketAddr, password: &str) -> (u16, String, Duration) {
+    let t = Instant::now();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let auth = base64(&format!("prometheus:{password}"));
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: t\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let took = t.elapsed();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, text, took)
+}
+
+fn refused(body: &str, reason: &str) -> Option<u64> {
+    body.lines()
+        .find(|l| {
+            l.starts_with("phasetrace_prometheus_auth_refused_total{")
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn two_hundred_wrong_password_clients_leave_an_authorized_scrape_under_a_second() {
+    let _one = ONE_FLOOD.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = TempDir::new("phasetrace-auth-flood");
+    let hash = bcrypt::hash(PASSWORD, COST).expect("bcrypt");
+    let t = Instant::now();
+    assert!(!bcrypt::verify("wrong", &hash).unwrap());
+    let one_check = t.elapsed();
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, format!("basic_auth_users:\n  prometheus: '{hash}'\n")).unwrap();
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_prometheus_at(([127, 0, 0, 1], 0))
+        .with_prometheus_web_config(&web)
+        .build()
+        .expect("profiler with basic auth");
+    let addr = p.prometheus_addr().expect("endpoint");
+    // The scraper's credentials verify once (bcrypt), then are remembered.
+    let (status, body, _) = get(addr, PASSWORD);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(refused(&body, "busy"), Some(0), "from the start: {body}");
+    assert_eq!(refused(&body, "unauthorized"), Some(0));
+
+    // The flooders, as tasks on a thread of their own: each sends a wrong password, reads the
+    // answer and sends the next at once.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let flood = {
+        let answers = answers.clone();
+        std::thread::spawn(move || {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            as_an_outsider();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let tasks: Vec<_> = (0..FLOODERS)
+                    .map(|i| {
+                        let (stop, answers) = (stopped.clone(), answers.clone());
+                        tokio::spawn(async move {
+                            let auth = base64(&format!("prometheus:guess {i}"));
+                            let request = format!(
+                                "GET /metrics HTTP/1.1\r\nHost: t\r\nAuthorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+                            );
+                            let mut mine = Vec::new();
+                            while !*stop.borrow() {
+                                let t = Instant::now();
+                                let Ok(mut c) = tokio::net::TcpStream::connect(addr).await else {
+                                    mine.push((0, t.elapsed()));
+                                    continue;
+                                };
+                                let mut raw = Vec::new();
+                                let _ = c.write_all(request.as_bytes()).await;
+                                let _ = c.read_to_end(&mut raw).await;
+                                let status = std::str::from_utf8(raw.get(9..12).unwrap_or_default())
+                                    .ok()
+                                    .and_then(|s| s.parse().ok())
+                                    .unwrap_or(0u16);
+                                mine.push((status, t.elapsed()));
+                            }
+                            answers.lock().unwrap().extend(mine);
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut took = Vec::new();
+    while Instant::now() < until {
+        let (status, body, t) = get(addr, PASSWORD);
+        assert_eq!(
+            status, 200,
+            "an authorized scrape beside {FLOODERS} wrong passwords: {body}"
+        );
+        took.push(t);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = stop.send(true);
+    flood.join().expect("flood");
+    let (_, body, _) = get(addr, PASSWORD);
+    p.shutdown();
+
+    took.sort();
+    let (median, slowest) = (took[took.len() / 2], *took.last().unwrap());
+    let mut answers = answers.lock().unwrap().clone();
+    answers.sort_by_key(|(_, t)| *t);
+    let count = |s: u16| answers.iter().filter(|(x, _)| *x == s).count();
+    let p50 = answers[answers.len() / 2].1;
+    let p99 = answers[answers.len() * 99 / 100].1;
+    eprintln!(
+        "one bcrypt check (cost {COST}, this build) {one_check:?}; {} authorized scrapes: median \
+         {median:?}, slowest {slowest:?}; {} wrong-password answers: {} 401, {} 429, p50 {p50:?}, \
+         p99 {p99:?}",
+        took.len(),
+        answers.len(),
+        count(401),
+        count(429)
+    );
+    assert!(
+        slowest < Duration::from_secs(1),
+        "the slowest of {} authorized scrapes took {slowest:?} (median {median:?})",
+        took.len()
+    );
+    let others: Vec<_> = answers
+        .iter()
+        .filter(|(s, _)| *s != 401 && *s != 429)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "flooders got other answers: {:?}",
+        &others[..others.len().min(5)]
+    );
+    assert!(
+        count(401) > 0 && count(429) > 0,
+        "both refusals: {} 401, {} 429",
+        count(401),
+        count(429)
+    );
+    // Quickly: 429 at once; a 401 waits for at most the pool's queue (4 checks) and its own.
+    assert!(
+        p50 < Duration::from_secs(1),
+        "a flooder's median answer took {p50:?}"
+    );
+    assert!(
+        p99 < one_check * 10 + Duration::from_secs(2),
+        "a flooder's p99 answer took {p99:?} (one check: {one_check:?})"
+    );
+    let busy = refused(&body, "busy").expect("counter");
+    let unauthorized = refused(&body, "unauthorized").expect("counter");
+    assert_eq!(busy, count(429) as u64, "{body}");
+    assert_eq!(unauthorized, count(401) as u64, "{body}");
+}
