@@ -12,8 +12,11 @@
 #     throughput overhead, capture skipping, sections inside a captured graph timed at replay;
 #   - phasetrace-gpu-bench: a decode loop of real kernels (spin kernels of known duration, cuBLAS
 #     decode GEMMs), eager and as a CUDA graph, with every clock;
+#   - phasetrace-candle-cuda, when the bundle has it: the candle decoder on candle's CUDA device,
+#     candle's stream handed to phasetrace: tokens/s unprofiled vs host vs sync vs events, the
+#     same tokens in every variant, each layer's time per token under each clock;
 # then prints one table of every figure. Each step has its own timeout (TESTS_TIMEOUT, default
-# 150 s; BENCH_TIMEOUT, default 100 s): well under 5 minutes in all.
+# 150 s; BENCH_TIMEOUT, default 100 s; CANDLE_TIMEOUT, default 150 s): under 10 minutes in all.
 #
 # Without a usable NVIDIA driver it stops at once with a clear message (exit 3).
 # cuBLAS is found in CUDA_HOME/lib64, /usr/local/cuda/lib64 or the loader path, CUDA 12 or 13
@@ -124,6 +127,36 @@ timeout "${BENCH_TIMEOUT:-100}" "$DIR/phasetrace-gpu-bench" >"$WORK/bench.log" 2
 rc=$?
 cat "$WORK/bench.log" >&2
 [ $rc -eq 0 ] || { log "phasetrace-gpu-bench failed (exit $rc)"; status=1; }
+
+# The candle engine is linked against the CUDA 13 libraries (candle's `cuda` feature): look for
+# them where the toolkit or NVIDIA's Python wheels (nvidia/cu13/lib) put them, then check that
+# the loader finds every one before running it.
+if [ -x "$DIR/phasetrace-candle-cuda" ]; then
+    for py in python3 python; do
+        wheel_lib="$("$py" -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))' 2>/dev/null)" && break
+    done
+    if [ -n "${wheel_lib:-}" ] && [ -d "$wheel_lib" ]; then
+        LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_lib"
+    fi
+    missing="$(ldd "$DIR/phasetrace-candle-cuda" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')"
+    if [ -n "$missing" ]; then
+        log "phasetrace-candle-cuda cannot start: the loader finds no ${missing}(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+        printf 'FIGURE\tcandle engine on CUDA\tcannot start: no %s\tstarts\tMISSING\n' "$missing" >"$WORK/candle.log"
+        status=1
+    else
+        log "running phasetrace-candle-cuda"
+        timeout "${CANDLE_TIMEOUT:-150}" "$DIR/phasetrace-candle-cuda" >"$WORK/candle.log" 2>&1
+        rc=$?
+        cat "$WORK/candle.log" >&2
+        if [ $rc -ne 0 ]; then
+            log "phasetrace-candle-cuda failed (exit $rc)"
+            printf 'FIGURE\tcandle engine on CUDA\texit %s\texit 0\tFAILED\n' "$rc" >>"$WORK/candle.log"
+            status=1
+        fi
+    fi
+else
+    log "no phasetrace-candle-cuda in the bundle ($(sed -n 's/^candle engine //p' "$DIR/MANIFEST" 2>/dev/null | head -n 1)): skipped"
+fi
 
 # One table: every test's verdict, every FIGURE line the tests and the bench printed.
 {

@@ -15,7 +15,10 @@
 //! The driver library is opened at run time. On a machine without it (or without a usable GPU),
 //! every constructor returns [`TimingError::CudaUnavailable`] and nothing panics: cudarc panics
 //! when a driver function is first called without `libcuda`, so [`probe`] checks for the library
-//! and every symbol these backends call before anything else touches the driver.
+//! and every symbol these backends call before anything else touches the driver. In a build where
+//! another crate has cudarc link the driver instead (candle-core's `cuda` feature selects cudarc's
+//! `dynamic-linking`, which then replaces the run-time loading for the whole build), the process
+//! needs `libcuda.so.1` to start at all, and the probe's checks still hold.
 //!
 //! # The event backend: how a boundary is timed
 //!
@@ -169,24 +172,38 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuThreadExchangeStreamCaptureMode",
 ];
 
+/// The names the driver library goes by, most specific first.
+#[cfg(windows)]
+const DRIVER_LIBRARY: &[&str] = &["nvcuda.dll"];
+#[cfg(not(windows))]
+const DRIVER_LIBRARY: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// Opens the driver library by its usual names, or `None`. phasetrace's own look-up, so that the
+/// probe works whether cudarc opens the driver at run time (its `dynamic-loading`, phasetrace's
+/// default) or the process was linked against it (cudarc's `dynamic-linking`, which candle's
+/// `cuda` feature selects for the whole build).
+fn driver_library() -> Option<libloading::Library> {
+    DRIVER_LIBRARY.iter().find_map(|name| {
+        // SAFETY: opening the NVIDIA driver library runs only its own initializers, which have
+        // no preconditions.
+        unsafe { libloading::Library::new(*name) }.ok()
+    })
+}
+
 /// Checks, once per process, that the CUDA driver library is present, exports every function the
 /// backends call, and initializes (`cuInit(0)`). Never panics.
 pub fn probe() -> Result<(), TimingError> {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
-            // SAFETY: `is_culib_present` only tries to open the library by its usual names.
-            if !unsafe { sys::is_culib_present() } {
+            let Some(lib) = driver_library() else {
                 return Err("the NVIDIA driver library (libcuda.so) was not found; \
                             is the NVIDIA driver installed and on the loader path?"
                     .to_owned());
-            }
-            // SAFETY: the library is present, so `culib` opens it instead of panicking; looking a
-            // symbol up does not call it.
-            let lib = unsafe { sys::culib() };
+            };
             for name in REQUIRED_SYMBOLS {
                 // SAFETY: the symbol is only looked up, never called through this type.
-                if unsafe { lib.get::<unsafe extern "C" fn()>(*name) }.is_err() {
+                if unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) }.is_err() {
                     return Err(format!(
                         "the NVIDIA driver library lacks {name} (driver too old?)"
                     ));
@@ -323,8 +340,7 @@ mod tests {
     /// returns `CudaUnavailable` and nothing panics; with a driver, the probe passes.
     #[test]
     fn constructors_without_a_driver_return_an_error() {
-        // SAFETY: `is_culib_present` only tries to open the library.
-        let has_lib = unsafe { sys::is_culib_present() };
+        let has_lib = driver_library().is_some();
         let probed = probe();
         if !has_lib {
             assert!(

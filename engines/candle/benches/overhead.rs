@@ -1,0 +1,160 @@
+//! phasetrace's overhead on real compute: tokens per second of the candle decoder (one rank,
+//! the CPU, one decode step per iteration: `rec.step()` around a one-token forward with its
+//! ~40 sections a layer... every section, all-reduce and route call of the engine) with:
+//!
+//! - `none`: no recorder at all (the engine without phasetrace);
+//! - `off`: phasetrace built in, level `off` (one relaxed load per call);
+//! - `full`: level `full` on the host clock, no spans (`PHASETRACE_TRACE_EVERY=0`);
+//! - `full_sampled`: level `full`, one step in 100 traced as spans (the default).
+//!
+//! The variants run in one process, interleaved: first a pass of `ROUNDS` rounds, each timing
+//! `TOKENS` tokens of every variant in turn (its medians and ratios are printed: the figure in
+//! BENCHMARKS.md), then criterion's own groups with stable ids (`candle_decode/<variant>`).
+//! The model: `BENCH_MODEL` (the demo's default shapes with 4 layers: 1 dense and 3 MoE with 64
+//! experts, top-8), whose step takes 1-10 ms on the development machine.
+//!
+//! Run: `cargo bench -p phasetrace-candle --bench overhead`.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use phasetrace::{Level, Profiler, Recorder};
+use phasetrace_candle::model::{KvCache, Model, Shard};
+use phasetrace_candle::{Ctx, ModelConfig, weights};
+use std::time::{Duration, Instant};
+
+const ROUNDS: usize = 15;
+const TOKENS: usize = 48;
+/// Tokens before the cache starts over (same prompt), so steps stay alike.
+const CONTEXT: usize = 96;
+
+fn bench_model() -> ModelConfig {
+    ModelConfig {
+        layers: 4,
+        ..ModelConfig::default()
+    }
+}
+
+struct Variant {
+    name: &'static str,
+    /// Kept alive for the recorder.
+    profiler: Option<Profiler>,
+    rec: Option<Recorder>,
+    cache: KvCache,
+    next: u32,
+}
+
+fn variant(name: &'static str, level: Option<(Level, &str)>, layers: usize) -> Variant {
+    let profiler = level.map(|(l, every)| {
+        Profiler::builder()
+            .without_env()
+            .with_level(l)
+            .with_text("PHASETRACE_TRACE_EVERY", every)
+            .expect("a valid setting")
+            .build()
+            .expect("building the profiler")
+    });
+    let rec = profiler.as_ref().map(Profiler::recorder);
+    Variant {
+        name,
+        profiler,
+        rec,
+        cache: KvCache::new(layers),
+        next: 1,
+    }
+}
+
+/// One decode step of `v`: a token through the whole model.
+fn step(model: &Model, v: &mut Variant) {
+    let layers = model.config().layers;
+    if v.cache.len() >= CONTEXT {
+        v.cache = KvCache::new(layers);
+    }
+    let mut ctx = Ctx::plain().expect("sections").recording(v.rec.as_ref());
+    let _step = v.rec.as_ref().map(Recorder::step);
+    let ids = model
+        .forward(&mut ctx, &[v.next], &mut v.cache, layers)
+        .expect("forward");
+    v.next = ids[0];
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn benches(c: &mut Criterion) {
+    let cfg = bench_model();
+    let tensors = weights::random(&cfg, 7).expect("random weights");
+    let vb = candle_nn::VarBuilder::from_tensors(
+        tensors,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    );
+    let model = Model::load(&vb, &cfg, Shard::WHOLE, CONTEXT + 8).expect("model");
+    let mut vs = vec![
+        variant("none", None, cfg.layers),
+        variant("off", Some((Level::Off, "0")), cfg.layers),
+        variant("full", Some((Level::Full, "0")), cfg.layers),
+        variant("full_sampled", Some((Level::Full, "100")), cfg.layers),
+    ];
+    // Warm-up: every variant a while.
+    for v in vs.iter_mut() {
+        for _ in 0..TOKENS {
+            step(&model, v);
+        }
+    }
+    // The interleaved pass.
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); vs.len()];
+    for _ in 0..ROUNDS {
+        for (i, v) in vs.iter_mut().enumerate() {
+            let t = Instant::now();
+            for _ in 0..TOKENS {
+                step(&model, v);
+            }
+            tps[i].push(TOKENS as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let medians: Vec<f64> = tps.iter_mut().map(|s| median(s)).collect();
+    let off = medians[1];
+    eprintln!(
+        "interleaved: {ROUNDS} rounds x {TOKENS} tokens per variant; {} layers, width {}, {} experts top-{}",
+        cfg.layers, cfg.hidden, cfg.experts, cfg.top_k
+    );
+    for (v, m) in vs.iter().zip(&medians) {
+        eprintln!(
+            "  {:<13} {:>8.1} tokens/s  {:>6.3} ms/step  {:.4}x of off",
+            v.name,
+            m,
+            1e3 / m,
+            m / off
+        );
+    }
+    for v in &vs {
+        if let Some(p) = &v.profiler {
+            p.flush();
+            let s = p.stats();
+            eprintln!(
+                "  {:<13} sections {} steps {} spans {} dropped {:?}",
+                v.name, s.sections, s.steps, s.spans, s.dropped
+            );
+        }
+    }
+
+    let mut g = c.benchmark_group("candle_decode");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for v in vs.iter_mut() {
+        let name = v.name;
+        g.bench_function(name, |b| b.iter(|| step(&model, v)));
+    }
+    g.finish();
+    for v in vs {
+        if let Some(p) = v.profiler {
+            drop(v.rec);
+            p.shutdown();
+        }
+    }
+}
+
+criterion_group!(overhead, benches);
+criterion_main!(overhead);

@@ -1,0 +1,51 @@
+//! A decoder written with candle the way an engine team writes one (embedding; per layer
+//! RMSNorm, attention with RoPE, grouped-query heads and a KV cache, a SwiGLU MLP or an MoE
+//! block with a router, top-k routing, routed experts and a shared expert; final norm, LM head,
+//! greedy sampling), tensor-parallel over ranks that are threads, with speculative decoding,
+//! and instrumented with phasetrace's public API only: the reference integration
+//! (`docs/engine.md`).
+//!
+//! ```text
+//! weights (random | checkpoint) ─> VarBuilder ─> Model (one shard per rank)
+//! generate ─> rank threads ─> forward: sections per layer ─> all-reduce (probe + sum)
+//!          └─> phasetrace Recorder per rank: step per token, round + phases when speculative
+//! ```
+//!
+//! The model runs on any candle [`Device`](candle_core::Device) given in
+//! [`RunOptions::device`]; the CPU is the default.
+
+#![warn(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+pub mod collective;
+pub mod config;
+mod engine;
+mod instrument;
+pub mod model;
+pub mod weights;
+
+pub use config::{Layout, ModelConfig};
+pub use engine::{Draft, RunOptions, RunOutput, Spec, checksum, generate, prompt};
+pub use instrument::{Ctx, EngineSections};
+
+/// What can go wrong building or running the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Shapes or options that cannot work; the message names which and why.
+    #[error("invalid engine configuration: {0}")]
+    Config(String),
+    /// A checkpoint directory that cannot be read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// A candle operation failed (a shape mismatch, a missing tensor, a device error).
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// A section name could not be registered.
+    #[error("phasetrace: {0}")]
+    Vocab(#[from] phasetrace::VocabError),
+    /// A rank thread panicked.
+    #[error("rank {0} panicked")]
+    RankPanicked(usize),
+    /// A rank generated other tokens than rank 0 (the all-reduce is broken).
+    #[error("rank {0} generated other tokens than rank 0")]
+    RanksDisagree(usize),
+}

@@ -1,0 +1,51 @@
+//! The generated tokens are the same with phasetrace absent, built but off, at level
+//! `collectives` and at level `full` (spans on every step), with two tensor-parallel ranks and
+//! speculative decoding: telemetry observes the engine, never steers it.
+
+use crate::support::small_moe;
+use phasetrace::{Level, Profiler, SpecLevel};
+use phasetrace_candle::{Draft, RunOptions, Spec, checksum, generate, prompt, weights};
+
+fn run(profiler: Option<&Profiler>) -> Vec<u32> {
+    let cfg = small_moe();
+    let tensors = weights::random(&cfg, 5).expect("random weights");
+    let opts = RunOptions {
+        ranks: 2,
+        spec: Some(Spec {
+            k: 3,
+            draft: Draft::Shallow { layers: 1 },
+        }),
+        ..RunOptions::new(cfg.clone(), tensors, 12, prompt(5, cfg.vocab, 5))
+    };
+    generate(&opts, profiler).expect("generating").tokens
+}
+
+fn profiler(level: Level) -> Profiler {
+    Profiler::builder()
+        .without_env()
+        .with_level(level)
+        .with_spec_level(SpecLevel::VerifySplit)
+        .with_text("PHASETRACE_TRACE_EVERY", "1")
+        .expect("a valid setting")
+        .build()
+        .expect("building the profiler")
+}
+
+#[test]
+fn tokens_are_identical_with_phasetrace_off_and_at_every_level() {
+    let reference = run(None);
+    assert!(reference.len() >= 12, "{} tokens", reference.len());
+    for level in [Level::Off, Level::Collectives, Level::Full] {
+        let p = profiler(level);
+        let tokens = run(Some(&p));
+        p.shutdown();
+        assert_eq!(
+            checksum(&tokens),
+            checksum(&reference),
+            "level {level:?}: {tokens:?} vs {reference:?}"
+        );
+        if level == Level::Full {
+            assert!(p.stats().sections > 0, "level full recorded sections");
+        }
+    }
+}
