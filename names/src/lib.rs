@@ -297,6 +297,8 @@ pub mod env {
     pub const TRACE_SLOWER_THAN: &str = "PHASETRACE_TRACE_SLOWER_THAN";
     /// Most slow-step (tail) traces a second per rank.
     pub const TRACE_SLOW_BUDGET: &str = "PHASETRACE_TRACE_SLOW_BUDGET";
+    /// How long `Profiler::shutdown` may take in all (milliseconds).
+    pub const SHUTDOWN_TIMEOUT: &str = "PHASETRACE_SHUTDOWN_TIMEOUT";
     /// Read one CUDA-graph replay in N; `0` reads none.
     pub const GRAPH_READ_EVERY: &str = "PHASETRACE_GRAPH_READ_EVERY";
     /// `on`/`off`: the `layer` attribute on section metrics.
