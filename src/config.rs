@@ -689,7 +689,6 @@ pub(crate) struct ConfigBuilder {
     code: BTreeMap<&'static str, CodeValue>,
     /// A value given in code that did not parse, reported by `resolve_with`.
     deferred: Option<ConfigError>,
-    pub(crate) shutdown_timeout: Option<Duration>,
     /// (alias variable, the phasetrace variable it stands for)
     pub(crate) aliases: Vec<(String, &'static str)>,
     /// The engine gave a provider of its own (meter, tracer or both): the process's `OTEL_*`
@@ -733,9 +732,6 @@ impl fmt::Debug for ConfigBuilder {
                 Some(s) => m.entry(var, &s.show_any(v.as_ref())),
                 None => m.entry(var, &"?"),
             };
-        }
-        if let Some(t) = self.shutdown_timeout {
-            m.entry(&"shutdown_timeout", &t);
         }
         m.finish()
     }
@@ -965,6 +961,7 @@ impl ConfigBuilder {
         let certificate = src.value(&s::OTLP_CERTIFICATE)?;
         let histogram = src.value(&s::OTLP_HISTOGRAM)?;
         let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
+        let shutdown_timeout = src.value(&s::SHUTDOWN_TIMEOUT)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
         let mut given_traces = src.signal_given(&TRACES)?;
@@ -1137,9 +1134,7 @@ impl ConfigBuilder {
                 metrics_otlp,
                 given_traces,
                 given_metrics,
-                shutdown_timeout: self.shutdown_timeout.unwrap_or(Duration::from_millis(
-                    crate::names::default::SHUTDOWN_TIMEOUT_MS,
-                )),
+                shutdown_timeout,
                 origins: src.origins,
                 alias_warnings: src.alias_warnings,
             },
@@ -1437,6 +1432,21 @@ mod tests {
         assert!(agree.alias_warnings.is_empty());
         let bad = resolve(&b, &[("METRALE_GLM_PROFILE", "yes")]).unwrap_err();
         assert!(bad.to_string().starts_with("METRALE_GLM_PROFILE=\"yes\""));
+    }
+
+    #[test]
+    fn the_shutdown_timeout_is_a_setting_with_a_variable() {
+        let c = env(&[("PHASETRACE_SHUTDOWN_TIMEOUT", "1500")]).unwrap();
+        assert_eq!(c.shutdown_timeout, Duration::from_millis(1500));
+        assert_eq!(c.origin(env::SHUTDOWN_TIMEOUT), Origin::Env);
+        let d = env(&[]).unwrap();
+        assert_eq!(d.shutdown_timeout, Duration::from_secs(5));
+        let e = env(&[("PHASETRACE_SHUTDOWN_TIMEOUT", "soon")]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("PHASETRACE_SHUTDOWN_TIMEOUT=\"soon\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -200,12 +200,6 @@ impl ProfilerBuilder {
         self
     }
 
-    /// How long [`Profiler::shutdown`] may take. Default 5 s.
-    pub fn with_shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.cfg.shutdown_timeout = Some(timeout);
-        self
-    }
-
     /// Declares a legacy variable that stands for a phasetrace variable, usually
     /// `PHASETRACE_LEVEL` or `PHASETRACE_SPEC_LEVEL` (`"METRALE_GLM_PROFILE"`); it is read with
     /// that setting's parser. Both are honored; the phasetrace name wins, and a disagreement is

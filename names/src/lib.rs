@@ -758,6 +758,8 @@ pub mod env {
         TRACE_SLOWER_THAN = "PHASETRACE_TRACE_SLOWER_THAN";
         /// Most slow-step (tail) traces a second per rank.
         TRACE_SLOW_BUDGET = "PHASETRACE_TRACE_SLOW_BUDGET";
+        /// How long `Profiler::shutdown` may take in all (milliseconds).
+        SHUTDOWN_TIMEOUT = "PHASETRACE_SHUTDOWN_TIMEOUT";
         /// Also trace every request whose time to first token is over this: a duration, a
         /// percentile of recent requests, or `off`.
         TRACE_REQUESTS_TTFT_OVER = "PHASETRACE_TRACE_REQUESTS_TTFT_OVER";

@@ -9,7 +9,7 @@
 //! - `otlp`, `traces_otlp`, `metrics_otlp`, `traces_console` (and the per-signal settings as
 //!   given): one OTLP connection per signal from the general and the per-signal settings, and
 //!   the exporters selected (`OTEL_TRACES_EXPORTER`, `OTEL_METRICS_EXPORTER`);
-//! - `shutdown_timeout` (set in code only), `origins` and `alias_warnings`: not settings.
+//! - `shutdown_timeout` (`PHASETRACE_SHUTDOWN_TIMEOUT`, read with the OTLP settings), `origins` and `alias_warnings`: not settings.
 //!
 //! The settings that feed them declare `get` (how `check` reads them back) instead of `field`,
 //! and `ConfigBuilder::resolve_with` reads them where it combines them.
@@ -503,6 +503,20 @@ settings! {
         get: |c| c.otlp.as_ref().map(|o| o.timeout),
         /// The OTLP export timeout. Env: `OTEL_EXPORTER_OTLP_TIMEOUT` (ms); default 10 s.
         setter: fn with_otlp_timeout(timeout: Duration) => timeout,
+    },
+    SHUTDOWN_TIMEOUT: Duration {
+        var: env::SHUTDOWN_TIMEOUT,
+        doc: "How long shutdown may take in all, in milliseconds (its OTLP exports included)",
+        expected: MILLIS,
+        example: "2000",
+        default: Duration::from_millis(default::SHUTDOWN_TIMEOUT_MS),
+        parse: millis,
+        show: show_millis,
+        get: |c| Some(c.shutdown_timeout),
+        /// How long [`Profiler::shutdown`](crate::Profiler::shutdown) may take in all: the last
+        /// drain and phasetrace's own exporters' final flush and shutdown share it.
+        /// Env: `PHASETRACE_SHUTDOWN_TIMEOUT` (ms); default 5 s.
+        setter: fn with_shutdown_timeout(timeout: Duration) => timeout,
     },
     OTLP_COMPRESSION: Compression {
         var: env::OTEL_EXPORTER_OTLP_COMPRESSION,

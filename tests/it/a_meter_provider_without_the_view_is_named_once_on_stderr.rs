@@ -65,6 +65,50 @@ fn scenario() {
     p.shutdown();
     let _ = with_view.shutdown();
     let _ = without.shutdown();
+
+    eprintln!("-- without a reader --");
+    let readerless = SdkMeterProvider::builder()
+        .with_view(phasetrace::view(false))
+        .build();
+    let p = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_meter_provider(readerless)
+        .build()
+        .expect("profiler on a provider without a reader");
+    record(&p);
+    p.shutdown();
+
+    // The globals are read when `build()` runs: set after `with_global_providers()` and before
+    // `build()`, they get every record, and nothing is said.
+    eprintln!("-- globals --");
+    let exporter = InMemoryMetricExporter::default();
+    let global = SdkMeterProvider::builder()
+        .with_reader(
+            PeriodicReader::builder(exporter.clone())
+                .with_interval(Duration::from_secs(3600))
+                .build(),
+        )
+        .with_view(phasetrace::view(false))
+        .build();
+    let b = Profiler::builder()
+        .without_env()
+        .with_level(Level::Full)
+        .with_global_providers();
+    opentelemetry::global::set_meter_provider(global.clone());
+    let p = b.build().expect("profiler on the globals");
+    record(&p);
+    p.shutdown();
+    global.force_flush().expect("flush");
+    let exported = exporter.get_finished_metrics().expect("metrics");
+    let steps = exported
+        .last()
+        .into_iter()
+        .flat_map(|rm| rm.scope_metrics())
+        .flat_map(|s| s.metrics())
+        .any(|m| m.name() == metric::STEPS);
+    eprintln!("global steps exported: {steps}");
+    let _ = global.shutdown();
 }
 
 #[test]
@@ -87,9 +131,23 @@ fn a_provider_without_the_view_is_named_once_and_one_with_it_never() {
     let out = cmd.output().expect("running the child");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the child failed:\n{stderr}");
-    let (with_view, without) = stderr
+    let (with_view, rest) = stderr
         .split_once("-- without the view --")
         .unwrap_or_else(|| panic!("the child did not reach its second part:\n{stderr}"));
+    let (without, rest) = rest
+        .split_once("-- without a reader --")
+        .unwrap_or_else(|| panic!("the child did not reach its third part:\n{stderr}"));
+    let (readerless, globals) = rest
+        .split_once("-- globals --")
+        .unwrap_or_else(|| panic!("the child did not reach its fourth part:\n{stderr}"));
+    assert!(
+        !readerless.contains(WARNING) && readerless.contains("has no reader"),
+        "a provider with the view but no reader is named as such:\n{readerless}"
+    );
+    assert!(
+        globals.contains("global steps exported: true") && !globals.contains("phasetrace:"),
+        "globals set before build() get the records, silently:\n{globals}"
+    );
     assert!(
         !with_view.contains(WARNING),
         "a provider with the view was warned about:\n{with_view}"
