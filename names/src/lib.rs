@@ -507,7 +507,8 @@ pub mod metric {
     pub const BATCH_SIZE_BOUNDARIES: [f64; 11] = [
         1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
     ];
-    /// Unit of [`BATCH_SIZE`] and the request gauges.
+    /// Unit of [`BATCH_SIZE`], the request gauges and the Prometheus endpoint's refused-auth
+    /// counter.
     pub const UNIT_REQUESTS: &str = "{request}";
 
     /// Unit of every duration histogram.
@@ -528,8 +529,6 @@ pub mod metric {
     pub const UNIT_EXPORTS: &str = "{export}";
     /// Unit of the Prometheus endpoint's closed-connections counter.
     pub const UNIT_CONNECTIONS: &str = "{connection}";
-    /// Unit of the Prometheus endpoint's refused-auth counter.
-    pub const UNIT_REQUESTS: &str = "{request}";
     /// No unit (a ratio or a state).
     pub const UNIT_NONE: &str = "";
 
