@@ -159,7 +159,7 @@ impl Scheduler {
             RequestKind::new("phasetrace.demo", "text_completion", a.model.clone())
                 .response_model(a.model.clone()),
         )?;
-        let mut rng = SmallRng::seed_from_u64(seed ^ 0x5EED_0F_4E9);
+        let mut rng = SmallRng::seed_from_u64(seed ^ 0x0005_EED0_F4E9);
         let gap = (a.request_rate > 0.0)
             .then(|| Exp::new(a.request_rate).ok())
             .flatten();

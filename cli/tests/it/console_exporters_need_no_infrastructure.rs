@@ -9,7 +9,18 @@ use std::time::Duration;
 #[test]
 fn the_demo_prints_spans_and_summary_tables_to_stderr() {
     let done = cli::phasetrace(
-        &["demo", "--steps", "200", "--ranks", "1", "--layers", "2"],
+        // No requests: a traced request would trace the steps that serve it too.
+        &[
+            "demo",
+            "--steps",
+            "200",
+            "--ranks",
+            "1",
+            "--layers",
+            "2",
+            "--request-rate",
+            "0",
+        ],
         &[
             ("OTEL_TRACES_EXPORTER", "console"),
             ("OTEL_METRICS_EXPORTER", "console"),

@@ -57,6 +57,9 @@ fn exemplars_of_the_step_histogram_name_traces_the_collector_received() {
     let endpoint = rotel.grpc_endpoint();
     let mut demo = cli::Demo::spawn(
         &[
+            // No requests: only slow and one-in-N steps are traced.
+            "--request-rate",
+            "0",
             "--duration",
             "20",
             "--ranks",

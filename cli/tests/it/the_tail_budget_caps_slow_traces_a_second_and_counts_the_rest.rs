@@ -21,6 +21,9 @@ fn tail_traces_stay_at_the_cap_and_the_excess_is_counted() {
     let mut cmd = cli::command();
     cmd.args([
         "demo",
+        // No requests: a slow request would trace the steps that serve it too.
+        "--request-rate",
+        "0",
         "--duration",
         &SECONDS.to_string(),
         "--ranks",

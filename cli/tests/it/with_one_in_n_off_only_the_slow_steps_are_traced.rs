@@ -25,6 +25,9 @@ fn only_the_steps_made_slow_are_traced_and_each_in_full() {
     let mut cmd = cli::command();
     cmd.args([
         "demo",
+        // No requests: a slow request would trace the steps that serve it too.
+        "--request-rate",
+        "0",
         "--steps",
         &STEPS.to_string(),
         "--ranks",

@@ -162,9 +162,7 @@ impl SpanSink {
             (false, Verdict::OverBudget, false) => return Some((DropReason::TailBudget, 1)),
             (false, Verdict::Fast, false) => return None,
         };
-        let Some(tracer) = self.tracer.clone() else {
-            return None;
-        };
+        let tracer = self.tracer.clone()?;
         let traced: Vec<&BatchEntry> = batch
             .iter()
             .filter(|b| b.traced && self.requests.contains_key(&b.id))
