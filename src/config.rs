@@ -10,10 +10,10 @@
 //! Header values are secrets: they never appear in errors, `Debug` output or `check`.
 //! [`settings`] says how to add a setting: one declaration in `config/table.rs`.
 
-pub mod settings;
-mod table;
 #[cfg(test)]
 mod secret_tests;
+pub mod settings;
+mod table;
 
 pub use table::Config;
 
@@ -976,7 +976,10 @@ pub(crate) fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
         // A header value cannot hold CR, LF or NUL (RFC 9110 5.5), and a transport that refuses
         // one might quote it: refused here, by position.
         if v.chars().any(char::is_control) {
-            return Err(format!("entry {} has a control character in its value", i + 1));
+            return Err(format!(
+                "entry {} has a control character in its value",
+                i + 1
+            ));
         }
         out.push((k.to_owned(), v.into_owned()));
     }

@@ -505,7 +505,10 @@ impl SeriesCap {
             return false;
         }
         self.count[kind] += 1;
-        self.seen[kind].entry(name.clone()).or_default().insert(layer);
+        self.seen[kind]
+            .entry(name.clone())
+            .or_default()
+            .insert(layer);
         true
     }
 }

@@ -902,7 +902,9 @@ fn the_line_length_limit_holds_whatever_the_buffering_and_is_reported() {
         .expect("read");
         assert_eq!(got.summary.overlong_lines, long, "buffer of {cap} bytes");
         assert!(
-            got.summary.first_bad[0].1.contains("longer than the limit of 200 bytes"),
+            got.summary.first_bad[0]
+                .1
+                .contains("longer than the limit of 200 bytes"),
             "{:?}",
             got.summary.first_bad
         );
@@ -917,14 +919,29 @@ fn distinct_series_past_the_cap_are_left_out_counted_and_said() {
     let n = SERIES_CAP as u64 + 100;
     let mut log = String::new();
     for layer in 0..n {
-        log += &event(T0 + layer * MS, "WARN", "p", &route_message(layer, "attn", layer as u32, false, 1500, &[]), false);
+        log += &event(
+            T0 + layer * MS,
+            "WARN",
+            "p",
+            &route_message(layer, "attn", layer as u32, false, 1500, &[]),
+            false,
+        );
     }
-    log += &event(T0 + n * MS, "WARN", "p", &route_message(n, "attn", 7, false, 1500, &[]), false);
+    log += &event(
+        T0 + n * MS,
+        "WARN",
+        "p",
+        &route_message(n, "attn", 7, false, 1500, &[]),
+        false,
+    );
     let got = import_str(&log);
     assert_eq!(got.records.len(), SERIES_CAP + 1);
     assert_eq!(got.summary.series_cap_dropped, 100);
     assert!(
-        got.summary.first_bad.iter().any(|(_, why)| why.contains("more than 8192 distinct series")),
+        got.summary
+            .first_bad
+            .iter()
+            .any(|(_, why)| why.contains("more than 8192 distinct series")),
         "{:?}",
         got.summary.first_bad
     );
@@ -932,7 +949,13 @@ fn distinct_series_past_the_cap_are_left_out_counted_and_said() {
 
 #[test]
 fn an_absurd_probe_time_is_a_bad_line_and_does_not_move_the_run() {
-    let mut log = event(T0, "WARN", "p", &route_message(1, "attn", 0, false, 1500, &[]), false);
+    let mut log = event(
+        T0,
+        "WARN",
+        "p",
+        &route_message(1, "attn", 0, false, 1500, &[]),
+        false,
+    );
     log += &event(
         T0 + MS,
         "WARN",
@@ -943,7 +966,11 @@ fn an_absurd_probe_time_is_a_bad_line_and_does_not_move_the_run() {
     let got = import_str(&log);
     assert_eq!(got.records.len(), 1);
     assert_eq!(got.summary.lines_bad, 1);
-    assert!(got.summary.first_bad[0].1.contains("bar_us"), "{:?}", got.summary.first_bad);
+    assert!(
+        got.summary.first_bad[0].1.contains("bar_us"),
+        "{:?}",
+        got.summary.first_bad
+    );
 }
 
 fn gzip(data: &[u8]) -> Vec<u8> {

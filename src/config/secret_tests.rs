@@ -70,7 +70,10 @@ fn endpoint_vars() -> [&'static str; 3] {
 /// An environment where every OTLP setting applies.
 fn base() -> Vec<(&'static str, String)> {
     vec![
-        (env::OTEL_EXPORTER_OTLP_ENDPOINT, "https://collector:4317".into()),
+        (
+            env::OTEL_EXPORTER_OTLP_ENDPOINT,
+            "https://collector:4317".into(),
+        ),
         (env::OTEL_TRACES_EXPORTER, "otlp".into()),
         (env::OTEL_METRICS_EXPORTER, "otlp".into()),
     ]
@@ -147,7 +150,9 @@ fn credentials_in_an_endpoint_are_refused_without_being_printed() {
             assert!(r.is_err(), "{what}: accepted");
             assert_hidden(&what, &outputs(&r));
             let r = Profiler::builder().without_env().with_text(var, &text);
-            let e = r.err().unwrap_or_else(|| panic!("with_text {what}: accepted"));
+            let e = r
+                .err()
+                .unwrap_or_else(|| panic!("with_text {what}: accepted"));
             assert_hidden(&what, &[e.to_string(), format!("{e:?}")]);
         }
     }
@@ -185,13 +190,22 @@ fn an_empty_per_signal_header_list_inherits_the_general_headers() {
         let mut vars = base();
         vars.push((env::OTEL_EXPORTER_OTLP_HEADERS, "x-api-key=general".into()));
         vars.push((env::OTEL_EXPORTER_OTLP_TRACES_HEADERS, empty.into()));
-        let c = ConfigBuilder::default().resolve_with(env_of(&vars)).unwrap();
+        let c = ConfigBuilder::default()
+            .resolve_with(env_of(&vars))
+            .unwrap();
         let t = c.traces_otlp.as_ref().unwrap();
-        assert_eq!(t.headers, vec![("x-api-key".into(), "general".into())], "{empty:?}");
+        assert_eq!(
+            t.headers,
+            vec![("x-api-key".into(), "general".into())],
+            "{empty:?}"
+        );
         assert_eq!(t.headers_var(), env::OTEL_EXPORTER_OTLP_HEADERS);
         // `check` prints it as unset, from the default: what the traces use is the general's.
         assert_eq!(settings::TRACES_HEADERS.shown(&c), "(none)");
-        assert_eq!(c.origin(env::OTEL_EXPORTER_OTLP_TRACES_HEADERS), Origin::Default);
+        assert_eq!(
+            c.origin(env::OTEL_EXPORTER_OTLP_TRACES_HEADERS),
+            Origin::Default
+        );
     }
 }
 
@@ -221,7 +235,11 @@ fn endpoints_get_one_verdict_from_text_and_from_config() {
             .config();
         let from_env = ConfigBuilder::default()
             .resolve_with(env_of(&[(env::OTEL_EXPORTER_OTLP_ENDPOINT, text.into())]));
-        for (way, r) in [("with_text", from_text), ("setter", from_setter), ("env", from_env)] {
+        for (way, r) in [
+            ("with_text", from_text),
+            ("setter", from_setter),
+            ("env", from_env),
+        ] {
             assert_eq!(r.is_ok(), ok, "{way} {text:?}: {:?}", r.err());
         }
     }

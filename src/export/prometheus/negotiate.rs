@@ -235,7 +235,9 @@ mod tests {
         );
         // Nor a semicolon, and a quoted-pair stands for its character.
         assert_eq!(
-            format(Some("application/openmetrics-text;x=\"a;version=2\";version=\"0.0\\.1\"")),
+            format(Some(
+                "application/openmetrics-text;x=\"a;version=2\";version=\"0.0\\.1\""
+            )),
             Format::OpenMetrics { version: "0.0.1" }
         );
         assert_eq!(
@@ -246,11 +248,15 @@ mod tests {
         );
         // An unclosed quote drops its element only.
         assert_eq!(
-            format(Some("application/openmetrics-text;version=\"1.0.0, text/plain")),
+            format(Some(
+                "application/openmetrics-text;version=\"1.0.0, text/plain"
+            )),
             Format::Classic
         );
         assert_eq!(
-            format(Some("text/plain;q=0.1, application/openmetrics-text;version=\"1.0.0\"x")),
+            format(Some(
+                "text/plain;q=0.1, application/openmetrics-text;version=\"1.0.0\"x"
+            )),
             Format::Classic
         );
         assert!(gzip(Some("br;x=\"a,gzip\", gzip")));
