@@ -18,7 +18,7 @@
 //! engine's threads and off the worker: it collects what the SDK aggregated.
 
 pub(crate) mod encode;
-mod negotiate;
+pub(crate) mod negotiate;
 mod proto;
 pub(crate) mod reload;
 mod watched;
