@@ -10,6 +10,8 @@
 //! Header values are secrets: they never appear in errors, `Debug` output or `check`.
 //! [`settings`] says how to add a setting: one declaration in `config/table.rs`.
 
+#[cfg(test)]
+mod secret_tests;
 pub mod settings;
 mod table;
 #[cfg(feature = "transport")]
@@ -544,7 +546,7 @@ impl fmt::Debug for OtlpConfig {
 
 /// The per-signal OTLP settings as given (`OTEL_EXPORTER_OTLP_TRACES_*` or `..._METRICS_*`);
 /// `None`: unset, the general setting applies.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub(crate) struct SignalGiven {
     pub(crate) endpoint: Option<String>,
     pub(crate) protocol: Option<Protocol>,
@@ -552,6 +554,19 @@ pub(crate) struct SignalGiven {
     pub(crate) timeout: Option<Duration>,
     pub(crate) compression: Option<Compression>,
     pub(crate) certificate: Option<PathBuf>,
+}
+
+impl fmt::Debug for SignalGiven {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignalGiven")
+            .field("endpoint", &self.endpoint)
+            .field("protocol", &self.protocol)
+            .field("headers", &self.headers.as_deref().map(masked_headers))
+            .field("timeout", &self.timeout)
+            .field("compression", &self.compression)
+            .field("certificate", &self.certificate)
+            .finish()
+    }
 }
 
 /// One OTLP signal: its name, OTLP/HTTP path, per-signal settings and exporter variable.
@@ -711,7 +726,7 @@ impl ConfigBuilder {
     ) -> Result<(), ConfigError> {
         let v = setting.parse_any(text).map_err(|e| ConfigError::Invalid {
             var: format!("{} set in code", setting.var()),
-            value: text.to_owned(),
+            value: echoed(setting.secret(), text),
             expected: e.0,
         })?;
         self.code.insert(setting.var(), v);
@@ -771,11 +786,7 @@ impl Sources<'_> {
         s.parse(text).map_err(|e| ConfigError::Invalid {
             var: var.to_owned(),
             // Never echo secrets: header values carry API keys.
-            value: if s.secret {
-                "<masked>".to_owned()
-            } else {
-                text.to_owned()
-            },
+            value: echoed(s.secret, text),
             expected: e.0,
         })
     }
@@ -801,7 +812,9 @@ impl Sources<'_> {
             match &found {
                 None => found = Some((v, raw)),
                 Some((g, text)) if *g != v => self.alias_warnings.push(format!(
-                    "{target}={text} overrides {alias}={raw} (the phasetrace name wins; unset one to silence this)"
+                    "{target}={} overrides {alias}={} (the phasetrace name wins; unset one to silence this)",
+                    echoed(s.secret, text),
+                    echoed(s.secret, &raw),
                 )),
                 Some(_) => {}
             }
@@ -816,17 +829,15 @@ impl Sources<'_> {
         if let Some(v) = self.code.get(s.var).and_then(|v| v.downcast_ref::<T>()) {
             s.check_code_value(v).map_err(|e| ConfigError::Invalid {
                 var: format!("{} set in code", s.var),
-                value: if s.secret {
-                    "<masked>".to_owned()
-                } else {
-                    s.show(v)
-                },
+                value: echoed(s.secret, &s.show(v)),
                 expected: e.0,
             })?;
             self.origins.insert(s.var, Origin::Code);
             return Ok(Some(v.clone()));
         }
-        if env.is_some() {
+        // A value that stands for the variable unset (`(none)`: a per-signal header list with
+        // no entries) keeps the default's origin, as `check` prints it.
+        if env.as_ref().is_some_and(|v| (s.show)(v).is_some()) {
             self.origins.insert(s.var, Origin::Env);
         }
         Ok(env)
@@ -884,22 +895,77 @@ pub(crate) fn parse_listen(s: &str) -> Option<SocketAddr> {
     (host, port).to_socket_addrs().ok()?.next()
 }
 
-/// Checks an OTLP endpoint: `http(s)://host[:port][/path]`.
-pub(crate) fn parse_endpoint(s: &str) -> Option<String> {
-    let rest = s
-        .strip_prefix("http://")
-        .or_else(|| s.strip_prefix("https://"))?;
-    let authority = rest.split('/').next()?;
-    if authority.is_empty() || authority.contains(char::is_whitespace) {
-        return None;
+/// Checks an OTLP endpoint: `http(s)://host[:port][/path]`, by the `url` crate's rules (WHATWG)
+/// and those an exporter needs: nothing to percent-encode or drop silently (whitespace, control
+/// characters, a query or a fragment), a host, and no credentials (they would be printed with the
+/// URL, and not every transport sends them: an API key goes in `OTEL_EXPORTER_OTLP_HEADERS`).
+/// The one parser of endpoints: the environment, `with_text`, the typed setters and
+/// `config()` all read a value through it. `Ok` is the text as given, without trailing `/`.
+pub(crate) fn parse_endpoint(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("whitespace or a control character in the URL".into());
     }
-    if let Some((host, port)) = authority.rsplit_once(':')
-        && !host.ends_with(']')
-        && (host.is_empty() || port.parse::<u16>().is_err())
+    let url = url::Url::parse(s).map_err(|e| e.to_string())?;
+    if !matches!(url.scheme(), "http" | "https")
+        || !(s.starts_with("http://") || s.starts_with("https://"))
     {
-        return None;
+        return Err("the scheme must be http:// or https://".into());
     }
-    Some(s.trim_end_matches('/').to_owned())
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "credentials in the URL are refused: send them as a header (OTEL_EXPORTER_OTLP_HEADERS)"
+                .into(),
+        );
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("a query or a fragment is not sent by OTLP exporters".into());
+    }
+    Ok(s.trim_end_matches('/').to_owned())
+}
+
+/// `text` as an error, a warning or `check` may echo it: credentials in a URL
+/// (`scheme://user:password@host`) masked as `user:****@`, a user alone as `****@`. Applied
+/// to every value echoed that is not a secret already (secrets are not echoed at all).
+pub fn redact_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out += head;
+        let end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                match userinfo.split_once(':') {
+                    Some((user, _)) => {
+                        out += user;
+                        out += ":****";
+                    }
+                    None => out += "****",
+                }
+                out += &authority[at..];
+            }
+            None => out += authority,
+        }
+        rest = &tail[end..];
+    }
+    out += rest;
+    out
+}
+
+/// A value as an error or a warning echoes it: `<masked>` for a secret setting, otherwise
+/// with the credentials of a URL masked ([`redact_credentials`]).
+pub(crate) fn echoed(secret: bool, text: &str) -> String {
+    if secret {
+        "<masked>".to_owned()
+    } else {
+        redact_credentials(text)
+    }
 }
 
 /// Parses `k=v,k2=v2` (values percent-decoded, blank entries skipped). The error names the
@@ -918,6 +984,14 @@ pub(crate) fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
             return Err(format!("entry {} has an empty or invalid key", i + 1));
         }
         let v = percent_encoding::percent_decode_str(v.trim()).decode_utf8_lossy();
+        // A header value cannot hold CR, LF or NUL (RFC 9110 5.5), and a transport that refuses
+        // one might quote it: refused here, by position.
+        if v.chars().any(char::is_control) {
+            return Err(format!(
+                "entry {} has a control character in its value",
+                i + 1
+            ));
+        }
         out.push((k.to_owned(), v.into_owned()));
     }
     Ok(out)

@@ -39,6 +39,10 @@ pub mod benchmarks {}
 pub mod config;
 mod diag;
 mod export;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod fuzzing;
 pub mod names;
 mod profiler;
 mod record;

@@ -159,7 +159,8 @@ impl ProfilerBuilder {
     pub fn with_text(mut self, var: &str, text: &str) -> Result<Self, ConfigError> {
         let setting = settings::find(var).ok_or_else(|| ConfigError::Invalid {
             var: var.to_owned(),
-            value: text.to_owned(),
+            // Not a known setting: it may be a misspelled secret one.
+            value: crate::config::echoed(true, text),
             expected: "a setting's variable (phasetrace::config::settings::SETTINGS lists them: \
                        PHASETRACE_*, OTEL_*)"
                 .to_owned(),

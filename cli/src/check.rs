@@ -59,7 +59,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
             .map_err(|e| e.to_string())
     };
     for w in &cfg.alias_warnings {
-        eprintln!("{w}");
+        eprintln!("{}", crate::terminal::escape_lines(w));
     }
     let mut out = String::from("phasetrace configuration\n");
     for s in SETTINGS {
@@ -125,7 +125,8 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), Failure> {
     } else {
         out += "  -     Prometheus: off\n";
     }
-    print!("{out}");
+    // Values, paths and probe answers are input: escaped for the terminal.
+    print!("{}", crate::terminal::escape_lines(&out));
     if problems.is_empty() {
         println!("\nall checks passed");
         Ok(())

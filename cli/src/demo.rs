@@ -16,6 +16,8 @@
 //! with the other ranks' processes (`crate::rendezvous`), as tensor-parallel ranks on separate
 //! hosts meet at their all-reduces.
 
+mod validate;
+
 use crate::Failure;
 use crate::flags::ProfilerFlags;
 use crate::rendezvous::{RendezvousError, TcpRendezvous};
@@ -212,23 +214,9 @@ fn load_profile(path: &PathBuf, dists: &mut HashMap<&'static str, Dist>) -> Resu
                     known.join(", ")
                 ))
             })?;
-        let num = |field: &str| {
-            spec.get(field)
-                .and_then(serde_json::Value::as_f64)
-                .filter(|x| x.is_finite() && *x >= 0.0)
-        };
-        let mean_us = num("mean_us").ok_or_else(|| {
-            bad(format!(
-                "{k}.mean_us: expected a non-negative number of microseconds"
-            ))
-        })?;
-        let cv = match spec.get("cv") {
-            None => 0.1,
-            Some(_) => {
-                num("cv").ok_or_else(|| bad(format!("{k}.cv: expected a non-negative number")))?
-            }
-        };
-        dists.insert(key, Dist { mean_us, cv });
+        let num = |field: &str| spec.get(field).map(|v| v.as_f64().unwrap_or(f64::NAN));
+        let d = validate::profile_entry(k, num("mean_us"), num("cv")).map_err(bad)?;
+        dists.insert(key, d);
     }
     Ok(())
 }
@@ -300,7 +288,7 @@ impl Work {
         } else {
             dist.sample(&mut self.rng)
         };
-        let d = Duration::from_secs_f64(us * 1e-6 * self.scale * factor);
+        let d = validate::kernel_time(us, self.scale, factor);
         match &self.stream {
             Some(s) => s.enqueue(d),
             None => spin_sleep(d, self.spin),
@@ -721,81 +709,7 @@ fn rank_loop(
 }
 
 pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
-    if !(a.time_scale.is_finite() && a.time_scale > 0.0) {
-        return Err(Failure::config(format!(
-            "--time-scale {}: expected a positive number",
-            a.time_scale
-        )));
-    }
-    if !(0.0..=1.0).contains(&a.acceptance) {
-        return Err(Failure::config(format!(
-            "--acceptance {}: expected a probability from 0 to 1",
-            a.acceptance
-        )));
-    }
-    if !(a.straggler_factor.is_finite() && a.straggler_factor >= 1.0) {
-        return Err(Failure::config(format!(
-            "--straggler-factor {}: expected a number of at least 1",
-            a.straggler_factor
-        )));
-    }
-    if let Some(r) = a.straggler_rank
-        && r >= a.ranks
-    {
-        return Err(Failure::config(format!(
-            "--straggler-rank {r}: expected a rank below --ranks {}",
-            a.ranks
-        )));
-    }
-    if let Some(r) = a.hang_rank
-        && r >= a.ranks
-    {
-        return Err(Failure::config(format!(
-            "--hang-rank {r}: expected a rank below --ranks {}",
-            a.ranks
-        )));
-    }
-    if let Some(r) = a.rank
-        && r >= a.ranks
-    {
-        return Err(Failure::config(format!(
-            "--rank {r}: expected a rank below --ranks {}",
-            a.ranks
-        )));
-    }
-    if !(a.rendezvous_timeout.is_finite() && a.rendezvous_timeout > 0.0) {
-        return Err(Failure::config(format!(
-            "--rendezvous-timeout {}: expected a positive number of seconds",
-            a.rendezvous_timeout
-        )));
-    }
-    if !(a.route_skew.is_finite() && a.route_skew > 0.0) {
-        return Err(Failure::config(format!(
-            "--route-skew {}: expected a positive number (1: uniform routing)",
-            a.route_skew
-        )));
-    }
-    if let Some(n) = a.expert_parallel
-        && (n > a.ranks || n > a.experts)
-    {
-        return Err(Failure::config(format!(
-            "--expert-parallel {n}: expected at most --ranks {} and at most --experts {}",
-            a.ranks, a.experts
-        )));
-    }
-    if !(a.slow_factor.is_finite() && a.slow_factor >= 1.0) {
-        return Err(Failure::config(format!(
-            "--slow-factor {}: expected a number of at least 1",
-            a.slow_factor
-        )));
-    }
-    if let Some(d) = a.duration
-        && !(d.is_finite() && d > 0.0)
-    {
-        return Err(Failure::config(format!(
-            "--duration {d}: expected a positive number of seconds"
-        )));
-    }
+    a.validate()?;
     a.requests.check().map_err(Failure::config)?;
     let mut dists = default_dists();
     if let Some(p) = &a.profile {

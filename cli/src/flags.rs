@@ -5,6 +5,7 @@
 //! `phasetrace import` takes only the flags of the OTLP connection
 //! ([`phasetrace::config::settings::OTLP_CONNECTION`]): [`OtlpFlags`].
 
+use clap::error::ErrorKind;
 use clap::{Arg, ArgMatches, Args, Command, FromArgMatches};
 use phasetrace::config::settings::{AnySetting, OTLP_CONNECTION, SETTINGS};
 use phasetrace::{ConfigError, ProfilerBuilder};
@@ -46,6 +47,44 @@ fn with_flags<S: FlagSet>() -> impl Iterator<Item = (&'static dyn AnySetting, &'
     S::SETTINGS.iter().filter_map(|s| s.flag().map(|f| (*s, f)))
 }
 
+/// A flag's value checked by its setting's parser. Its error is clap's, but echoes the value
+/// as errors of the library do: masked for a secret, credentials in a URL masked, control
+/// characters escaped (clap's own message would print the value as given).
+#[derive(Clone)]
+struct SettingParser(&'static dyn AnySetting);
+
+impl clap::builder::TypedValueParser for SettingParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &Command,
+        arg: Option<&Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let s = self.0;
+        let flag = arg.and_then(Arg::get_long).unwrap_or_else(|| s.var());
+        let fail = |kind, message: String| clap::Error::raw(kind, message).with_cmd(cmd);
+        let text = value.to_str().ok_or_else(|| {
+            fail(
+                ErrorKind::InvalidUtf8,
+                format!("--{flag} is not valid UTF-8: {}\n", s.expected()),
+            )
+        })?;
+        s.check(text).map(|()| text.to_owned()).map_err(|e| {
+            let shown = if s.secret() {
+                "<masked>".to_owned()
+            } else {
+                crate::terminal::escape(&phasetrace::config::redact_credentials(text)).into_owned()
+            };
+            fail(
+                ErrorKind::ValueValidation,
+                format!("invalid value '{shown}' for '--{flag}': {e}\n"),
+            )
+        })
+    }
+}
+
 impl<S: FlagSet> Args for ProfilerFlags<S> {
     fn augment_args(cmd: Command) -> Command {
         with_flags::<S>().fold(cmd, |cmd, (s, flag)| {
@@ -59,7 +98,7 @@ impl<S: FlagSet> Args for ProfilerFlags<S> {
                         s.var(),
                         s.default_text()
                     ))
-                    .value_parser(move |text: &str| s.check(text).map(|()| text.to_owned())),
+                    .value_parser(SettingParser(s)),
             )
         })
     }

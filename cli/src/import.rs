@@ -90,7 +90,8 @@ impl Progress {
         self.last = Instant::now();
         let secs = self.started.elapsed().as_secs_f64().max(1e-6);
         eprint!(
-            "\r  {name}{}: {:.1} MB, {} lines ({:.1} MB/s, {:.0} lines/s)   ",
+            "\r  {}{}: {:.1} MB, {} lines ({:.1} MB/s, {:.0} lines/s)   ",
+            crate::terminal::escape(name),
             if pass == 1 { " (measuring)" } else { "" },
             s.bytes_read as f64 / 1e6,
             s.lines_read,
@@ -106,7 +107,7 @@ fn summary_text(file: &ImportedFile, secs: f64) -> String {
     let f = &s.records_per_format;
     let mut out = format!(
         "{}: {} lines, {:.1} MB{} in {:.2}s ({:.0} MB/s); records: {} tables ({} section intervals), {} route traces, {} speculative bursts, {} verify splits; {} runs; {} lines skipped, {} unparseable{}{}{}\n",
-        file.source_file,
+        crate::terminal::escape(&file.source_file),
         s.lines_read,
         s.bytes_read as f64 / 1e6,
         if s.gzip { " (gzip)" } else { "" },
@@ -136,8 +137,28 @@ fn summary_text(file: &ImportedFile, secs: f64) -> String {
             String::new()
         },
     );
+    // What was left out for the limits, said on a line of its own (the bounds are in
+    // docs/security.md).
+    let mut limits = Vec::new();
+    if s.overlong_lines > 0 {
+        limits.push(format!(
+            "{} lines over the line length limit skipped",
+            s.overlong_lines
+        ));
+    }
+    if s.series_cap_dropped > 0 {
+        limits.push(format!(
+            "{} records of new series past the cap of {} distinct series of a kind left out",
+            s.series_cap_dropped,
+            phasetrace_import::SERIES_CAP
+        ));
+    }
+    if !limits.is_empty() {
+        out += &format!("  limits: {}\n", limits.join("; "));
+    }
     for (line, text) in &s.first_bad {
-        out += &format!("  line {line}: {text}\n");
+        // The excerpts are the input's own bytes.
+        out += &format!("  line {line}: {}\n", crate::terminal::escape(text));
     }
     out
 }

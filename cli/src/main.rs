@@ -7,6 +7,7 @@ mod import;
 mod probe;
 mod rendezvous;
 mod requests;
+mod terminal;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -85,7 +86,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("phasetrace: {}", f.message);
+            // Errors quote input (a file's line, a peer's answer): escaped for the terminal.
+            eprintln!("phasetrace: {}", terminal::escape_lines(&f.message));
             ExitCode::from(f.code)
         }
     }

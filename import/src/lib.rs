@@ -84,7 +84,7 @@ pub mod send;
 mod series;
 mod transport;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
@@ -315,8 +315,11 @@ pub struct Summary {
     pub truncated_tables: u64,
     /// Lines that were not valid UTF-8 (parsed as bytes; names converted lossily).
     pub non_utf8_lines: u64,
-    /// Lines longer than [`ImportOptions::max_line_bytes`], skipped.
+    /// Lines longer than [`ImportOptions::max_line_bytes`], skipped (the first few also in
+    /// [`Summary::first_bad`]).
     pub overlong_lines: u64,
+    /// Records left out because they would have added a series past [`SERIES_CAP`].
+    pub series_cap_dropped: u64,
     /// Runs seen (restarts + 1), 0 for an input without GLM data or records.
     pub runs: u32,
     /// Lines with a `tracing` timestamp.
@@ -461,6 +464,53 @@ struct LineParser {
     runs: RunState,
     table: Option<PendingTable>,
     ansi: Vec<u8>,
+    series: SeriesCap,
+}
+
+/// The importer's cap on distinct series: the label sets seen so far of each kind of record
+/// (route traces by (site, layer), table rows by bucket, speculative lines by tag), at most
+/// [`SERIES_CAP`] each. A record that would add one past the cap is left out and counted in
+/// [`Summary::series_cap_dropped`], so that memory stays bounded however many distinct names
+/// or layers an input holds.
+#[derive(Debug, Default)]
+struct SeriesCap {
+    /// Per kind: name -> the layers seen with it (0 for kinds without a layer).
+    seen: [HashMap<String, HashSet<u32>>; 4],
+    /// Per kind: distinct (name, layer) pairs in `seen`.
+    count: [usize; 4],
+}
+
+/// Distinct series of each kind one input may add: route-trace (site, layer) pairs, table
+/// buckets, speculative tags, verify tags. The live library's per-layer cap
+/// (`PHASETRACE`'s 8,192 series per per-layer instrument) as the importer's.
+pub const SERIES_CAP: usize = 8_192;
+
+impl SeriesCap {
+    /// Whether `record` may be kept: its series is known, or there is room for it.
+    fn admits(&mut self, record: &ImportRecord) -> bool {
+        let (kind, name, layer) = match record {
+            ImportRecord::DecodeSteps { .. } => return true,
+            ImportRecord::RouteTrace { site, layer, .. } => (0, site, *layer),
+            ImportRecord::SectionInterval { bucket, .. } => (1, bucket, 0),
+            ImportRecord::SpecBurst { tag, .. } => (2, tag, 0),
+            ImportRecord::VerifySplit { tag, .. } => (3, tag, 0),
+        };
+        if self.seen[kind]
+            .get(name.as_str())
+            .is_some_and(|layers| layers.contains(&layer))
+        {
+            return true;
+        }
+        if self.count[kind] >= SERIES_CAP {
+            return false;
+        }
+        self.count[kind] += 1;
+        self.seen[kind]
+            .entry(name.clone())
+            .or_default()
+            .insert(layer);
+        true
+    }
 }
 
 impl LineParser {
@@ -477,10 +527,39 @@ impl LineParser {
             runs: RunState::default(),
             table: None,
             ansi: Vec::new(),
+            series: SeriesCap::default(),
         }
     }
 
+    /// A line longer than `max` bytes: counted, said, not parsed; a table in progress ends at
+    /// it. The same wherever the line lies in the input's buffers.
+    fn overlong(&mut self, max: usize) {
+        self.summary.lines_read += 1;
+        self.summary.overlong_lines += 1;
+        let line_no = self.summary.lines_read;
+        self.summary.report(
+            line_no,
+            format_args!("longer than the limit of {max} bytes: skipped"),
+            b"",
+        );
+        self.finish_table();
+    }
+
     fn emit(&mut self, record: ImportRecord) {
+        if !self.series.admits(&record) {
+            if self.summary.series_cap_dropped == 0 {
+                let line_no = self.summary.lines_read;
+                self.summary.report(
+                    line_no,
+                    format_args!(
+                        "more than {SERIES_CAP} distinct series of one kind (route-trace site and layer, table bucket or speculative tag): this and every later record of a new one left out"
+                    ),
+                    b"",
+                );
+            }
+            self.summary.series_cap_dropped += 1;
+            return;
+        }
         if record.at().is_none() {
             self.summary.untimed_records += 1;
         }
@@ -758,10 +837,7 @@ impl Straddling {
 
     fn end(&mut self, parser: &mut LineParser) {
         if self.overlong {
-            parser.summary.lines_read += 1;
-            parser.summary.overlong_lines += 1;
-            // The line was not kept; a table in progress ends at it.
-            parser.finish_table();
+            parser.overlong(self.max);
         } else {
             parser.line(&self.bytes);
         }
@@ -869,6 +945,8 @@ impl<'a> Importer<'a> {
             if self.straddling.active() {
                 self.straddling.push(&buf[start..end]);
                 self.straddling.end(&mut self.parser);
+            } else if end - start > self.straddling.max {
+                self.parser.overlong(self.straddling.max);
             } else {
                 self.parser.line(&buf[start..end]);
             }

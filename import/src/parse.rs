@@ -528,6 +528,9 @@ pub(crate) fn rows_cover_header(header: &GlmHeader, row_ns_per_token: &[Scaled])
     sum + slack >= want && sum <= want + slack
 }
 
+/// The longest rendezvous probe a route-trace line may state: one hour.
+pub(crate) const MAX_PROBE_NS: u64 = 3_600 * 1_000_000_000;
+
 /// A route-trace line: `GLMTRACE step= site= L= moe= bar_us= ids=`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RouteLine<'a> {
@@ -563,6 +566,11 @@ pub(crate) fn parse_route_trace(from_marker: &[u8]) -> Result<RouteLine<'_>, Lin
     };
     let bar =
         parse_scaled(field(t.next(), "bar_us=")?, US).ok_or(LineError::BadNumber("bar_us"))?;
+    // A probe is one rendezvous: longer than an hour is no measurement (and would move the
+    // run's start, which is placed before its records by what they measured, decades back).
+    if bar.value > MAX_PROBE_NS {
+        return Err(LineError::BadNumber("bar_us"));
+    }
     let ids = field(t.next(), "ids=")?;
     if t.next().is_some() {
         return Err(LineError::Expected("end of line after ids"));
@@ -941,6 +949,8 @@ mod tests {
             b"GLMTRACE step=0 site=mlp L=0 moe=0 bar_us=0.0 ids=-1",
             b"GLMTRACE step=0 site=mlp L=0 moe=0 bar_us=0.0",
             b"GLMTRACE step=0 site=mlp L=99999999999 moe=0 bar_us=0.0 ids=",
+            b"GLMTRACE step=0 site=mlp L=0 moe=0 bar_us=18446744073709551.615 ids=",
+            b"GLMTRACE step=0 site=mlp L=0 moe=0 bar_us=3600000000.1 ids=",
         ] {
             assert!(
                 parse_route_trace(bad).is_err(),

@@ -871,6 +871,108 @@ fn overlong_lines_are_skipped_and_lines_across_buffer_edges_are_whole() {
     assert_eq!(capped.records.len(), whole.records.len());
 }
 
+#[test]
+fn the_line_length_limit_holds_whatever_the_buffering_and_is_reported() {
+    // Lines of 10 to 400 bytes, a limit of 200: the same lines are skipped whether a line lies
+    // inside one buffer (a big one) or across several (small ones), and the first are said.
+    let mut log = String::new();
+    for i in 0..40u64 {
+        log += &event(
+            T0 + i * MS,
+            "WARN",
+            "p",
+            &route_message(i, "attn", 3, true, 1500, &[1, 2, 3]),
+            false,
+        );
+        log += &"y".repeat(i as usize * 10);
+        log += "\n";
+    }
+    let long = log.lines().filter(|l| l.len() > 200).count() as u64;
+    assert!(long > 10, "{long}");
+    let mut summaries = Vec::new();
+    for cap in [8, 64, 1 << 20] {
+        let reader = BufReader::with_capacity(cap, log.as_bytes());
+        let got = import_reader(
+            reader,
+            ImportOptions {
+                max_line_bytes: 200,
+                ..Default::default()
+            },
+        )
+        .expect("read");
+        assert_eq!(got.summary.overlong_lines, long, "buffer of {cap} bytes");
+        assert!(
+            got.summary.first_bad[0]
+                .1
+                .contains("longer than the limit of 200 bytes"),
+            "{:?}",
+            got.summary.first_bad
+        );
+        summaries.push(got.summary);
+    }
+    assert!(summaries.windows(2).all(|w| w[0] == w[1]), "{summaries:#?}");
+}
+
+#[test]
+fn distinct_series_past_the_cap_are_left_out_counted_and_said() {
+    // One route-trace line per layer, past the cap, and one more line of a known layer.
+    let n = SERIES_CAP as u64 + 100;
+    let mut log = String::new();
+    for layer in 0..n {
+        log += &event(
+            T0 + layer * MS,
+            "WARN",
+            "p",
+            &route_message(layer, "attn", layer as u32, false, 1500, &[]),
+            false,
+        );
+    }
+    log += &event(
+        T0 + n * MS,
+        "WARN",
+        "p",
+        &route_message(n, "attn", 7, false, 1500, &[]),
+        false,
+    );
+    let got = import_str(&log);
+    assert_eq!(got.records.len(), SERIES_CAP + 1);
+    assert_eq!(got.summary.series_cap_dropped, 100);
+    assert!(
+        got.summary
+            .first_bad
+            .iter()
+            .any(|(_, why)| why.contains("more than 8192 distinct series")),
+        "{:?}",
+        got.summary.first_bad
+    );
+}
+
+#[test]
+fn an_absurd_probe_time_is_a_bad_line_and_does_not_move_the_run() {
+    let mut log = event(
+        T0,
+        "WARN",
+        "p",
+        &route_message(1, "attn", 0, false, 1500, &[]),
+        false,
+    );
+    log += &event(
+        T0 + MS,
+        "WARN",
+        "p",
+        "GLMTRACE step=2 site=attn L=0 moe=0 bar_us=18446744073709551.615 ids=",
+        false,
+    );
+    let got = import_str(&log);
+    assert_eq!(got.records.len(), 1);
+    assert_eq!(got.summary.lines_bad, 1);
+    assert!(
+        got.summary.first_bad[0].1.contains("bar_us"),
+        "{:?}",
+        got.summary.first_bad
+    );
+}
+
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     enc.write_all(data).expect("compress");

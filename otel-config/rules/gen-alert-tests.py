@@ -127,7 +127,8 @@ def test(name, inputs, alerts, exprs=""):
 
 
 def expr_test(expr, at, samples):
-    text = f"      - expr: {quote(expr)}\n        eval_time: {at}\n        exp_samples:\n"
+    text = f"      - expr: {quote(expr)}\n        eval_time: {at}\n        exp_samples:"
+    text += "\n" if samples else " []\n"
     for lbl, value in samples:
         text += f"          - labels: {quote(lbl)}\n            value: {value}\n"
     return text
@@ -425,6 +426,18 @@ def main() -> int:
         + alert("PhasetraceRankSilent", "7m", [({"severity": "critical", "job": job, "group": "tp0", "rank": "1", "instance": "10.0.5.2:9464"}, silent_annotations(1, "tp0", job, "10.0.5.2:9464", None))])
     )
     tests.append(test("a hung rank is silent; a group that stops as a whole is not", inputs, alerts))
+
+    # 6b. A group that stops stepping as a whole while still exported (an idle engine; the live
+    #     ranks of a group whose peer died, lingering): rank 0's last step is seen 30 s (two
+    #     scrapes) before the others' (its scrape phase, its exporter's lag on a loaded host).
+    #     No rank is silent at any time, and the alert stays quiet. (Comparing 1 m rates alone
+    #     read rank 0 as silent at 5m45s.)
+    inputs = ""
+    for r in range(4):
+        inputs += rank_series(job, "tp0", r, f"10.0.13.{r + 1}:9464", 0.2, stop_after=19 if r == 0 else 21)
+    exprs = "".join(expr_test("phasetrace:rank_silent", at, []) for at in ["5m30s", "5m45s", "6m", "6m15s", "8m"])
+    alerts = alert("PhasetraceRankSilent", "6m30s") + alert("PhasetraceRankSilent", "8m")
+    tests.append(test("a group that stops as a whole, its ranks' last steps seen up to 30 s apart, has no silent rank", inputs, alerts, exprs))
 
     # 7. The web configuration file: a change refused at 5m (the gauge 0: the endpoint serves
     #    the configuration it read before), fixed at 10m; a healthy endpoint; and one whose

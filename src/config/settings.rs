@@ -314,6 +314,11 @@ macro_rules! settings {
     // The endpoint and the CA are optional already: unset is their `None`.
     (@signal_parse OTLP_ENDPOINT) => { |s| (OTLP_ENDPOINT.parse)(s) };
     (@signal_parse OTLP_CERTIFICATE) => { |s| (OTLP_CERTIFICATE.parse)(s) };
+    // A list with no entries (`,`) is no list: unset, the general headers apply (as an empty
+    // value does), never "send none" while `check` prints `(none)`.
+    (@signal_parse OTLP_HEADERS) => {
+        |s| (OTLP_HEADERS.parse)(s).map(|v: Vec<(String, String)>| (!v.is_empty()).then_some(v))
+    };
     (@signal_parse $general:ident) => { |s| ($general.parse)(s).map(Some) };
     (@signal_show OTLP_ENDPOINT) => { |v| (OTLP_ENDPOINT.show)(v) };
     (@signal_show OTLP_CERTIFICATE) => { |v| (OTLP_CERTIFICATE.show)(v) };

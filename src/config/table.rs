@@ -456,7 +456,7 @@ settings! {
         expected: "an http:// or https:// URL with a host and an optional port",
         example: "https://collector.example:4317",
         default: None,
-        parse: |s| parse_endpoint(s).map(Some).ok_or_else(String::new),
+        parse: |s| parse_endpoint(s).map(Some),
         show: Option::clone,
         get: |c| Some(c.otlp.as_ref().map(|o| o.endpoint.clone())),
     },

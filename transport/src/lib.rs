@@ -23,7 +23,7 @@ pub const METRICS_PATH: &str = "/v1/metrics";
 pub const TRACES_PATH: &str = "/v1/traces";
 
 /// Where and how to send: the OTLP exporter settings that the transport reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Target<'a> {
     /// `http(s)://host:port` (gRPC) or the whole URL (HTTP).
     pub endpoint: &'a str,
@@ -41,6 +41,22 @@ pub struct Target<'a> {
     /// The variable the custom CA came from (`OTEL_EXPORTER_OTLP_CERTIFICATE`, or a signal's
     /// own), as errors about it say.
     pub certificate_var: &'a str,
+}
+
+impl std::fmt::Debug for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values are secrets: their names only.
+        let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Target")
+            .field("endpoint", &self.endpoint)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("gzip", &self.gzip)
+            .field("certificate", &self.certificate)
+            .field("headers_var", &self.headers_var)
+            .field("certificate_var", &self.certificate_var)
+            .finish()
+    }
 }
 
 impl Target<'_> {

@@ -15,6 +15,7 @@ mod check_prints_each_setting_as_its_variable_reads_it;
 mod check_probes_endpoints;
 mod cli;
 mod console_exporters_need_no_infrastructure;
+mod echoed_input_is_escaped_and_secrets_never_print;
 mod exemplars_link_slow_steps_in_prometheus_to_their_traces;
 mod frontier_moe_models_export_expert_load_without_overflow;
 mod imported_logs_reach_a_collector_and_backfill_into_prometheus;

@@ -23,7 +23,7 @@
 
 mod auth;
 pub(crate) mod encode;
-mod negotiate;
+pub(crate) mod negotiate;
 mod proto;
 pub(crate) mod reload;
 mod slots;

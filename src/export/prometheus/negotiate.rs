@@ -10,17 +10,59 @@
 //! client does). gzip is used when the scraper accepts it with a non-zero weight.
 
 use super::encode::Format;
+use std::borrow::Cow;
 
 /// One comma-separated element of a header: its value and parameters, with `q` taken out.
 struct Element<'a> {
     value: &'a str,
-    params: Vec<(&'a str, &'a str)>,
+    params: Vec<(&'a str, Cow<'a, str>)>,
     q: f32,
 }
 
+/// `s` split at each `sep` outside a quoted string (RFC 9110 5.6.4: `"..."` with `\`
+/// escaping the next character), so that a comma or a semicolon inside a quoted parameter
+/// value does not split it.
+fn split_unquoted(s: &str, sep: u8) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let (mut quoted, mut escaped) = (false, false);
+    let mut cuts = Vec::new();
+    for (i, b) in s.bytes().enumerate() {
+        match (quoted, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (_, _, b'"') => quoted = !quoted,
+            (false, _, b) if b == sep => {
+                cuts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    cuts.push(&s[start..]);
+    cuts.into_iter()
+}
+
+/// A parameter value: a token as is, or a quoted string unquoted (`\x` read as `x`); `None`
+/// for a quoted string that is not closed where the value ends.
+fn param_value(v: &str) -> Option<Cow<'_, str>> {
+    let Some(inner) = v.strip_prefix('"') else {
+        return Some(Cow::Borrowed(v));
+    };
+    let mut out = String::new();
+    let mut chars = inner.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?.1),
+            '"' => return (i + 1 == inner.len()).then_some(Cow::Owned(out)),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
 fn elements(header: &str) -> impl Iterator<Item = Element<'_>> {
-    header.split(',').filter_map(|item| {
-        let mut parts = item.split(';').map(str::trim);
+    split_unquoted(header, b',').filter_map(|item| {
+        let mut parts = split_unquoted(item, b';').map(str::trim);
         let value = parts.next().filter(|v| !v.is_empty())?;
         let mut q = 1.0;
         let mut params = Vec::new();
@@ -28,7 +70,8 @@ fn elements(header: &str) -> impl Iterator<Item = Element<'_>> {
             let Some((k, v)) = p.split_once('=') else {
                 continue;
             };
-            let (k, v) = (k.trim(), v.trim().trim_matches('"'));
+            // A malformed quoted string drops its element, as a malformed weight does.
+            let (k, v) = (k.trim(), param_value(v.trim())?);
             if k.eq_ignore_ascii_case("q") {
                 q = v.parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q))?;
             } else {
@@ -50,17 +93,13 @@ pub(crate) fn format(accept: Option<&str>) -> Format {
         if e.q <= 0.0 {
             continue;
         }
-        let version = e
-            .params
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("version"))
-            .map(|(_, v)| *v);
         let param = |name: &str| {
             e.params
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                .map(|(_, v)| *v)
+                .map(|(_, v)| v.as_ref())
         };
+        let version = param("version");
         let candidate = if e
             .value
             .eq_ignore_ascii_case("application/vnd.google.protobuf")
@@ -183,6 +222,45 @@ mod tests {
             )),
             Format::OpenMetrics { version: "1.0.0" }
         );
+    }
+
+    #[test]
+    fn quoted_parameters_are_one_value_commas_and_escapes_included() {
+        // A comma inside a quoted value does not start an element (RFC 9110 5.6.4, 12.5.1).
+        assert_eq!(
+            format(Some(
+                "text/plain;q=0.5, application/openmetrics-text;note=\"x,application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited\""
+            )),
+            Format::OpenMetrics { version: "1.0.0" }
+        );
+        // Nor a semicolon, and a quoted-pair stands for its character.
+        assert_eq!(
+            format(Some(
+                "application/openmetrics-text;x=\"a;version=2\";version=\"0.0\\.1\""
+            )),
+            Format::OpenMetrics { version: "0.0.1" }
+        );
+        assert_eq!(
+            format(Some(
+                "application/vnd.google.protobuf;proto=\"io.prometheus.client.MetricFamily\";encoding=\"delimited\""
+            )),
+            Format::Protobuf
+        );
+        // An unclosed quote drops its element only.
+        assert_eq!(
+            format(Some(
+                "application/openmetrics-text;version=\"1.0.0, text/plain"
+            )),
+            Format::Classic
+        );
+        assert_eq!(
+            format(Some(
+                "text/plain;q=0.1, application/openmetrics-text;version=\"1.0.0\"x"
+            )),
+            Format::Classic
+        );
+        assert!(gzip(Some("br;x=\"a,gzip\", gzip")));
+        assert!(!gzip(Some("br;x=\"a,gzip\"")));
     }
 
     #[test]
