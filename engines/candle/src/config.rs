@@ -259,8 +259,8 @@ impl ModelConfig {
                 let lead = (0..cfg.layers)
                     .take_while(|l| dense.contains(l) || !(l + 1).is_multiple_of(step.max(1)))
                     .count();
-                let sparse_after =
-                    (lead..cfg.layers).all(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step.max(1)));
+                let sparse_after = (lead..cfg.layers)
+                    .all(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step.max(1)));
                 if !sparse_after {
                     return Err(format!(
                         "qwen2_moe: decoder_sparse_step {step} and mlp_only_layers {dense:?} interleave dense and MoE layers; this engine reads leading dense layers then MoE layers only"
