@@ -23,7 +23,7 @@ printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTO
     "$PHASETRACE_JAEGER_BIN" "$PHASETRACE_OTELCOL_BIN" >&2
 
 # Every feature but `record-off`, which compiles recording out (checked on its own below).
-FEATURES="phasetrace/cuda,phasetrace-cli/cuda"
+FEATURES="phasetrace/cuda,phasetrace-cli/cuda,phasetrace-cli/candle"
 section "cargo test --workspace --features $FEATURES --locked $*"
 # The tools were just installed: a test that cannot find one fails rather than skips.
 PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --features "$FEATURES" --locked "$@"

@@ -16,6 +16,8 @@
 //! with the other ranks' processes (`crate::rendezvous`), as tensor-parallel ranks on separate
 //! hosts meet at their all-reduces.
 
+#[cfg(feature = "candle")]
+mod candle;
 mod validate;
 
 use crate::Failure;
@@ -37,9 +39,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+/// The engine `phasetrace demo` runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Engine {
+    /// Drawn section times slept or spun per rank (every flag below applies).
+    #[default]
+    Synthetic,
+    /// A real candle decoder on the CPU (dense + MoE layers, tensor-parallel rank threads,
+    /// speculative decoding); the synthetic workload's own flags (--dsa-every, --route-skew,
+    /// --acceptance, --time-scale, --spin-us) do not apply.
+    Candle,
+}
+
 /// `phasetrace demo` flags.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
+    /// Which engine decodes: the synthetic workload, or a real candle model (docs/engine.md).
+    #[arg(long, value_enum, default_value_t)]
+    engine: Engine,
+    #[cfg(feature = "candle")]
+    #[command(flatten)]
+    candle: candle::CandleArgs,
     /// Decode steps per rank (ignored with --duration or --forever).
     #[arg(long, default_value_t = 2000)]
     steps: u64,
@@ -709,6 +729,14 @@ fn rank_loop(
 }
 
 pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
+    if a.engine == Engine::Candle {
+        #[cfg(feature = "candle")]
+        return candle::run(a);
+        #[cfg(not(feature = "candle"))]
+        return Err(Failure::config(
+            "--engine candle: this phasetrace was built without the `candle` feature",
+        ));
+    }
     a.validate()?;
     a.requests.check().map_err(Failure::config)?;
     let mut dists = default_dists();

@@ -24,6 +24,10 @@ mod per_layer_distributions_reach_prometheus_3_over_otlp_as_native_histograms;
 mod prometheus_3_scrapes_per_layer_native_histograms_within_the_budget;
 mod prometheus_3_takes_the_demos_metrics_over_otlp_with_no_collector;
 mod requests_reach_a_collector_and_prometheus_with_the_genai_names;
+#[cfg(feature = "candle")]
+mod the_candle_demo_ends_with_a_checksum_that_telemetry_does_not_change;
+#[cfg(feature = "candle")]
+mod the_candle_engines_straggler_fires_the_straggler_alert_for_its_rank;
 mod the_console_spec_lines_replay_through_the_importer;
 mod the_default_prometheus_endpoint_follows_local_rank_and_a_taken_one_is_skipped;
 mod the_demo_reaches_a_collector_and_prometheus;

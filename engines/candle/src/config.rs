@@ -137,13 +137,13 @@ impl ModelConfig {
         if self.vocab == 0 || self.hidden == 0 || self.layers == 0 || self.head_dim == 0 {
             return bad("vocab, hidden, layers and head_dim must be positive".into());
         }
-        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "heads {} must be a positive multiple of kv_heads {}",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "head_dim {}: RoPE needs an even head width",
                 self.head_dim
@@ -186,7 +186,7 @@ impl ModelConfig {
             }
         }
         for (what, n) in widths {
-            if ranks == 0 || n % ranks != 0 {
+            if ranks == 0 || !n.is_multiple_of(ranks) {
                 return Err(EngineError::Config(format!(
                     "{ranks} ranks: {what} {n} is not a multiple of the rank count (each rank holds an equal shard)"
                 )));
@@ -257,10 +257,10 @@ impl ModelConfig {
                 let step = c.decoder_sparse_step.unwrap_or(1);
                 let dense = c.mlp_only_layers.unwrap_or_default();
                 let lead = (0..cfg.layers)
-                    .take_while(|l| dense.contains(l) || (l + 1) % step.max(1) != 0)
+                    .take_while(|l| dense.contains(l) || !(l + 1).is_multiple_of(step.max(1)))
                     .count();
-                let sparse_after =
-                    (lead..cfg.layers).all(|l| !dense.contains(&l) && (l + 1) % step.max(1) == 0);
+                let sparse_after = (lead..cfg.layers)
+                    .all(|l| !dense.contains(&l) && (l + 1).is_multiple_of(step.max(1)));
                 if !sparse_after {
                     return Err(format!(
                         "qwen2_moe: decoder_sparse_step {step} and mlp_only_layers {dense:?} interleave dense and MoE layers; this engine reads leading dense layers then MoE layers only"

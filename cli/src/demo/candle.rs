@@ -1,0 +1,313 @@
+//! `phasetrace demo --engine candle`: the candle decoder of `phasetrace-candle` (real matrix
+//! products on this machine's CPU) as the main job, with the synthetic demo's model flags,
+//! profiler flags, exporters and console summary. The engine records through phasetrace's
+//! public API; this file only builds the profiler, the model and the weights, and reports.
+
+use super::DemoArgs;
+use crate::Failure;
+use candle_core::DType;
+use clap::{Args, ValueEnum};
+use phasetrace::{Level, Profiler, SpecLevel, Timing};
+use phasetrace_candle::{Draft, EngineError, ModelConfig, RunOptions, Spec, weights};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Which draft model speculative decoding uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DraftKind {
+    /// The target's first --draft-layers layers, with its embedding and LM head.
+    #[default]
+    Shallow,
+    /// The whole target in half precision (f16).
+    F16,
+    /// The whole target in bfloat16.
+    Bf16,
+}
+
+/// The candle engine's own flags (the model flags are the synthetic demo's).
+#[derive(Debug, Args)]
+pub(crate) struct CandleArgs {
+    /// With --engine candle: a Hugging Face checkpoint directory (config.json and *.safetensors;
+    /// Llama, Mistral, Qwen2, Qwen2-MoE or Mixtral) instead of seeded random weights; its
+    /// config.json then sets the shapes that --layers, --experts, ... set otherwise.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// With --engine candle and --spec: the draft model.
+    #[arg(long, value_enum, default_value_t)]
+    draft: DraftKind,
+    /// With --draft shallow: the draft's layers (default: a quarter of --layers, at least 1).
+    #[arg(long)]
+    draft_layers: Option<usize>,
+    /// With --engine candle: the model width of random weights (heads of 32 wide: width/32
+    /// query heads, half as many key/value heads).
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// With --engine candle: prompt tokens (prefilled in step 0).
+    #[arg(long, default_value_t = 8)]
+    prompt_len: usize,
+}
+
+/// The model of the flags: a checkpoint's, or random weights shaped by the model flags.
+fn model(a: &DemoArgs) -> Result<(ModelConfig, weights::Tensors, String), Failure> {
+    let c = &a.candle;
+    if let Some(dir) = &c.model {
+        let (cfg, t) = weights::load_checkpoint(dir).map_err(engine_failure)?;
+        return Ok((cfg, t, format!("checkpoint {}", dir.display())));
+    }
+    if c.hidden == 0 || !c.hidden.is_multiple_of(64) {
+        return Err(Failure::config(format!(
+            "--hidden {}: expected a positive multiple of 64 (heads of 32 wide, key/value heads half as many)",
+            c.hidden
+        )));
+    }
+    let experts = a.experts as usize;
+    let mut cfg = ModelConfig {
+        layers: a.layers as usize,
+        dense_layers: (a.dense_layers as usize).min(a.layers as usize),
+        experts,
+        top_k: (a.top_k as usize).min(experts),
+        hidden: c.hidden,
+        heads: c.hidden / 32,
+        kv_heads: c.hidden / 64,
+        intermediate: 2 * c.hidden,
+        moe_intermediate: c.hidden / 4,
+        shared_intermediate: c.hidden,
+        ..ModelConfig::default()
+    };
+    if cfg.dense_layers == cfg.layers {
+        cfg.experts = 0;
+    }
+    if cfg.experts == 0 {
+        cfg.layout = phasetrace_candle::Layout::Llama;
+        cfg.dense_layers = cfg.layers;
+    }
+    cfg.validate().map_err(engine_failure)?;
+    let t = weights::random(&cfg, a.seed).map_err(engine_failure)?;
+    Ok((cfg, t, format!("random weights (seed {})", a.seed)))
+}
+
+fn engine_failure(e: EngineError) -> Failure {
+    match e {
+        EngineError::Config(_) | EngineError::Checkpoint(_) => Failure::config(e),
+        other => Failure::runtime(other),
+    }
+}
+
+/// Rejects the synthetic workload's flags that have no meaning for a real model.
+fn synthetic_only(a: &DemoArgs) -> Result<(), Failure> {
+    let given = [
+        ("--rank", a.rank.is_some()),
+        ("--expert-parallel", a.expert_parallel.is_some()),
+        ("--straggler-period", a.straggler_period.is_some()),
+        ("--slow-steps", a.slow_steps.is_some()),
+        ("--hang-rank", a.hang_rank.is_some()),
+        ("--profile", a.profile.is_some()),
+        ("--gpu-sim", a.gpu_sim),
+    ];
+    if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+        return Err(Failure::config(format!(
+            "{flag}: a flag of the synthetic engine; --engine candle runs a real model on rank threads for --steps steps, --duration seconds or --forever"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
+    synthetic_only(&a)?;
+    if !(a.straggler_factor.is_finite() && a.straggler_factor >= 1.0) {
+        return Err(Failure::config(format!(
+            "--straggler-factor {}: expected a number of at least 1",
+            a.straggler_factor
+        )));
+    }
+    if let Some(r) = a.straggler_rank
+        && r >= a.ranks
+    {
+        return Err(Failure::config(format!(
+            "--straggler-rank {r}: expected a rank below --ranks {}",
+            a.ranks
+        )));
+    }
+    let (cfg, tensors, source) = model(&a)?;
+    let spec = a.spec.map(|k| Spec {
+        k: k as usize,
+        draft: match a.candle.draft {
+            DraftKind::Shallow => Draft::Shallow {
+                layers: a
+                    .candle
+                    .draft_layers
+                    .unwrap_or(cfg.layers.div_ceil(4).max(1)),
+            },
+            DraftKind::F16 => Draft::Precision(DType::F16),
+            DraftKind::Bf16 => Draft::Precision(DType::BF16),
+        },
+    });
+
+    // 1. The profiler: defaults, then environment, then flags (as the synthetic demo).
+    let mut builder = Profiler::builder().with_level(Level::Full);
+    builder = builder.with_moe_experts(cfg.experts.max(1) as u32);
+    if let Some(k) = a.spec {
+        builder = builder
+            .with_spec_level(SpecLevel::VerifySplit)
+            .with_spec_k_max(k);
+    }
+    let builder = a.flags.apply(builder).map_err(Failure::config)?;
+    let timing = builder.config().map_err(Failure::config)?.timing;
+    if timing != Timing::Host {
+        return Err(Failure::config(format!(
+            "PHASETRACE_TIMING={}: the candle engine runs on the CPU here, timed on the host clock (expected host)",
+            timing.as_str()
+        )));
+    }
+    let profiler = builder.build()?;
+    if let Some(url) = profiler.prometheus_url() {
+        eprintln!("phasetrace: Prometheus metrics at {url}");
+    }
+    if let Some(o) = &profiler.config().otlp {
+        eprintln!(
+            "phasetrace: exporting OTLP {} to {}",
+            o.protocol.as_str(),
+            o.endpoint
+        );
+    }
+    eprintln!(
+        "phasetrace: candle engine on the CPU: {} layers ({} dense, {} MoE: {} experts, top-{}), width {}, {} ranks, {source}{}",
+        cfg.layers,
+        cfg.layers.min(cfg.dense_layers),
+        cfg.layers.saturating_sub(cfg.dense_layers.min(cfg.layers)),
+        cfg.experts,
+        cfg.top_k,
+        cfg.hidden,
+        a.ranks,
+        spec.map_or(String::new(), |s| format!(
+            ", speculative k={} with {}",
+            s.k, s.draft
+        )),
+    );
+
+    if let Some(d) = a.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        return Err(Failure::config(format!(
+            "--duration {d}: expected a positive number of seconds"
+        )));
+    }
+    let progress = Arc::new(AtomicU64::new(0));
+    // Ends the run (the deadline, Ctrl-C); `interrupted`: Ctrl-C, which skips --linger too.
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (s, i) = (stop.clone(), interrupted.clone());
+        // A second Ctrl-C while flushing falls back to the default action.
+        let _ = ctrlc::set_handler(move || {
+            s.store(true, Ordering::Relaxed);
+            if i.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let unbounded = a.forever || a.duration.is_some();
+    let deadline = if a.forever {
+        None
+    } else {
+        a.duration.map(Duration::from_secs_f64)
+    };
+    let opts = RunOptions {
+        ranks: a.ranks as usize,
+        steps: if unbounded {
+            usize::MAX
+        } else {
+            a.steps as usize
+        },
+        stop: Some(stop.clone()),
+        prompt: phasetrace_candle::prompt(a.candle.prompt_len, cfg.vocab, a.seed),
+        spec,
+        straggler: a.straggler_rank.map(|r| (r as usize, a.straggler_factor)),
+        progress: Some(progress.clone()),
+        ..RunOptions::new(cfg, tensors, a.steps as usize, Vec::new())
+    };
+    let started = Instant::now();
+    let result = std::thread::scope(|s| {
+        let run = s.spawn(|| phasetrace_candle::generate(&opts, Some(&profiler)));
+        let tty = std::io::stderr().is_terminal();
+        let of = if unbounded {
+            String::new()
+        } else {
+            format!("/{}", a.steps)
+        };
+        while !run.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+            if deadline.is_some_and(|d| started.elapsed() >= d) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            if tty {
+                let steps = progress.load(Ordering::Relaxed);
+                eprint!(
+                    "\r  steps {steps}{of}  {:.1}s   ",
+                    started.elapsed().as_secs_f64()
+                );
+                let _ = std::io::stderr().flush();
+            }
+        }
+        if tty {
+            eprintln!();
+        }
+        run.join().unwrap_or(Err(EngineError::RankPanicked(0)))
+    });
+    let out = match result {
+        Ok(o) => o,
+        Err(e) => {
+            profiler.shutdown();
+            return Err(engine_failure(e));
+        }
+    };
+    profiler.flush();
+    let stats = profiler.stats();
+    if profiler.is_enabled() && profiler.config().summary_every == 0 {
+        eprint!("{}", profiler.summary());
+    }
+    eprintln!(
+        "demo: candle engine, {} steps, {} tokens on {} ranks x {} layers in {:.2}s ({:.1} tokens/s); {} sections, {} spans, dropped:{}",
+        out.steps,
+        out.tokens.len(),
+        a.ranks,
+        opts.cfg.layers,
+        out.wall.as_secs_f64(),
+        out.tokens_per_second(),
+        stats.sections,
+        stats.spans,
+        stats
+            .dropped
+            .iter()
+            .map(|(reason, n)| format!(" {reason}={n}"))
+            .collect::<String>(),
+    );
+    if let Some(s) = spec {
+        eprintln!(
+            "demo: speculative decoding with {}: {} rounds, {} of {} drafted tokens accepted ({:.1} %), {:.2} tokens per round",
+            s.draft,
+            out.rounds,
+            out.accepted,
+            out.drafted,
+            100.0 * out.acceptance(),
+            out.tokens.len().saturating_sub(1) as f64 / out.rounds.max(1) as f64,
+        );
+    }
+    if a.linger > 0.0 && !interrupted.load(Ordering::Relaxed) {
+        let until = Instant::now() + Duration::from_secs_f64(a.linger);
+        while Instant::now() < until && !interrupted.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    profiler.shutdown();
+    // The last line: compare two runs' generations (telemetry never changes them).
+    println!(
+        "demo: checksum {} of {} generated token ids",
+        phasetrace_candle::checksum(&out.tokens),
+        out.tokens.len()
+    );
+    Ok(())
+}
