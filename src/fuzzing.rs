@@ -32,13 +32,13 @@ pub fn accept_gzip(header: &str) -> bool {
     }
 }
 
-/// Reads the web configuration file at `path`, at start and as a reload reads it: what `check`
-/// says of it, or the error's text.
+/// Reads the web configuration file at `path` as the endpoint does at start and on a reload
+/// (both refuse the same documents): what `check` says of it, or the error's text.
 #[cfg(feature = "prometheus")]
-pub fn web_config(path: &std::path::Path) -> [Result<String, String>; 2] {
-    use crate::export::prometheus::web_config::{When, read};
-    [When::Start, When::Reload].map(|when| {
-        read(path, &mut Default::default(), when)
+pub fn web_config(path: &std::path::Path) -> [Result<String, String>; 1] {
+    use crate::export::prometheus::web_config::read;
+    [()].map(|()| {
+        read(path, &mut Default::default())
             .map(|c| c.describe())
             .map_err(|e| e.to_string())
     })
