@@ -40,8 +40,9 @@ pub(crate) struct RequestArgs {
     /// Output tokens at which a request is cut (finish reason `length`; shorter ones `stop`).
     #[arg(long, default_value_t = 160, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) max_output_tokens: u32,
-    /// The model name of the requests (`gen_ai.request.model`).
-    #[arg(long, default_value = "glm-sim")]
+    /// The model name of the requests (`gen_ai.request.model`; `--model` is the candle
+    /// engine's checkpoint directory).
+    #[arg(long = "model-name", default_value = "glm-sim")]
     pub(crate) model: String,
 }
 
@@ -55,7 +56,7 @@ impl RequestArgs {
             ));
         }
         if self.model.trim().is_empty() {
-            return Err("--model: expected a model name".to_owned());
+            return Err("--model-name: expected a model name".to_owned());
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ fn demo_args(extra: &[&str]) -> Vec<String> {
         "150",
         "--output-tokens",
         "12",
-        "--model",
+        "--model-name",
         MODEL,
     ]
     .iter()
