@@ -42,8 +42,8 @@ pub(crate) struct RequestArgs {
     pub(crate) max_output_tokens: u32,
     /// The model name of the requests (`gen_ai.request.model`; `--model` is the candle
     /// engine's checkpoint directory).
-    #[arg(long = "model-name", default_value = "glm-sim")]
-    pub(crate) model: String,
+    #[arg(long, default_value = "glm-sim")]
+    pub(crate) model_name: String,
 }
 
 impl RequestArgs {
@@ -55,7 +55,7 @@ impl RequestArgs {
                 self.request_rate
             ));
         }
-        if self.model.trim().is_empty() {
+        if self.model_name.trim().is_empty() {
             return Err("--model-name: expected a model name".to_owned());
         }
         Ok(())
@@ -157,8 +157,8 @@ impl Scheduler {
         spec: Option<(u32, f64)>,
     ) -> Result<Scheduler, phasetrace::Error> {
         let class = profiler.request_kind(
-            RequestKind::new("phasetrace.demo", "text_completion", a.model.clone())
-                .response_model(a.model.clone()),
+            RequestKind::new("phasetrace.demo", "text_completion", a.model_name.clone())
+                .response_model(a.model_name.clone()),
         )?;
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x0005_EED0_F4E9);
         let gap = (a.request_rate > 0.0)
