@@ -34,8 +34,9 @@ const IMPORT_ONLY: [&str; 3] = [attr::SOURCE_FILE, attr::SOURCE_RUN, attr::TAG];
 /// `/metrics` sample names a live run has and an import cannot: bucket counts (tables and
 /// lines print totals, not distributions), per-step durations and waits (tables print a mean
 /// over an interval), the live pipeline's own drops, acceptance (the phase lines print none),
-/// and the resource and scope (an import puts `source_file` and `source_run` on every series).
-const LIVE_ONLY_PROMETHEUS: [&str; 17] = [
+/// and the resource and scope (an import puts `source_file` and `source_run` on every series),
+/// the request gauges (a log has no requests) and the endpoint's own connection counter.
+const LIVE_ONLY_PROMETHEUS: [&str; 20] = [
     "phasetrace_section_duration_seconds_bucket",
     "phasetrace_collective_wait_seconds_bucket",
     "phasetrace_spec_phase_duration_seconds_bucket",
@@ -52,12 +53,15 @@ const LIVE_ONLY_PROMETHEUS: [&str; 17] = [
     "phasetrace_spec_accepted_length_bucket",
     "phasetrace_spec_accepted_length_sum",
     "phasetrace_spec_accepted_length_count",
+    "phasetrace_requests_running",
+    "phasetrace_requests_waiting",
+    "phasetrace_prometheus_connections_closed_total",
     "target_info",
 ];
 
 /// The same over OTLP (instrument names; the resource is not a metric there), plus the live
-/// exporter's own export count.
-const LIVE_ONLY_OTLP: [&str; 7] = [
+/// exporter's own export count and the request gauges.
+const LIVE_ONLY_OTLP: [&str; 9] = [
     metric::METRIC_EXPORTS,
     metric::STEP_DURATION,
     metric::STEP_COLLECTIVE_WAIT,
@@ -65,6 +69,8 @@ const LIVE_ONLY_OTLP: [&str; 7] = [
     metric::SPEC_DRAFT_TOKENS,
     metric::SPEC_ACCEPTED_TOKENS,
     metric::SPEC_ACCEPTED_LENGTH,
+    metric::REQUESTS_RUNNING,
+    metric::REQUESTS_WAITING,
 ];
 
 fn fixture(name: &str) -> String {
