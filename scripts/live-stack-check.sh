@@ -64,12 +64,14 @@ PHASETRACE_PROMETHEUS_WEB_CONFIG="$WEB" OTEL_EXPORTER_OTLP_ENDPOINT="$DEAD_OTLP"
 start_demo balanced8 --ranks 8
 
 prom_port="$(free_port)"
+# Every bundled rule file (the unit-test files left out), as promql-live-check.py reads them.
+RULE_FILES="$(for f in "$ROOT"/otel-config/rules/*.yml; do
+  case "$f" in *.test.yml) ;; *) printf '  - %s\n' "$f" ;; esac
+done)"
 cat > "$WORK/prometheus.yml" <<YAML
 global: {scrape_interval: 1s, evaluation_interval: 1s}
 rule_files:
-  - $ROOT/otel-config/rules/phasetrace-thresholds.yml
-  - $ROOT/otel-config/rules/phasetrace-recording.yml
-  - $ROOT/otel-config/rules/phasetrace-alerts.yml
+$RULE_FILES
 scrape_configs:
   - job_name: phasetrace
     static_configs: [{targets: [$(IFS=,; echo "${TARGETS[*]}")]}]

@@ -24,9 +24,10 @@ printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTO
 
 # Every feature but `record-off`, which compiles recording out (checked on its own below).
 FEATURES="phasetrace/cuda,phasetrace-cli/cuda,phasetrace-cli/candle"
-section "cargo test --workspace --features $FEATURES --locked $*"
-# The tools were just installed: a test that cannot find one fails rather than skips.
-PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --features "$FEATURES" --locked "$@"
+section "cargo test --workspace --features $FEATURES --locked --no-fail-fast $*"
+# The tools were just installed: a test that cannot find one fails rather than skips. Every
+# test binary runs (--no-fail-fast), so one CI run lists every failure.
+PHASETRACE_REQUIRE_TOOLS=1 cargo test --workspace --features "$FEATURES" --locked --no-fail-fast "$@"
 
 section "feature builds: each exporter alone, none, and recording compiled out (scripts/check-features.sh)"
 "$ROOT/scripts/check-features.sh"

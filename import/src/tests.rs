@@ -1614,27 +1614,14 @@ fn regression_corpus_never_panics() {
 // ---------------------------------------------------------------------------------------------
 // The OpenMetrics backfill through promtool.
 
-fn on_path(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| std::path::Path::new(dir).join(program))
-        .find(|p| p.is_file())
-}
-
 /// Backfills both fixtures with `promtool tsdb create-blocks-from openmetrics` and reads exact
-/// values back with `promtool tsdb dump`. Skipped without promtool, except under CI (`CI` set),
-/// whose setup installs it (Debian package `prometheus`).
+/// values back with `promtool tsdb dump`. promtool is found as every other test finds it
+/// (`$PHASETRACE_PROMTOOL_BIN`, `.tools/bin`, then `PATH`); without it the test is skipped,
+/// except under CI or `PHASETRACE_REQUIRE_TOOLS=1`, where it fails.
 #[test]
 fn promtool_backfills_the_fixtures_with_exact_values() {
-    let Some(promtool) = on_path("promtool") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is not installed; CI must install it"
-        );
-        eprintln!("promtool not installed: skipped");
-        return;
-    };
+    phasetrace_testkit::require_tools!(Promtool);
+    let promtool = phasetrace_testkit::promtool_binary();
     let glm = import_path(
         &fixture("glm_run_tracing.log"),
         ImportOptions {

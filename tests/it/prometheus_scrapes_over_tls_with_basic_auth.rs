@@ -171,6 +171,7 @@ pub(crate) fn job(name: &str, addr: SocketAddr, dir: &Path, password: &str) -> S
 
 #[test]
 fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
+    support::require_tools!(Prometheus);
     let dir = TempDir::new("phasetrace-web-config");
     certificates(dir.path());
     let web = web_config(dir.path());

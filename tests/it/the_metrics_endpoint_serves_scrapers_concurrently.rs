@@ -96,6 +96,7 @@ fn a_hundred_idle_or_slow_connections_never_delay_a_scrape() {
 
 #[test]
 fn methods_paths_formats_and_gzip_get_the_right_answer() {
+    support::require_tools!(Promtool);
     let p = profiler();
     let addr = p.prometheus_addr().expect("endpoint");
 

@@ -73,6 +73,7 @@ fn demo(group: &str, addr: &str, extra: &[&str]) -> Demo {
 
 #[test]
 fn a_hung_group_fires_for_every_rank_and_a_busy_or_idle_one_does_not() {
+    support::require_tools!(Prometheus);
     let addrs: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", support::free_port()))
         .collect();

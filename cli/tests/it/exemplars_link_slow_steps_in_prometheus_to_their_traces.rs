@@ -46,6 +46,7 @@ fn exemplars(prometheus: &Prometheus, query: &str) -> Found {
 
 #[test]
 fn exemplars_of_the_step_histogram_name_traces_the_collector_received() {
+    crate::support::require_tools!(Prometheus);
     let rotel = Rotel::start();
     let port = free_port();
     let target = format!("127.0.0.1:{port}");

@@ -14,6 +14,7 @@ const STRAGGLER: &str = "PhasetraceRankStraggler";
 
 #[test]
 fn a_rank_with_three_times_the_compute_fires_the_alert_naming_it() {
+    crate::support::require_tools!(Prometheus);
     let port = crate::support::free_port().to_string();
     let addr = format!("127.0.0.1:{port}");
     let mut demo = Demo::spawn(

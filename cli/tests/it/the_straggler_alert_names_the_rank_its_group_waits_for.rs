@@ -111,6 +111,7 @@ struct Group {
 
 #[test]
 fn thread_groups_alert_for_their_stragglers_only() {
+    crate::support::require_tools!(Prometheus);
     let minutes = |m: u64| Duration::from_secs(60 * m);
     let quiet = |name, args: &[&'static str]| Group {
         name,
@@ -410,6 +411,7 @@ fn is_root() -> bool {
 
 #[test]
 fn ranks_on_separate_hosts_are_named_and_a_killed_rank_is_reported() {
+    crate::support::require_tools!(Prometheus);
     if !is_root() {
         eprintln!(
             "SKIPPED ranks_on_separate_hosts_are_named_and_a_killed_rank_is_reported: it makes \
