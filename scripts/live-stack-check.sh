@@ -5,8 +5,8 @@
 # `group` label, as two tensor-parallel groups of one job would be):
 #   straggler  4 ranks, rank 1 computes 1.2x slower (with speculative decoding and the expert
 #              counter, so that every metric the dashboards read exists);
-#   balanced4  4 ranks, with a web configuration file for its Prometheus endpoint and metrics
-#              also over OTLP, to a port where nothing listens (so that phasetrace's own
+#   balanced4  4 ranks, with a web configuration file of its own for its Prometheus endpoint
+#              (every endpoint asks for basic auth) and metrics also over OTLP, to a port where nothing listens (so that phasetrace's own
 #              health series exist: web config reloads, last reload successful, metrics
 #              exports, every one failing);
 #   balanced8  8 ranks.
@@ -51,11 +51,17 @@ start_demo() {
   TARGETS+=("\"127.0.0.1:$port\"")
 }
 
-start_demo straggler --ranks 4 --straggler-rank 1 --straggler-factor 1.2 --spec 4 --expert-counter on
-# The web configuration serves plain HTTP without auth (`{}`), so the scrape needs nothing
-# more; what matters is that the file is watched.
+# Every endpoint asks for basic auth (a web configuration file; an empty one is refused as a
+# half-written file would be), and Prometheus scrapes with the password. balanced4's file is its
+# own: check 5 breaks it and fixes it. The hash is bcrypt at cost 4 of the password below (a
+# test credential: python3 -c 'import bcrypt; print(bcrypt.hashpw(b"live-check", bcrypt.gensalt(4)))').
+PASSWORD=live-check
+web_config() { printf "basic_auth_users:\n  prometheus: '%s'\n" '$2b$04$mgAYtweAOiYHz9QCPCTTMec/spI4ueIXIu8NuULBkH8RiEtrnF6hS'; }
+web_config > "$WORK/web-shared.yml"
 WEB="$WORK/web.yml"
-printf '{}\n' > "$WEB"
+web_config > "$WEB"
+export PHASETRACE_PROMETHEUS_WEB_CONFIG="$WORK/web-shared.yml"
+start_demo straggler --ranks 4 --straggler-rank 1 --straggler-factor 1.2 --spec 4 --expert-counter on
 DEAD_OTLP="http://127.0.0.1:$(free_port)"
 PHASETRACE_PROMETHEUS_WEB_CONFIG="$WEB" OTEL_EXPORTER_OTLP_ENDPOINT="$DEAD_OTLP" \
   OTEL_METRICS_EXPORTER=otlp,prometheus OTEL_TRACES_EXPORTER=none \
@@ -74,6 +80,7 @@ rule_files:
 $RULE_FILES
 scrape_configs:
   - job_name: phasetrace
+    basic_auth: {username: prometheus, password: $PASSWORD}
     static_configs: [{targets: [$(IFS=,; echo "${TARGETS[*]}")]}]
 YAML
 "$PROMETHEUS" --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/data" \
@@ -125,7 +132,7 @@ python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceWebCo
 grep -q "the changed web configuration is not applied" "$WORK/balanced4.log" \
   || { echo "FAILED: balanced4's stderr does not say why its web config was refused" >&2; exit 1; }
 echo "ok: balanced4's stderr says the changed web configuration is not applied" >&2
-printf '{}\n' > "$WEB.new" && mv "$WEB.new" "$WEB"
+web_config > "$WEB.new" && mv "$WEB.new" "$WEB"
 python3 scripts/promql-live-check.py --prometheus "$URL" --alert PhasetraceWebConfigReloadFailed \
   --expect quiet --label group=balanced4 --timeout-alert 30 --poll 1
 cleanup
