@@ -100,8 +100,10 @@ fn without_a_driver_the_prebuilt_check_fails_at_once_and_never_builds() {
             "the message names what is missing:\n{stderr}"
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
+        // "At once" is what the marker shows (nothing was built or run); the time bound only
+        // catches a hang or a build, so it is loose enough for a starved machine.
         assert!(
-            took < Duration::from_secs(20),
+            took < Duration::from_secs(120),
             "it failed after {took:?}, not at once"
         );
         assert!(
