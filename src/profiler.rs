@@ -1,7 +1,9 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
 use crate::config::settings::{self, Setting, SettingValue};
-use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, SpecLevel, Timing};
+use crate::config::{
+    Config, ConfigBuilder, ConfigError, Listen, Origin, SectionLevel, SpecLevel, Timing,
+};
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
@@ -290,7 +292,11 @@ impl ProfilerBuilder {
         };
         let enabled = cfg.is_enabled();
         let shared = Arc::new(Shared {
-            level: Gate::new(if enabled { cfg.level } else { Level::Off }),
+            level: Gate::new(if enabled {
+                cfg.level
+            } else {
+                SectionLevel::Off
+            }),
             spec_level: Gate::new(if enabled {
                 cfg.spec_level
             } else {
@@ -582,11 +588,11 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
 /// clone drops.
 ///
 /// ```
-/// use phasetrace::{Level, Profiler, Section, Site};
+/// use phasetrace::{SectionLevel, Profiler, Section, Site};
 ///
 /// let profiler = Profiler::builder()
 ///     .without_env()
-///     .with_level(Level::Full)
+///     .with_level(SectionLevel::Full)
 ///     .without_prometheus()
 ///     .build()?;
 /// let rec = profiler.recorder();
@@ -680,7 +686,7 @@ impl Profiler {
 
     /// Whether anything is recorded.
     pub fn is_enabled(&self) -> bool {
-        self.inner.shared.level.load() != Level::Off
+        self.inner.shared.level.load() != SectionLevel::Off
             || self.inner.shared.spec_level.load() != SpecLevel::Off
     }
 
@@ -688,8 +694,10 @@ impl Profiler {
     /// production, or down to collectives only). A profiler built off starts its worker and
     /// exporters on the first change to a level other than off. Fails after
     /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
-    pub fn set_level(&self, level: Level) -> Result<(), Error> {
-        self.set(level == Level::Off, || self.inner.shared.level.store(level))
+    pub fn set_level(&self, level: SectionLevel) -> Result<(), Error> {
+        self.set(level == SectionLevel::Off, || {
+            self.inner.shared.level.store(level)
+        })
     }
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
@@ -813,7 +821,7 @@ impl Profiler {
         let running = {
             let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.shut_down.store(true, Ordering::Relaxed);
-            self.inner.shared.level.store(Level::Off);
+            self.inner.shared.level.store(SectionLevel::Off);
             self.inner.shared.spec_level.store(SpecLevel::Off);
             if let Some(r) = r.as_ref() {
                 *self.inner.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -983,7 +991,7 @@ mod tests {
     fn profiler() -> Profiler {
         Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .without_prometheus()
             .build()
             .expect("profiler")

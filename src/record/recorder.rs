@@ -2,7 +2,7 @@
 
 use super::mark::{Mark, RoundRef};
 use super::{Lane, Shared};
-use crate::config::{Level, SpecLevel};
+use crate::config::{SectionLevel, SpecLevel};
 use crate::names::DropReason;
 use crate::timing::{Clock, HostReader};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
@@ -162,11 +162,11 @@ impl Recorder {
     }
 
     #[inline]
-    pub(super) fn level(&self) -> Level {
+    pub(super) fn level(&self) -> SectionLevel {
         if cfg!(not(feature = "record-off")) {
             self.shared.level.load()
         } else {
-            Level::Off
+            SectionLevel::Off
         }
     }
 
@@ -181,11 +181,11 @@ impl Recorder {
 
     /// Whether `section` is recorded at `level`.
     #[inline]
-    fn records(level: Level, section: Section) -> bool {
+    fn records(level: SectionLevel, section: Section) -> bool {
         match level {
-            Level::Off => false,
-            Level::Full => true,
-            Level::Collectives => section.kind().is_collective(),
+            SectionLevel::Off => false,
+            SectionLevel::Full => true,
+            SectionLevel::Collectives => section.kind().is_collective(),
         }
     }
 
@@ -219,7 +219,7 @@ impl Recorder {
     #[inline]
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return StepGuard {
                 rec: None,
                 index: 0,
@@ -338,7 +338,7 @@ impl Recorder {
     /// `phasetrace.collective.wait`. Recorded at both levels.
     #[inline]
     pub fn collective_wait(&self, site: Site, layer: impl Into<Layer>, wait: Duration) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
@@ -356,7 +356,7 @@ impl Recorder {
     /// ([`crate::benchmarks`], `moe/route_on_384_experts`).
     #[inline]
     pub fn moe_route(&self, layer: impl Into<Layer>, expert_ids: &[u32]) {
-        if self.level() != Level::Full {
+        if self.level() != SectionLevel::Full {
             return;
         }
         let layer = layer.into();
@@ -393,7 +393,7 @@ impl Recorder {
     /// and two 24-byte records, no lock: [`crate::benchmarks`] (`request/begin_end_on`).
     #[inline]
     pub fn request_begin(&self, id: u64, class: crate::RequestClass) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let n = self.requests.get();
@@ -419,7 +419,7 @@ impl Recorder {
     /// 32 records a step.
     #[inline]
     pub fn serve(&self, id: u64, tokens: u32, outputs: u32) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         self.lane.push(Mark::serve(id, tokens, outputs, 0));
@@ -431,7 +431,7 @@ impl Recorder {
     /// per request.
     #[inline]
     pub fn serve_speculative(&self, id: u64, drafted: u32, accepted: u32) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let accepted = accepted.min(drafted);
@@ -448,7 +448,7 @@ impl Recorder {
     /// span, if traced, ends. Cost: as [`Recorder::request_begin`].
     #[inline]
     pub fn request_end(&self, id: u64, finish: crate::Finish) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let (code, error) = finish.code();
