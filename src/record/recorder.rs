@@ -86,6 +86,8 @@ pub struct Recorder {
     round_seq: Cell<u32>,
     /// Requests begun, for one-in-N sampling.
     requests: Cell<u64>,
+    /// The step begun by [`Recorder::begin_step`] and not yet ended (its index), if recorded.
+    open_step: Cell<Option<u32>>,
     capture: CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -131,6 +133,7 @@ impl Recorder {
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
             requests: Cell::new(0),
+            open_step: Cell::new(None),
             capture: Default::default(),
             _not_sync: PhantomData,
         }
@@ -238,6 +241,68 @@ impl Recorder {
         StepGuard {
             rec: ok.then_some(self),
             index: n as u32,
+        }
+    }
+
+    /// Begins a decode step without a guard, for a step whose body awaits: pair it with
+    /// [`Recorder::end_step`]. Same records, sampling and cost as [`Recorder::step`].
+    ///
+    /// A [`StepGuard`] borrows its recorder, and a `Recorder` is `Send` but not `Sync`, so a
+    /// future that holds a guard across `.await` is not `Send` and cannot be spawned on a
+    /// multi-thread runtime. With this pair the future holds only the recorder, which it owns
+    /// (one per decode-loop task): it is `Send`, moves between worker threads with the task,
+    /// and is used from one thread at a time. The step's parent span is read here, at the
+    /// begin, as for [`Recorder::step`] (inside `tracing::Instrument`, the task's span).
+    ///
+    /// A second `begin_step` before `end_step` leaves the first step's end missing (counted
+    /// as unbalanced by the worker, never fatal); `end_step` without an open step does nothing.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), phasetrace::Error> {
+    /// use phasetrace::{Profiler, Section, SectionLevel, Site};
+    ///
+    /// let profiler = Profiler::builder()
+    ///     .without_env()
+    ///     .with_level(SectionLevel::Full)
+    ///     .without_prometheus()
+    ///     .build()?;
+    /// let rec = profiler.recorder();
+    /// let decode = async move {
+    ///     for _token in 0..3 {
+    ///         rec.begin_step();
+    ///         {
+    ///             // A guard is fine where no `.await` falls inside its scope.
+    ///             let _mixer = rec.section(Section::KDA_MIXER, 0u32, Site::ATTN);
+    ///         }
+    ///         std::future::ready(()).await; // the engine's awaits (a batch, a stream, a channel)
+    ///         rec.end_step();
+    ///     }
+    /// };
+    /// fn spawnable<F: std::future::Future + Send + 'static>(_: &F) {}
+    /// spawnable(&decode); // `Send`: a multi-thread runtime can spawn it
+    /// # drop(decode);
+    /// # profiler.shutdown();
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn begin_step(&self) {
+        let guard = self.step();
+        if guard.rec.is_some() {
+            self.open_step.set(Some(guard.index));
+        }
+        // Its end is pushed by `end_step`.
+        std::mem::forget(guard);
+    }
+
+    /// Ends the step begun by [`Recorder::begin_step`], as dropping its [`StepGuard`] would.
+    #[inline]
+    pub fn end_step(&self) {
+        if let Some(index) = self.open_step.take() {
+            drop(StepGuard {
+                rec: Some(self),
+                index,
+            });
         }
     }
 
