@@ -13,7 +13,7 @@ use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
 use crate::worker::sinks::metrics::{
     MetricsSink,
-    aggregate::{Bind, Instruments},
+    aggregate::{Attachment, Bind, Instruments},
     layers::LayerTotals,
 };
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
@@ -322,6 +322,7 @@ impl ProfilerBuilder {
             drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
             given,
             views_warned: Arc::new(AtomicBool::new(false)),
+            attachment: Attachment::default(),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -351,6 +352,9 @@ struct Start {
     given: Given,
     /// The missing-view line was said (once per profiler, across restarts).
     views_warned: Arc<AtomicBool>,
+    /// This profiler's observable callbacks on every meter provider, detached when it drops
+    /// (after `shutdown()` they still report its final totals).
+    attachment: Attachment,
 }
 
 impl Start {
@@ -368,7 +372,7 @@ impl Start {
             .zip(exporters.distributions.iter().zip(&exporters.twins))
             .map(|((m, &bind), (d, t))| {
                 let exponential_before = crate::export::views::exponential_views_applied();
-                let i = Instruments::new(m, &layers, &open, self.k_max)
+                let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
                     .with_experts(m, &shared.experts)
                     .with_requests(m, &request_gauges)
                     .with_bind(bind);
@@ -554,6 +558,9 @@ impl Drop for Inner {
         if let Some(r) = running {
             finish(r, self.cfg.shutdown_timeout, self.cfg.summary_every > 0);
         }
+        // A provider keeps every callback registered on it: a profiler built on it later
+        // must be the only one that observes.
+        self.start.attachment.detach();
     }
 }
 

@@ -204,7 +204,7 @@ fn pipeline(
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
-    let inst = Instruments::new(&meter, &layers, &open, 8)
+    let inst = Instruments::new(&meter, &layers, &open, 8, &Default::default())
         .with_bind(Bind::Bound)
         .with_distributions(Some((&meter, Bind::Bound)), None)
         .with_requests(&meter, &Arc::default());

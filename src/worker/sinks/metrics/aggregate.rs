@@ -23,6 +23,26 @@ use opentelemetry::metrics::{
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Whether one profiler's observable callbacks still observe. The SDK keeps a callback for the
+/// life of its provider (the API has no way to unregister one), so the callbacks of a profiler
+/// dropped and built again on the engine's provider would go on reporting the dropped one's
+/// frozen totals beside the new one's, on the same series. Dropping the profiler detaches
+/// them: from then on each observes nothing (one load per collection), and only the closure
+/// stays with the provider.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Attachment(Arc<AtomicBool>);
+
+impl Attachment {
+    /// From now on the callbacks observe nothing.
+    pub(crate) fn detach(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn attached(&self) -> bool {
+        !self.0.load(Ordering::Acquire)
+    }
+}
+
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
     section: Histogram<f64>,
@@ -57,6 +77,8 @@ pub(crate) struct Instruments {
     _layer_calls: [ObservableCounter<u64>; 2],
     /// `phasetrace.step.open_duration`, read from the lanes' open steps at each collection.
     _open_duration: ObservableGauge<f64>,
+    /// Gates every callback above (and the expert and request gauges').
+    attachment: Attachment,
     /// The request instruments (`with_requests`).
     requests: Option<Box<RequestInstruments>>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
@@ -100,6 +122,7 @@ impl Instruments {
         layers: &Arc<LayerTotals>,
         open: &Arc<OpenSteps>,
         k_max: u32,
+        attachment: &Attachment,
     ) -> Instruments {
         let dur = |(name, desc): (&'static str, &'static str)| {
             meter
@@ -112,11 +135,15 @@ impl Instruments {
         let group = layers.group().clone();
         let time = |name: &'static str, desc: &'static str, waits: bool| {
             let l = layers.clone();
+            let a = attachment.clone();
             meter
                 .f64_observable_counter(name)
                 .with_unit(metric::UNIT_SECONDS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    if !a.attached() {
+                        return;
+                    }
                     let obs = |kv: &[KeyValue], secs: f64, _: u64| o.observe(secs, kv);
                     if waits {
                         l.each_wait(obs)
@@ -128,11 +155,15 @@ impl Instruments {
         };
         let calls = |name: &'static str, desc: &'static str, waits: bool| {
             let l = layers.clone();
+            let a = attachment.clone();
             meter
                 .u64_observable_counter(name)
                 .with_unit(metric::UNIT_CALLS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    if !a.attached() {
+                        return;
+                    }
                     let obs = |kv: &[KeyValue], _: f64, n: u64| o.observe(n, kv);
                     if waits {
                         l.each_wait(obs)
@@ -168,6 +199,7 @@ impl Instruments {
         ];
         let open_duration = {
             let open = open.clone();
+            let a = attachment.clone();
             meter
                 .f64_observable_gauge(metric::STEP_OPEN_DURATION)
                 .with_unit(metric::UNIT_SECONDS)
@@ -175,7 +207,11 @@ impl Instruments {
                     "How long the rank's current decode step has been open (0: no step open); \
                      a step that began and never ends is a hang",
                 )
-                .with_callback(move |o| open.each(|kv, secs| o.observe(secs, kv)))
+                .with_callback(move |o| {
+                    if a.attached() {
+                        open.each(|kv, secs| o.observe(secs, kv))
+                    }
+                })
                 .build()
         };
         let dropped = meter
@@ -198,6 +234,7 @@ impl Instruments {
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
+            attachment: attachment.clone(),
             section: dur(D_SECTION),
             step: dur(D_STEP),
             steps: meter
@@ -411,6 +448,7 @@ impl Instruments {
             return self;
         }
         let e = experts.clone();
+        let a = self.attachment.clone();
         self._expert_tokens = Some(
             meter
                 .u64_observable_counter(metric::MOE_LAYER_TOKENS)
@@ -419,15 +457,21 @@ impl Instruments {
                     "Tokens routed in one MoE layer, counted once per expert each goes to \
                      (tokens x top-k)",
                 )
-                .with_callback(move |o| e.each_layer_tokens(|kv, n| o.observe(n, kv)))
+                .with_callback(move |o| {
+                    if a.attached() {
+                        e.each_layer_tokens(|kv, n| o.observe(n, kv))
+                    }
+                })
                 .build(),
         );
         let gauge = |name: &'static str, desc: &'static str, which: u8| {
             let e = experts.clone();
+            let a = self.attachment.clone();
             meter
                 .f64_observable_gauge(name)
                 .with_description(desc)
                 .with_callback(move |o| match which {
+                    _ if !a.attached() => {}
                     0 => e.each_imbalance(|kv, imb, _| o.observe(imb, kv)),
                     1 => e.each_imbalance(|kv, _, cv| o.observe(cv, kv)),
                     _ => e.each_hot(|kv, share| o.observe(share, kv)),
@@ -472,11 +516,15 @@ impl Instruments {
         let gauge = |name: &'static str, desc: &'static str, running: bool| {
             let g = gauges.clone();
             let group = self.group.clone();
+            let a = self.attachment.clone();
             meter
                 .u64_observable_gauge(name)
                 .with_unit(metric::UNIT_REQUESTS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    if !a.attached() {
+                        return;
+                    }
                     let v = if running { &g.running } else { &g.waiting };
                     o.observe(v.load(Ordering::Relaxed), std::slice::from_ref(&group));
                 })
