@@ -595,7 +595,7 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
 /// clone drops.
 ///
 /// ```
-/// use phasetrace::{SectionLevel, Profiler, Section, Site};
+/// use phasetrace::{Profiler, Section, SectionLevel, Site};
 ///
 /// let profiler = Profiler::builder()
 ///     .without_env()

@@ -19,7 +19,7 @@
 //! `PHASETRACE_TIMING` picks the clock:
 //!
 //! ```
-//! use phasetrace::{SectionLevel, Profiler};
+//! use phasetrace::{Profiler, SectionLevel};
 //! use phasetrace_sim::SimStream;
 //!
 //! let stream = SimStream::new();

@@ -222,7 +222,7 @@ impl Recorder {
     ///
     /// ```
     /// use phasetrace_sim::SimStream;
-    /// use phasetrace::{SectionLevel, Profiler, Section, Site, Timing};
+    /// use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
     /// use std::time::Duration;
     ///
     /// let stream = SimStream::new();

@@ -28,7 +28,7 @@ use candle_core::Device;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use phasetrace::timing::{EngineStream, cuda};
-use phasetrace::{SectionLevel, Profiler, Timing};
+use phasetrace::{Profiler, SectionLevel, Timing};
 use phasetrace_candle::{
     EngineError, ModelConfig, RunOptions, checksum, generate, prompt, weights,
 };
