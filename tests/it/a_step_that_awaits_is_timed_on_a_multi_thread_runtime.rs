@@ -73,3 +73,88 @@ fn steps_held_across_await_in_spawned_tasks_are_counted_exactly() {
     assert_eq!(stats.dropped.total(), 0, "{stats:?}");
     profiler.shutdown();
 }
+
+/// Inside `tracing::Instrument`, a step begun with `begin_step` is a child of the task's span
+/// (the span current when it began), on the engine's tracer provider, whichever worker thread
+/// the task resumes on.
+#[cfg(feature = "tracing")]
+#[test]
+fn a_begun_step_is_a_child_of_the_instrumented_tasks_span() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use phasetrace_names::span;
+    use tracing::Instrument as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    const REQUESTS: u64 = 4;
+    const PER_REQUEST: u64 = 5;
+    let spans = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    let dispatch = tracing::Dispatch::new(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("engine"))),
+    );
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(SectionLevel::Full)
+        .with_trace_every(1)
+        .without_prometheus()
+        .with_tracer_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    let on_start = dispatch.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        // The engine's subscriber on every worker thread, for the thread's life.
+        .on_thread_start(move || std::mem::forget(tracing::dispatcher::set_default(&on_start)))
+        .build()
+        .expect("a multi-thread runtime starts");
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..REQUESTS)
+            .map(|id| {
+                let rec = profiler.recorder();
+                let request = tracing::dispatcher::with_default(&dispatch, || {
+                    tracing::info_span!("request", request.id = id as i64)
+                });
+                tokio::spawn(
+                    async move {
+                        for _ in 0..PER_REQUEST {
+                            rec.begin_step();
+                            tokio::task::yield_now().await;
+                            rec.begin_section(Section::KDA_MIXER, 0u32, Site::ATTN);
+                            tokio::task::yield_now().await;
+                            rec.end_section(Section::KDA_MIXER);
+                            rec.end_step();
+                        }
+                    }
+                    .instrument(request),
+                )
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("a decode task finishes");
+        }
+    });
+    drop(rt);
+    profiler.shutdown();
+    let all = spans.get_finished_spans().expect("the engine's spans");
+    let requests: Vec<_> = all.iter().filter(|s| s.name == "request").collect();
+    assert_eq!(requests.len() as u64, REQUESTS, "{all:#?}");
+    let steps: Vec<_> = all.iter().filter(|s| s.name == span::STEP).collect();
+    assert_eq!(steps.len() as u64, REQUESTS * PER_REQUEST, "{all:#?}");
+    for request in requests {
+        let children = steps
+            .iter()
+            .filter(|s| {
+                s.parent_span_id == request.span_context.span_id()
+                    && s.span_context.trace_id() == request.span_context.trace_id()
+            })
+            .count() as u64;
+        assert_eq!(children, PER_REQUEST, "{all:#?}");
+    }
+    provider
+        .shutdown()
+        .expect("the engine shuts its provider down");
+}
