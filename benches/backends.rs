@@ -31,7 +31,7 @@
 
 use criterion::{Criterion, Throughput};
 use phasetrace::timing::{Clock, SyncClock};
-use phasetrace::{Level, Profiler, Recorder, RecorderOptions, Section, Site};
+use phasetrace::{Profiler, Recorder, RecorderOptions, Section, SectionLevel, Site};
 use phasetrace_sim::{SimEventClock, SimStream, SimStreamOptions, TYPICAL_LAUNCH_LATENCY};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -78,7 +78,7 @@ fn step(stream: &SimStream, rec: Option<&Recorder>, work: &[Duration]) {
 fn profiler() -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_otlp_endpoint(None)
         .with_summary_every(0)

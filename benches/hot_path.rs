@@ -29,7 +29,7 @@
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use phasetrace::{Level, Phase, Profiler, Section, Site, SpecLevel};
+use phasetrace::{Phase, Profiler, Section, SectionLevel, Site, SpecLevel};
 use std::hint::black_box;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -61,12 +61,12 @@ mod reference {
 
 const BATCH: u64 = 8_192;
 
-fn profiler(level: Level, spec: SpecLevel) -> Profiler {
+fn profiler(level: SectionLevel, spec: SpecLevel) -> Profiler {
     profiler_tracing(level, spec, 0)
 }
 
 /// As [`profiler`], sampling one step in `trace_every` (0: none).
-fn profiler_tracing(level: Level, spec: SpecLevel, trace_every: u64) -> Profiler {
+fn profiler_tracing(level: SectionLevel, spec: SpecLevel, trace_every: u64) -> Profiler {
     Profiler::builder()
         .without_env()
         .with_level(level)
@@ -118,7 +118,7 @@ fn section(c: &mut Criterion) {
             reference::end(black_box(3), t);
         })
     });
-    let off = profiler(Level::Off, SpecLevel::Off);
+    let off = profiler(SectionLevel::Off, SpecLevel::Off);
     let rec_off = off.recorder();
     g.bench_function("phasetrace_off", |b| {
         b.iter(|| {
@@ -165,7 +165,7 @@ fn section(c: &mut Criterion) {
             })
         });
     }
-    let on = profiler(Level::Full, SpecLevel::Off);
+    let on = profiler(SectionLevel::Full, SpecLevel::Off);
     let rec_on = on.recorder();
     g.bench_function("phasetrace_on_host_clock", |b| {
         b.iter_custom(|iters| {
@@ -221,7 +221,7 @@ fn steps(p: &Profiler, iters: u64) -> Duration {
 fn step(c: &mut Criterion) {
     let mut g = c.benchmark_group("step");
     g.throughput(Throughput::Elements(1));
-    let sampled = |every: u64| profiler_tracing(Level::Full, SpecLevel::Off, every);
+    let sampled = |every: u64| profiler_tracing(SectionLevel::Full, SpecLevel::Off, every);
     let unsampled = sampled(0);
     g.bench_function("unsampled", |b| b.iter_custom(|n| steps(&unsampled, n)));
     unsampled.shutdown();
@@ -245,7 +245,7 @@ fn step(c: &mut Criterion) {
 fn spec(c: &mut Criterion) {
     let mut g = c.benchmark_group("spec");
     g.throughput(Throughput::Elements(1));
-    let on = profiler(Level::Off, SpecLevel::Phases);
+    let on = profiler(SectionLevel::Off, SpecLevel::Phases);
     let rec = on.recorder();
     g.bench_function("phase_mark_on", |b| {
         b.iter_custom(|iters| {
@@ -266,7 +266,7 @@ fn spec(c: &mut Criterion) {
             total
         })
     });
-    let off = profiler(Level::Off, SpecLevel::Off);
+    let off = profiler(SectionLevel::Off, SpecLevel::Off);
     let rec_off = off.recorder();
     g.bench_function("round_off", |b| {
         b.iter(|| {
@@ -287,7 +287,7 @@ fn worker(c: &mut Criterion) {
     for (layer_attr, protobuf) in [(true, false), (false, false), (true, true)] {
         let p = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .with_prometheus_at(([127, 0, 0, 1], 0))
             .with_trace_every(0)
             .with_layer_attr(layer_attr)
@@ -360,14 +360,14 @@ fn graph(c: &mut Criterion) {
     let mut g = c.benchmark_group("graph");
     g.throughput(Throughput::Elements(1));
     for (name, level, read_every) in [
-        ("replay_off", Level::Off, 1),
-        ("replay_not_read", Level::Full, u64::MAX),
-        ("replay_read", Level::Full, 1),
+        ("replay_off", SectionLevel::Off, 1),
+        ("replay_not_read", SectionLevel::Full, u64::MAX),
+        ("replay_read", SectionLevel::Full, 1),
     ] {
         let stream = SimStream::new();
         let p = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .without_prometheus()
             .with_trace_every(0)
             .with_queue(1 << 20)
@@ -436,7 +436,7 @@ fn worker_tail(c: &mut Criterion) {
         // exists because both spans and the Prometheus endpoint are on.
         let p = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .with_prometheus_at(([127, 0, 0, 1], 0))
             .with_otlp_endpoint(Some("http://127.0.0.1:9"))
             .with_otlp_protocol(phasetrace::Protocol::HttpProtobuf)
@@ -502,7 +502,7 @@ mod reference_route {
 const MOE_LAYERS: u32 = 60;
 const EXPERTS: u32 = 384;
 
-fn moe_profiler(level: Level, experts: bool) -> Profiler {
+fn moe_profiler(level: SectionLevel, experts: bool) -> Profiler {
     Profiler::builder()
         .without_env()
         .with_level(level)
@@ -533,14 +533,14 @@ fn moe(c: &mut Criterion) {
     g.bench_function("baseline_reference_route_on", |b| {
         b.iter(|| reference_route::stash(black_box(true), black_box(&ids_i32)))
     });
-    let off = moe_profiler(Level::Off, true);
+    let off = moe_profiler(SectionLevel::Off, true);
     let rec_off = off.recorder();
     g.bench_function("route_off", |b| {
         b.iter(|| rec_off.moe_route(black_box(3u32), black_box(&ids)))
     });
     // On: two 24-byte records (four ids each) into the lane; the worker is not running, so
     // the ring is drained outside the timed batches.
-    let on = moe_profiler(Level::Full, true);
+    let on = moe_profiler(SectionLevel::Full, true);
     let rec_on = on.recorder();
     g.bench_function("route_on_384_experts", |b| {
         b.iter_custom(|iters| {
@@ -569,7 +569,7 @@ fn moe(c: &mut Criterion) {
     let ids_per_pass = u64::from(tokens * MOE_LAYERS * 8);
     g.throughput(Throughput::Elements(ids_per_pass));
     for experts in [false, true] {
-        let p = moe_profiler(Level::Full, experts);
+        let p = moe_profiler(SectionLevel::Full, experts);
         let rec = p.recorder();
         let name = if experts {
             "drain_routes_expert_load_on_60x384"
@@ -629,12 +629,12 @@ fn request(c: &mut Criterion) {
     let mut g = c.benchmark_group("request");
     g.throughput(Throughput::Elements(1));
     let kind = || phasetrace::RequestKind::new("bench", "text_completion", "m");
-    let off = profiler(Level::Off, SpecLevel::Off);
+    let off = profiler(SectionLevel::Off, SpecLevel::Off);
     let rec_off = off.recorder();
     g.bench_function("serve_off", |b| {
         b.iter(|| rec_off.serve(black_box(7), black_box(1), 1))
     });
-    let on = profiler(Level::Full, SpecLevel::Off);
+    let on = profiler(SectionLevel::Full, SpecLevel::Off);
     let rec_on = on.recorder();
     g.bench_function("serve_on", |b| {
         b.iter_custom(|iters| {

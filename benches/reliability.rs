@@ -9,7 +9,7 @@
 //! Run: `source .tools/env && cargo bench --bench reliability` (SOAK_SECS, default 60; PHASE_SECS,
 //! default 10). Figures go to the Reliability section of BENCHMARKS.md.
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ fn start_rotel(port: u16) -> Option<Child> {
 fn profiler(port: u16) -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(10)
         .without_prometheus()
         .with_otlp_endpoint(Some(&format!("http://127.0.0.1:{port}")))

@@ -14,7 +14,7 @@
 //! Figures go to the "Prometheus endpoint" section of BENCHMARKS.md.
 
 use criterion::Criterion;
-use phasetrace::{Level, Profiler, Recorder, Section, Site};
+use phasetrace::{Profiler, Recorder, Section, SectionLevel, Site};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -85,7 +85,7 @@ fn step(rec: &Recorder) -> u64 {
 fn profiler() -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()

@@ -7,7 +7,7 @@
 // `cargo run --example cuda_stream --features cuda`
 
 use phasetrace::timing::cuda;
-use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
 
 fn main() -> std::process::ExitCode {
     match run() {
@@ -23,7 +23,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = cuda::open_device(0)?; // a clear error without a driver or a GPU
     let stream = ctx.new_stream()?;
     let profiler = Profiler::builder()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_timing(Timing::Events)
         .with_stream(stream.clone())
         .with_prometheus_at(([127, 0, 0, 1], 0))

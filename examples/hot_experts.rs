@@ -2,7 +2,7 @@
 // to every (rank, layer, expert), here for a Kimi-K2-shaped model (60 MoE layers of 384
 // experts, top-8) whose router favours a few experts; the program prints the hottest ones and
 // what was routed between two snapshots. `cargo run --example hot_experts`.
-use phasetrace::{Level, Profiler};
+use phasetrace::{Profiler, SectionLevel};
 
 const LAYERS: u32 = 60;
 const EXPERTS: u32 = 384;
@@ -25,7 +25,7 @@ fn route(layer: u32, token: u32, ids: &mut [u32]) {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_expert_counter(true)
         .with_moe_experts(EXPERTS)
         .without_prometheus()

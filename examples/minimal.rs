@@ -1,11 +1,11 @@
 // The README's integration snippet, as a program: `cargo run --example minimal`.
-use phasetrace::{Level, Phase, Profiler, Section, Site, SpecLevel, VerifyPart};
+use phasetrace::{Phase, Profiler, Section, SectionLevel, Site, SpecLevel, VerifyPart};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Defaults, then the environment (PHASETRACE_*, OTEL_*), then code: code wins.
     // Both levels are off by default: say what to record.
     let profiler = Profiler::builder()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_spec_level(SpecLevel::VerifySplit)
         .with_expert_counter(true) // tokens per (layer, expert): opt-in
         .build()?;

@@ -11,7 +11,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use tracing_subscriber::layer::SubscriberExt;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // phasetrace on the engine's providers.
     let profiler = Profiler::builder()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(3) // a span tree for one step in three
         .with_meter_provider(meter_provider.clone())
         .with_tracer_provider(tracer_provider.clone())

@@ -5,7 +5,7 @@
 //
 // `cargo run --example ranks_as_threads`
 
-use phasetrace::{Level, Profiler, RecorderOptions, Section, Site};
+use phasetrace::{Profiler, RecorderOptions, Section, SectionLevel, Site};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ fn work(d: Duration) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let profiler = Profiler::builder()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         // A free port, printed below; the default is 127.0.0.1:9464.
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()?;

@@ -4,7 +4,7 @@
 //
 // `cargo run --example speculative`
 
-use phasetrace::{Level, Phase, Profiler, Section, Site, SpecLevel, VerifyPart};
+use phasetrace::{Phase, Profiler, Section, SectionLevel, Site, SpecLevel, VerifyPart};
 use std::time::{Duration, Instant};
 
 const K: u32 = 4;
@@ -19,7 +19,7 @@ fn work(d: Duration) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let profiler = Profiler::builder()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         // Off by default: `phases` records rounds and phases, `verify` adds the verify parts.
         .with_spec_level(SpecLevel::VerifySplit)
         .with_spec_summary_every(10)

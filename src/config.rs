@@ -86,8 +86,25 @@ macro_rules! closed_set {
 }
 
 /// Which sections are recorded (`PHASETRACE_LEVEL`).
+///
+/// Named `SectionLevel`, beside [`SpecLevel`], so that a file importing it and `tracing::Level`
+/// needs no rename:
+///
+/// ```
+/// use phasetrace::{Profiler, SectionLevel};
+/// use tracing::Level;
+///
+/// let profiler = Profiler::builder()
+///     .without_env()
+///     .without_prometheus()
+///     .with_level(SectionLevel::Collectives)
+///     .build()?;
+/// tracing::event!(Level::INFO, recording = profiler.is_enabled());
+/// profiler.shutdown();
+/// # Ok::<(), phasetrace::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Level {
+pub enum SectionLevel {
     /// Nothing is recorded: every hot-path call is one relaxed load.
     #[default]
     Off,
@@ -97,26 +114,26 @@ pub enum Level {
     Collectives,
 }
 
-impl Level {
+impl SectionLevel {
     pub(crate) const fn as_u8(self) -> u8 {
         match self {
-            Level::Off => 0,
-            Level::Full => 1,
-            Level::Collectives => 2,
+            SectionLevel::Off => 0,
+            SectionLevel::Full => 1,
+            SectionLevel::Collectives => 2,
         }
     }
 
-    /// The inverse of [`Level::as_u8`]; values above 2 read as `Collectives`.
-    pub(crate) const fn from_u8(v: u8) -> Level {
+    /// The inverse of [`SectionLevel::as_u8`]; values above 2 read as `Collectives`.
+    pub(crate) const fn from_u8(v: u8) -> SectionLevel {
         match v {
-            0 => Level::Off,
-            1 => Level::Full,
-            _ => Level::Collectives,
+            0 => SectionLevel::Off,
+            1 => SectionLevel::Full,
+            _ => SectionLevel::Collectives,
         }
     }
 }
 
-closed_set!(Level, "off, 0, full, 1, collectives or 2", {
+closed_set!(SectionLevel, "off, 0, full, 1, collectives or 2", {
     Off => ["off", "0"],
     Full => ["full", "1"],
     Collectives => ["collectives", "2"],
@@ -685,7 +702,7 @@ impl Config {
 
     /// Whether anything is recorded at all.
     pub fn is_enabled(&self) -> bool {
-        !self.sdk_disabled && (self.level != Level::Off || self.spec_level != SpecLevel::Off)
+        !self.sdk_disabled && (self.level != SectionLevel::Off || self.spec_level != SpecLevel::Off)
     }
 
     /// Where the setting of variable `var` came from.
@@ -1235,7 +1252,7 @@ mod tests {
     #[test]
     fn defaults_are_off_with_the_embedded_prometheus_endpoint() {
         let c = env(&[]).unwrap();
-        assert_eq!(c.level, Level::Off);
+        assert_eq!(c.level, SectionLevel::Off);
         assert_eq!(c.spec_level, SpecLevel::Off);
         assert_eq!(c.trace_every, 100);
         assert_eq!(c.trace_slower_than, TraceSlowerThan::Percentile(99.0));
@@ -1288,7 +1305,7 @@ mod tests {
             ("OTEL_METRICS_EXPORTER", "otlp,prometheus"),
         ])
         .unwrap();
-        assert_eq!(c.level, Level::Collectives);
+        assert_eq!(c.level, SectionLevel::Collectives);
         assert_eq!(c.spec_level, SpecLevel::VerifySplit);
         assert_eq!(c.trace_every, 0);
         assert!(!c.layer_attr);
@@ -1448,7 +1465,7 @@ mod tests {
     #[test]
     fn code_beats_env_and_records_its_origin() {
         let mut b = ConfigBuilder::default();
-        b.set(&settings::LEVEL, Level::Full);
+        b.set(&settings::LEVEL, SectionLevel::Full);
         b.set(&settings::RANK, 7);
         b.set(&settings::GROUP, "tp1".to_owned());
         let c = resolve(
@@ -1460,7 +1477,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.level, Level::Full);
+        assert_eq!(c.level, SectionLevel::Full);
         assert_eq!(c.rank, 7);
         assert_eq!(c.group, "tp1");
         assert_eq!(c.origins.get("PHASETRACE_LEVEL"), Some(&Origin::Code));
@@ -1486,14 +1503,14 @@ mod tests {
             ..Default::default()
         };
         let alone = resolve(&b, &[("METRALE_GLM_PROFILE", "2")]).unwrap();
-        assert_eq!(alone.level, Level::Collectives);
+        assert_eq!(alone.level, SectionLevel::Collectives);
         assert!(alone.alias_warnings.is_empty());
         let both = resolve(
             &b,
             &[("METRALE_GLM_PROFILE", "2"), ("PHASETRACE_LEVEL", "1")],
         )
         .unwrap();
-        assert_eq!(both.level, Level::Full);
+        assert_eq!(both.level, SectionLevel::Full);
         assert_eq!(both.alias_warnings.len(), 1);
         assert!(
             both.alias_warnings[0].contains("PHASETRACE_LEVEL=1 overrides METRALE_GLM_PROFILE=2")
@@ -1712,7 +1729,7 @@ mod tests {
             }
             assert_eq!("nope".parse::<T>().unwrap_err().0, expected);
         }
-        walk(Level::ALL, Level::EXPECTED);
+        walk(SectionLevel::ALL, SectionLevel::EXPECTED);
         walk(SpecLevel::ALL, SpecLevel::EXPECTED);
         walk(Timing::ALL, Timing::EXPECTED);
         walk(Protocol::ALL, Protocol::EXPECTED);

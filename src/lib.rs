@@ -51,9 +51,12 @@ pub mod vocab;
 mod worker;
 
 pub use config::{
-    Config, ConfigError, HostSourceChoice, Level, Origin, Protocol, SpecLevel, Timing,
+    Config, ConfigError, HostSourceChoice, Origin, Protocol, SectionLevel, SpecLevel, Timing,
     TraceSlowerThan,
 };
+/// The former name of [`SectionLevel`]; it collided with `tracing::Level`.
+#[deprecated(note = "renamed SectionLevel (it collided with tracing::Level)")]
+pub type Level = SectionLevel;
 pub use export::ExportError;
 #[cfg(feature = "prometheus")]
 pub use export::WebConfigError;

@@ -1,7 +1,9 @@
 //! [`Profiler`]: configuration in, recorders out, a worker and exporters behind.
 
 use crate::config::settings::{self, Setting, SettingValue};
-use crate::config::{Config, ConfigBuilder, ConfigError, Level, Listen, Origin, SpecLevel, Timing};
+use crate::config::{
+    Config, ConfigBuilder, ConfigError, Listen, Origin, SectionLevel, SpecLevel, Timing,
+};
 use crate::export::{ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
@@ -11,7 +13,7 @@ use crate::worker::sinks::console::ConsoleSink;
 use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
 use crate::worker::sinks::metrics::{
     MetricsSink,
-    aggregate::{Bind, Instruments},
+    aggregate::{Attachment, Bind, Instruments},
     layers::LayerTotals,
 };
 use crate::worker::sinks::spans::{SpanSink, tail::Tail};
@@ -290,7 +292,11 @@ impl ProfilerBuilder {
         };
         let enabled = cfg.is_enabled();
         let shared = Arc::new(Shared {
-            level: Gate::new(if enabled { cfg.level } else { Level::Off }),
+            level: Gate::new(if enabled {
+                cfg.level
+            } else {
+                SectionLevel::Off
+            }),
             spec_level: Gate::new(if enabled {
                 cfg.spec_level
             } else {
@@ -316,6 +322,7 @@ impl ProfilerBuilder {
             drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
             given,
             views_warned: Arc::new(AtomicBool::new(false)),
+            attachment: Attachment::default(),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -345,6 +352,9 @@ struct Start {
     given: Given,
     /// The missing-view line was said (once per profiler, across restarts).
     views_warned: Arc<AtomicBool>,
+    /// This profiler's observable callbacks on every meter provider, detached when it drops
+    /// (after `shutdown()` they still report its final totals).
+    attachment: Attachment,
 }
 
 impl Start {
@@ -362,7 +372,7 @@ impl Start {
             .zip(exporters.distributions.iter().zip(&exporters.twins))
             .map(|((m, &bind), (d, t))| {
                 let exponential_before = crate::export::views::exponential_views_applied();
-                let i = Instruments::new(m, &layers, &open, self.k_max)
+                let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
                     .with_experts(m, &shared.experts)
                     .with_requests(m, &request_gauges)
                     .with_bind(bind);
@@ -548,6 +558,9 @@ impl Drop for Inner {
         if let Some(r) = running {
             finish(r, self.cfg.shutdown_timeout, self.cfg.summary_every > 0);
         }
+        // A provider keeps every callback registered on it: a profiler built on it later
+        // must be the only one that observes.
+        self.start.attachment.detach();
     }
 }
 
@@ -582,11 +595,11 @@ fn finish(r: Running, timeout: Duration, summary: bool) {
 /// clone drops.
 ///
 /// ```
-/// use phasetrace::{Level, Profiler, Section, Site};
+/// use phasetrace::{Profiler, Section, SectionLevel, Site};
 ///
 /// let profiler = Profiler::builder()
 ///     .without_env()
-///     .with_level(Level::Full)
+///     .with_level(SectionLevel::Full)
 ///     .without_prometheus()
 ///     .build()?;
 /// let rec = profiler.recorder();
@@ -680,7 +693,7 @@ impl Profiler {
 
     /// Whether anything is recorded.
     pub fn is_enabled(&self) -> bool {
-        self.inner.shared.level.load() != Level::Off
+        self.inner.shared.level.load() != SectionLevel::Off
             || self.inner.shared.spec_level.load() != SpecLevel::Off
     }
 
@@ -688,8 +701,10 @@ impl Profiler {
     /// production, or down to collectives only). A profiler built off starts its worker and
     /// exporters on the first change to a level other than off. Fails after
     /// [`Profiler::shutdown`], or when `OTEL_SDK_DISABLED=true`.
-    pub fn set_level(&self, level: Level) -> Result<(), Error> {
-        self.set(level == Level::Off, || self.inner.shared.level.store(level))
+    pub fn set_level(&self, level: SectionLevel) -> Result<(), Error> {
+        self.set(level == SectionLevel::Off, || {
+            self.inner.shared.level.store(level)
+        })
     }
 
     /// Changes the speculative-decoding detail at run time; see [`Profiler::set_level`].
@@ -813,7 +828,7 @@ impl Profiler {
         let running = {
             let mut r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
             self.inner.shut_down.store(true, Ordering::Relaxed);
-            self.inner.shared.level.store(Level::Off);
+            self.inner.shared.level.store(SectionLevel::Off);
             self.inner.shared.spec_level.store(SpecLevel::Off);
             if let Some(r) = r.as_ref() {
                 *self.inner.stopped.lock().unwrap_or_else(|p| p.into_inner()) =
@@ -983,7 +998,7 @@ mod tests {
     fn profiler() -> Profiler {
         Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .without_prometheus()
             .build()
             .expect("profiler")

@@ -26,7 +26,8 @@ use crate::rendezvous::{RendezvousError, TcpRendezvous};
 use crate::requests::{RequestArgs, Scheduler, Serving};
 use clap::Args;
 use phasetrace::{
-    Level, Phase, Profiler, Recorder, RecorderOptions, Section, Site, SpecLevel, Timing, VerifyPart,
+    Phase, Profiler, Recorder, RecorderOptions, Section, SectionLevel, Site, SpecLevel, Timing,
+    VerifyPart,
 };
 use phasetrace_sim::SimStream;
 use rand::rngs::SmallRng;
@@ -750,7 +751,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     };
 
     // 1. The profiler: defaults, then environment, then flags. The demo records by default.
-    let mut builder = Profiler::builder().with_level(Level::Full);
+    let mut builder = Profiler::builder().with_level(SectionLevel::Full);
     if let Some(r) = a.rank {
         builder = builder.with_rank(r);
     }

@@ -13,7 +13,7 @@
 //! Only the core's public API: the settings, `Profiler`, `Config`.
 
 use phasetrace::config::{OtlpConfig, Protocol};
-use phasetrace::{Config, HostSourceChoice, Level, ProfilerBuilder, SpecLevel, Timing};
+use phasetrace::{Config, HostSourceChoice, ProfilerBuilder, SectionLevel, SpecLevel, Timing};
 use phasetrace_names::env;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -191,7 +191,7 @@ pub(crate) fn prometheus(
     };
     // Only the endpoint: no OTLP, no spans, no console output, no stream to time, and the host
     // clock's own check is reported on its own line.
-    let only_the_endpoint = |level: Level| {
+    let only_the_endpoint = |level: SectionLevel| {
         let b = builder()?
             .with_level(level)
             .with_spec_level(SpecLevel::Off)
@@ -207,7 +207,7 @@ pub(crate) fn prometheus(
             .map_err(|e| e.to_string())
     };
     // Built off, a profiler starts nothing, and still reads the web configuration file.
-    only_the_endpoint(Level::Off)?
+    only_the_endpoint(SectionLevel::Off)?
         .build()
         .map_err(|e| e.to_string())?
         .shutdown();
@@ -226,7 +226,7 @@ pub(crate) fn prometheus(
     };
     let free = std::net::TcpListener::bind(addr).is_ok();
     let (answer, where_) = if free {
-        let profiler = only_the_endpoint(Level::Full)?
+        let profiler = only_the_endpoint(SectionLevel::Full)?
             .build()
             .map_err(|e| e.to_string())?;
         let r = match profiler.prometheus_addr() {

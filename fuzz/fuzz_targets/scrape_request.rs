@@ -14,7 +14,7 @@ fn endpoint() -> SocketAddr {
     *ADDR.get_or_init(|| {
         let p = phasetrace::Profiler::builder()
             .without_env()
-            .with_level(phasetrace::Level::Full)
+            .with_level(phasetrace::SectionLevel::Full)
             .with_prometheus_at(([127, 0, 0, 1], 0))
             .build()
             .expect("profiler");

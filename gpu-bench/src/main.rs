@@ -22,7 +22,7 @@ use cudarc::cublas::sys as blas;
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 use phasetrace::timing::Clock;
 use phasetrace::timing::cuda::{self, CudaEventClock, CudaSyncClock, TimingError};
-use phasetrace::{Level, Profiler, Recorder, Section, Site, Timing};
+use phasetrace::{Profiler, Recorder, Section, SectionLevel, Site, Timing};
 use std::collections::BTreeMap;
 use std::ffi::{CString, c_void};
 use std::process::ExitCode;
@@ -449,7 +449,7 @@ struct Outcome {
 fn profiler(e: &Engine, kind: ClockKind) -> Result<Option<Profiler>, BenchError> {
     let b = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_trace_every(0);
     let clock: Arc<dyn Clock> = match kind {

@@ -19,13 +19,13 @@
 //! `PHASETRACE_TIMING` picks the clock:
 //!
 //! ```
-//! use phasetrace::{Level, Profiler};
+//! use phasetrace::{Profiler, SectionLevel};
 //! use phasetrace_sim::SimStream;
 //!
 //! let stream = SimStream::new();
 //! let profiler = Profiler::builder()
 //!     .without_env()
-//!     .with_level(Level::Full)
+//!     .with_level(SectionLevel::Full)
 //!     .without_prometheus()
 //!     .with_timing(phasetrace::Timing::Events)
 //!     .with_stream(stream.clone())

@@ -6,9 +6,9 @@
 //! (`docs/configuration.md`) all read what the declarations give; none has its own copy.
 //!
 //! ```text
-//! table.rs: settings! { LEVEL: Level { var, flag, doc, expected, example, default, parse,
+//! table.rs: settings! { LEVEL: SectionLevel { var, flag, doc, expected, example, default, parse,
 //!                                      show, field: level, setter: fn with_level(..) }, ... }
-//!   ──> static LEVEL: Setting<Level> and its place in SETTINGS (check, CLI flags, docs)
+//!   ──> static LEVEL: Setting<SectionLevel> and its place in SETTINGS (check, CLI flags, docs)
 //!   ──> Config::level (its doc: the setting's), read by Plain::read in resolve_with
 //!   ──> ProfilerBuilder::with_level (and with_text("PHASETRACE_LEVEL", ..) for every setting)
 //! ```

@@ -16,9 +16,9 @@
 
 use super::settings::settings;
 use super::{
-    Compression, HistogramAggregation, HostSourceChoice, Level, Listen, MetricsExporters, Origin,
-    OtlpConfig, Protocol, SignalGiven, SpecLevel, Timing, TraceSlowerThan, TracesExporter,
-    parse_endpoint, parse_kv_list,
+    Compression, HistogramAggregation, HostSourceChoice, Listen, MetricsExporters, Origin,
+    OtlpConfig, Protocol, SectionLevel, SignalGiven, SpecLevel, Timing, TraceSlowerThan,
+    TracesExporter, parse_endpoint, parse_kv_list,
 };
 use crate::config::settings::AnySetting;
 use crate::names::{default, env};
@@ -60,18 +60,18 @@ settings! {
         pub alias_warnings: Vec<String>,
     }
 
-    LEVEL: Level {
+    LEVEL: SectionLevel {
         var: env::LEVEL,
         flag: "level",
         doc: "Which sections are recorded",
-        expected: Level::EXPECTED,
+        expected: SectionLevel::EXPECTED,
         example: "collectives",
-        default: Level::Off,
+        default: SectionLevel::Off,
         parse: closed,
         show: shown,
         field: level,
         /// Which sections are recorded. Env: `PHASETRACE_LEVEL`; default off.
-        setter: fn with_level(level: Level) => level,
+        setter: fn with_level(level: SectionLevel) => level,
     },
     SPEC_LEVEL: SpecLevel {
         var: env::SPEC_LEVEL,

@@ -17,7 +17,7 @@
 
 use super::mark::{Mark, MarkKind};
 use super::recorder::Recorder;
-use crate::config::Level;
+use crate::config::SectionLevel;
 use crate::timing::{Clock, Token};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -222,13 +222,13 @@ impl Recorder {
     ///
     /// ```
     /// use phasetrace_sim::SimStream;
-    /// use phasetrace::{Level, Profiler, Section, Site, Timing};
+    /// use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
     /// use std::time::Duration;
     ///
     /// let stream = SimStream::new();
     /// let profiler = Profiler::builder()
     ///     .without_env()
-    ///     .with_level(Level::Full)
+    ///     .with_level(SectionLevel::Full)
     ///     .without_prometheus()
     ///     .with_timing(Timing::Events)
     ///     .with_stream(stream.clone())
@@ -264,7 +264,7 @@ impl Recorder {
     /// ```
     pub fn begin_capture(&self) -> GraphCapture<'_> {
         let slot = self.capture_slot();
-        if self.level() == Level::Off || slot.active() {
+        if self.level() == SectionLevel::Off || slot.active() {
             return GraphCapture { rec: None };
         }
         slot.marks.borrow_mut().clear();
@@ -300,7 +300,7 @@ impl Recorder {
         // Every launch counts, read or not: it re-records the events of earlier replays.
         let seq = g.launched.fetch_add(1, Ordering::SeqCst).wrapping_add(1) as u32;
         let every = self.shared_state().graph_read_every;
-        if self.level() == Level::Off || every == 0 || u64::from(seq) % every != 1 % every {
+        if self.level() == SectionLevel::Off || every == 0 || u64::from(seq) % every != 1 % every {
             return inert;
         }
         if !Arc::ptr_eq(&g.clock, self.lane_clock()) {

@@ -20,7 +20,7 @@ pub use mark::RoundRef;
 pub use recorder::{PartGuard, Recorder, RecorderOptions, RoundGuard, SectionGuard, StepGuard};
 pub use request::{ErrorType, Finish, RequestClass, RequestKind};
 
-use crate::config::{Level, SpecLevel};
+use crate::config::{SectionLevel, SpecLevel};
 use crate::timing::Clock;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, Ordering::Relaxed};
@@ -32,14 +32,14 @@ pub(crate) trait GateLevel: Copy {
     fn from_u8(v: u8) -> Self;
 }
 
-impl GateLevel for Level {
+impl GateLevel for SectionLevel {
     #[inline]
     fn to_u8(self) -> u8 {
         self.as_u8()
     }
     #[inline]
     fn from_u8(v: u8) -> Self {
-        Level::from_u8(v)
+        SectionLevel::from_u8(v)
     }
 }
 
@@ -76,7 +76,7 @@ impl<L: GateLevel> Gate<L> {
 /// State shared by the profiler handle, its recorders and the worker.
 pub(crate) struct Shared {
     /// The first gate of every hot-path call.
-    pub(crate) level: Gate<Level>,
+    pub(crate) level: Gate<SectionLevel>,
     /// The gate of speculative rounds and verify parts.
     pub(crate) spec_level: Gate<SpecLevel>,
     pub(crate) trace_every: u64,

@@ -2,7 +2,7 @@
 
 use super::mark::{Mark, RoundRef};
 use super::{Lane, Shared};
-use crate::config::{Level, SpecLevel};
+use crate::config::{SectionLevel, SpecLevel};
 use crate::names::DropReason;
 use crate::timing::{Clock, HostReader};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
@@ -86,6 +86,8 @@ pub struct Recorder {
     round_seq: Cell<u32>,
     /// Requests begun, for one-in-N sampling.
     requests: Cell<u64>,
+    /// The step begun by [`Recorder::begin_step`] and not yet ended (its index), if recorded.
+    open_step: Cell<Option<u32>>,
     capture: CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -131,6 +133,7 @@ impl Recorder {
             rounds: Cell::new(0),
             round_seq: Cell::new(0),
             requests: Cell::new(0),
+            open_step: Cell::new(None),
             capture: Default::default(),
             _not_sync: PhantomData,
         }
@@ -162,11 +165,11 @@ impl Recorder {
     }
 
     #[inline]
-    pub(super) fn level(&self) -> Level {
+    pub(super) fn level(&self) -> SectionLevel {
         if cfg!(not(feature = "record-off")) {
             self.shared.level.load()
         } else {
-            Level::Off
+            SectionLevel::Off
         }
     }
 
@@ -181,11 +184,11 @@ impl Recorder {
 
     /// Whether `section` is recorded at `level`.
     #[inline]
-    fn records(level: Level, section: Section) -> bool {
+    fn records(level: SectionLevel, section: Section) -> bool {
         match level {
-            Level::Off => false,
-            Level::Full => true,
-            Level::Collectives => section.kind().is_collective(),
+            SectionLevel::Off => false,
+            SectionLevel::Full => true,
+            SectionLevel::Collectives => section.kind().is_collective(),
         }
     }
 
@@ -219,7 +222,7 @@ impl Recorder {
     #[inline]
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return StepGuard {
                 rec: None,
                 index: 0,
@@ -238,6 +241,68 @@ impl Recorder {
         StepGuard {
             rec: ok.then_some(self),
             index: n as u32,
+        }
+    }
+
+    /// Begins a decode step without a guard, for a step whose body awaits: pair it with
+    /// [`Recorder::end_step`]. Same records, sampling and cost as [`Recorder::step`].
+    ///
+    /// A [`StepGuard`] borrows its recorder, and a `Recorder` is `Send` but not `Sync`, so a
+    /// future that holds a guard across `.await` is not `Send` and cannot be spawned on a
+    /// multi-thread runtime. With this pair the future holds only the recorder, which it owns
+    /// (one per decode-loop task): it is `Send`, moves between worker threads with the task,
+    /// and is used from one thread at a time. The step's parent span is read here, at the
+    /// begin, as for [`Recorder::step`] (inside `tracing::Instrument`, the task's span).
+    ///
+    /// A second `begin_step` before `end_step` leaves the first step's end missing (counted
+    /// as unbalanced by the worker, never fatal); `end_step` without an open step does nothing.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), phasetrace::Error> {
+    /// use phasetrace::{Profiler, Section, SectionLevel, Site};
+    ///
+    /// let profiler = Profiler::builder()
+    ///     .without_env()
+    ///     .with_level(SectionLevel::Full)
+    ///     .without_prometheus()
+    ///     .build()?;
+    /// let rec = profiler.recorder();
+    /// let decode = async move {
+    ///     for _token in 0..3 {
+    ///         rec.begin_step();
+    ///         {
+    ///             // A guard is fine where no `.await` falls inside its scope.
+    ///             let _mixer = rec.section(Section::KDA_MIXER, 0u32, Site::ATTN);
+    ///         }
+    ///         std::future::ready(()).await; // the engine's awaits (a batch, a stream, a channel)
+    ///         rec.end_step();
+    ///     }
+    /// };
+    /// fn spawnable<F: std::future::Future + Send + 'static>(_: &F) {}
+    /// spawnable(&decode); // `Send`: a multi-thread runtime can spawn it
+    /// # drop(decode);
+    /// # profiler.shutdown();
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn begin_step(&self) {
+        let guard = self.step();
+        if guard.rec.is_some() {
+            self.open_step.set(Some(guard.index));
+        }
+        // Its end is pushed by `end_step`.
+        std::mem::forget(guard);
+    }
+
+    /// Ends the step begun by [`Recorder::begin_step`], as dropping its [`StepGuard`] would.
+    #[inline]
+    pub fn end_step(&self) {
+        if let Some(index) = self.open_step.take() {
+            drop(StepGuard {
+                rec: Some(self),
+                index,
+            });
         }
     }
 
@@ -338,7 +403,7 @@ impl Recorder {
     /// `phasetrace.collective.wait`. Recorded at both levels.
     #[inline]
     pub fn collective_wait(&self, site: Site, layer: impl Into<Layer>, wait: Duration) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
@@ -356,7 +421,7 @@ impl Recorder {
     /// ([`crate::benchmarks`], `moe/route_on_384_experts`).
     #[inline]
     pub fn moe_route(&self, layer: impl Into<Layer>, expert_ids: &[u32]) {
-        if self.level() != Level::Full {
+        if self.level() != SectionLevel::Full {
             return;
         }
         let layer = layer.into();
@@ -393,7 +458,7 @@ impl Recorder {
     /// and two 24-byte records, no lock: [`crate::benchmarks`] (`request/begin_end_on`).
     #[inline]
     pub fn request_begin(&self, id: u64, class: crate::RequestClass) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let n = self.requests.get();
@@ -419,7 +484,7 @@ impl Recorder {
     /// 32 records a step.
     #[inline]
     pub fn serve(&self, id: u64, tokens: u32, outputs: u32) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         self.lane.push(Mark::serve(id, tokens, outputs, 0));
@@ -431,7 +496,7 @@ impl Recorder {
     /// per request.
     #[inline]
     pub fn serve_speculative(&self, id: u64, drafted: u32, accepted: u32) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let accepted = accepted.min(drafted);
@@ -448,7 +513,7 @@ impl Recorder {
     /// span, if traced, ends. Cost: as [`Recorder::request_begin`].
     #[inline]
     pub fn request_end(&self, id: u64, finish: crate::Finish) {
-        if self.level() == Level::Off {
+        if self.level() == SectionLevel::Off {
             return;
         }
         let (code, error) = finish.code();

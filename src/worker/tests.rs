@@ -9,7 +9,7 @@ use super::sinks::metrics::aggregate::{Bind, Instruments};
 use super::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
 use super::sinks::metrics::layers::LayerTotals;
 use super::sinks::spans::SpanSink;
-use crate::config::{Level, SpecLevel};
+use crate::config::{SectionLevel, SpecLevel};
 use crate::names::DropReason;
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, Resolved, Token};
@@ -163,7 +163,7 @@ impl Clock for Device {
     }
 }
 
-fn setup(level: Level, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
+fn setup(level: SectionLevel, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Shared>, Pipeline) {
     let shared = Arc::new(Shared {
         level: Gate::new(level),
         spec_level: Gate::new(spec),
@@ -204,7 +204,7 @@ fn pipeline(
     let layers = LayerTotals::new("tp0", layer_attr);
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
-    let inst = Instruments::new(&meter, &layers, &open, 8)
+    let inst = Instruments::new(&meter, &layers, &open, 8, &Default::default())
         .with_bind(Bind::Bound)
         .with_distributions(Some((&meter, Bind::Bound)), None)
         .with_requests(&meter, &Arc::default());
@@ -288,7 +288,7 @@ fn nested_sections_pair_into_exact_durations() {
         700 * US,
         1000 * US,
     ]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -331,7 +331,7 @@ fn nested_sections_pair_into_exact_durations() {
 #[test]
 fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
     let clock = Script::new(&[0, 30 * US, 40 * US, 90 * US]);
-    let (shared, mut p) = setup(Level::Collectives, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Collectives, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _s = r.section(Section::MOE_EXPERTS, 1u32, Site::MLP); // not recorded at level 2
@@ -363,7 +363,7 @@ fn probes_feed_the_wait_histogram_and_level_two_records_only_collectives() {
 #[test]
 fn unbalanced_marks_are_counted_not_fatal() {
     let clock = Script::new(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     r.end_section(Section::NORM); // end without begin
     r.begin_section(Section::KDA_MIXER, 0u32, Site::ATTN);
@@ -379,7 +379,7 @@ fn unbalanced_marks_are_counted_not_fatal() {
 #[test]
 fn pending_tokens_hold_the_lane_until_resolved() {
     let clock = Script::new(&[0, 500 * US]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock.clone());
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock.clone());
     let r = rec(&shared);
     clock.hold.store(true, std::sync::atomic::Ordering::Relaxed);
     {
@@ -397,7 +397,7 @@ fn pending_tokens_hold_the_lane_until_resolved() {
 #[test]
 fn a_full_buffer_drops_and_counts() {
     let times: Vec<u64> = (0..3000).collect();
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, Script::new(&times));
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, Script::new(&times));
     let r = rec(&shared);
     for _ in 0..1000 {
         let _s = r.section(Section::NORM, 0u32, Site::NONE);
@@ -414,7 +414,7 @@ fn a_full_buffer_drops_and_counts() {
 fn phases_take_the_time_since_the_previous_mark_and_skipped_phases_are_absent() {
     // round [0, 1000]: draft ends 200, verify ends 900, maint ends 1000 (accept, rollback skipped)
     let clock = Script::new(&[0, 200 * US, 900 * US, 1000 * US, 1000 * US]);
-    let (shared, mut p) = setup(Level::Off, SpecLevel::Phases, clock);
+    let (shared, mut p) = setup(SectionLevel::Off, SpecLevel::Phases, clock);
     let r = rec(&shared);
     let round = r.round(4);
     round.phase(Phase::Draft);
@@ -443,7 +443,7 @@ fn phases_take_the_time_since_the_previous_mark_and_skipped_phases_are_absent() 
 #[test]
 fn a_round_ended_without_marks_counts_the_round_and_no_phase() {
     let clock = Script::new(&[0, 50 * US]);
-    let (shared, mut p) = setup(Level::Off, SpecLevel::Phases, clock);
+    let (shared, mut p) = setup(SectionLevel::Off, SpecLevel::Phases, clock);
     let r = rec(&shared);
     r.round(2).end(0);
     p.flush();
@@ -470,7 +470,7 @@ fn level_two_splits_verify_into_parts_with_rest_as_the_remainder() {
         800 * US,
         800 * US,
     ]);
-    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, clock);
+    let (shared, mut p) = setup(SectionLevel::Off, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let other = rec(&shared); // a second thread of the same round
     let round = r.round(4);
@@ -521,7 +521,7 @@ fn a_verify_part_never_timed_is_not_exported() {
         700 * US,
         700 * US,
     ]);
-    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, clock);
+    let (shared, mut p) = setup(SectionLevel::Off, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     for _ in 0..2 {
         let round = r.round(4);
@@ -545,7 +545,7 @@ fn a_verify_part_never_timed_is_not_exported() {
 fn concurrent_sessions_do_not_mix_their_rounds() {
     let c1 = Script::new(&[0, 100 * US, 110 * US, 160 * US, 400 * US, 400 * US]);
     let c2 = Script::new(&[0, 300 * US, 310 * US, 330 * US, 900 * US, 900 * US]);
-    let (shared, mut p) = setup(Level::Off, SpecLevel::VerifySplit, Script::new(&[]));
+    let (shared, mut p) = setup(SectionLevel::Off, SpecLevel::VerifySplit, Script::new(&[]));
     let a = Recorder::new(shared.clone(), RecorderOptions::new().clock(c1));
     let b = Recorder::new(shared.clone(), RecorderOptions::new().clock(c2));
     let ra = a.round(2);
@@ -573,7 +573,7 @@ fn concurrent_sessions_do_not_mix_their_rounds() {
 
 #[test]
 fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, Script::new(&[0, 1]));
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, Script::new(&[0, 1]));
     let r = rec(&shared);
     r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
     p.flush();
@@ -591,7 +591,7 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
 #[test]
 fn layer_attribution_off_drops_only_the_layer_attribute() {
     let shared = Arc::new(Shared {
-        level: Gate::new(Level::Full),
+        level: Gate::new(SectionLevel::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
         parent_always: false,
@@ -638,7 +638,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
 #[test]
 fn each_section_and_wait_in_a_layer_is_one_observation_of_its_layers_distribution() {
     let clock = Script::new(&[0, 10 * US, 20 * US, 50 * US, 60 * US, 70 * US]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -688,7 +688,7 @@ fn each_step_records_its_total_rendezvous_wait_beside_its_duration() {
         2000 * US,
         2100 * US,
     ]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -724,7 +724,7 @@ fn each_step_records_its_total_rendezvous_wait_beside_its_duration() {
 #[test]
 fn every_measurement_carries_the_group() {
     let clock = Script::new(&[0, 10 * US, 20 * US, 30 * US]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -796,7 +796,7 @@ fn traced(
 ) -> Traced {
     use opentelemetry::trace::TracerProvider as _;
     let shared = Arc::new(Shared {
-        level: Gate::new(Level::Full),
+        level: Gate::new(SectionLevel::Full),
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
         parent_always: rule != crate::config::TraceSlowerThan::Off,
@@ -1134,7 +1134,7 @@ fn rounds_captured_in_a_graph_keep_their_own_verify_parts_at_every_replay() {
     // is finalized one pass after it ended, while the next replay's parts arrive.
     let stream = Device::new();
     let clock = stream.clone();
-    let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let us = std::time::Duration::from_micros;
     stream.begin_capture();
@@ -1191,7 +1191,7 @@ fn verify_parts_captured_in_a_graph_belong_to_the_round_it_is_launched_in() {
     // a round long gone at replay time): both attach to the round open at each launch.
     let stream = Device::new();
     let clock = stream.clone();
-    let (shared, mut p) = setup(Level::Full, SpecLevel::VerifySplit, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::VerifySplit, clock);
     let r = rec(&shared);
     let us = std::time::Duration::from_micros;
     let capture_verify = |warmup: bool| {
@@ -1274,7 +1274,7 @@ fn the_open_step_grows_until_it_ends_per_rank_and_reads_zero_when_idle() {
     // Rank 3's step begins at 1000 us and ends at 9000 us; a second recorder of rank 3 opens
     // one step [2000, 2500]; rank 5 (a rank thread of the same process) never steps.
     let clock = Script::new(&[1000 * US, 2000 * US, 2500 * US, 9000 * US]);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     let twin = rec(&shared);
     let other = Recorder::new(shared.clone(), RecorderOptions::new().rank(5));
@@ -1314,7 +1314,7 @@ fn a_stream_that_never_reaches_its_marks_counts_from_the_first_drain_that_found_
     use std::time::Duration;
     let stream = Device::new();
     let clock = stream.clone();
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     const S10: u64 = 10_000_000_000;
     // A healthy step: its marks resolve, it ends, the rank reads 0.
@@ -1380,7 +1380,7 @@ fn a_step_whose_end_was_lost_to_a_full_queue_is_not_left_open() {
     const SECTIONS: u64 = 600;
     let times: Vec<u64> = (0..2 * SECTIONS + 10).map(|i| (i + 1) * US).collect();
     let clock = Script::new(&times);
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -1440,7 +1440,7 @@ fn a_step_whose_end_the_clock_could_not_time_is_not_left_open() {
         script: Script::new(&[100 * US, 200 * US, 300 * US, 777 * US]),
         fail: 777 * US,
     });
-    let (shared, mut p) = setup(Level::Full, SpecLevel::Off, clock);
+    let (shared, mut p) = setup(SectionLevel::Full, SpecLevel::Off, clock);
     let r = rec(&shared);
     {
         let _step = r.step();
@@ -1557,7 +1557,7 @@ fn pairing_alone_turns_marks_into_events_in_order() {
         1500 * US,
         1600 * US,
     ]);
-    let (shared, _) = setup(Level::Full, SpecLevel::Phases, clock);
+    let (shared, _) = setup(SectionLevel::Full, SpecLevel::Phases, clock);
     let open = OpenSteps::new(opentelemetry::KeyValue::new("group", "tp0"));
     let mut pairing = super::pair::Pairing::new(
         shared.clone(),

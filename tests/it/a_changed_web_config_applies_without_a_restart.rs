@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use support::{Prometheus, TempDir};
@@ -110,7 +110,7 @@ fn rotated_certificates_and_passwords_apply_and_a_broken_file_keeps_the_last_goo
     std::fs::write(&web, web_yml(OLD, true)).unwrap();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()
@@ -254,7 +254,7 @@ fn a_real_prometheus_follows_a_password_rotation_on_its_kept_alive_connection() 
     replace(&web, web_yml(OLD, true).as_bytes());
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()

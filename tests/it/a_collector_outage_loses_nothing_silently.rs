@@ -5,14 +5,14 @@
 
 use crate::support;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use std::time::{Duration, Instant};
 use support::Rotel;
 
 fn profiler(endpoint: &str) -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(5)
         .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))

@@ -14,7 +14,7 @@ use opentelemetry::metrics::{
     MeterProvider, SyncInstrument,
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
 const STEPS: u64 = 5;
@@ -75,7 +75,7 @@ fn every_section_wait_and_step_reaches_a_custom_meter_provider() {
     let provider = CountingProvider::default();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(provider.clone())
         .build()
         .expect("building the profiler");

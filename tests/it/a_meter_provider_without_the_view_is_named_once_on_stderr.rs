@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
 const CHILD: &str = "PHASETRACE_TEST_VIEW_WARNING_CHILD";
@@ -43,7 +43,7 @@ fn scenario() {
     let with_view = provider(true);
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(with_view.clone())
         .build()
         .expect("profiler on a provider with the view");
@@ -54,13 +54,13 @@ fn scenario() {
     let without = provider(false);
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(without.clone())
         .build()
         .expect("profiler on a provider without the view");
     record(&p);
-    p.set_level(Level::Off).expect("off");
-    p.set_level(Level::Full).expect("on again");
+    p.set_level(SectionLevel::Off).expect("off");
+    p.set_level(SectionLevel::Full).expect("on again");
     record(&p);
     p.shutdown();
     let _ = with_view.shutdown();
@@ -72,7 +72,7 @@ fn scenario() {
         .build();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(readerless)
         .build()
         .expect("profiler on a provider without a reader");
@@ -93,7 +93,7 @@ fn scenario() {
         .build();
     let b = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_global_providers();
     opentelemetry::global::set_meter_provider(global.clone());
     let p = b.build().expect("profiler on the globals");

@@ -12,7 +12,7 @@ use crate::support;
 
 use std::path::Path;
 
-use phasetrace::{Level, Profiler};
+use phasetrace::{Profiler, SectionLevel};
 use support::TempDir;
 
 const PASSWORD: &str = "right password";
@@ -78,7 +78,7 @@ fn a_file_that_configures_nothing_or_is_cut_short_keeps_basic_auth_on_reload_and
     replace(&web, &users);
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()
@@ -152,7 +152,7 @@ fn a_reload_that_drops_basic_auth_client_certificates_or_the_tls_version_is_refu
     replace(&web, &good);
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
 const STEPS: u64 = 4;
@@ -28,7 +28,7 @@ fn exported(exponential: bool) -> ResourceMetrics {
         .build();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(provider.clone())
         .build()
         .expect("building the profiler");

@@ -3,7 +3,7 @@
 //! ids and waits) are recorded, paired where they pair, and counted where they do not.
 
 use phasetrace::{
-    Level, Phase, Profiler, Recorder, Section, SectionKind, Site, SpecLevel, VerifyPart,
+    Phase, Profiler, Recorder, Section, SectionKind, SectionLevel, Site, SpecLevel, VerifyPart,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -94,7 +94,7 @@ proptest! {
     fn arbitrary_sequences_are_recorded_or_counted(calls in proptest::collection::vec(call(), 0..200)) {
         let p = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .with_spec_level(SpecLevel::VerifySplit)
             .without_prometheus()
             .with_expert_counter(true)

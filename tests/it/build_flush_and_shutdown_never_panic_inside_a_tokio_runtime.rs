@@ -10,7 +10,7 @@ use crate::support;
 use std::time::Duration;
 
 use phasetrace::config::TracesExporter;
-use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 
 /// What one case turns on.
 #[derive(Clone, Copy, Debug)]
@@ -26,7 +26,7 @@ enum Exporters {
 fn case(endpoint: &str, protocol: Protocol, exporters: Exporters) {
     let b = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .with_shutdown_timeout(Duration::from_secs(2))
         .with_otlp_timeout(Duration::from_millis(500));
@@ -102,7 +102,7 @@ async fn a_profiler_dropped_inside_a_spawned_task_shuts_down_without_a_panic() {
     tokio::spawn(async move {
         let profiler = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .without_prometheus()
             .with_otlp_endpoint(Some(&http))
             .with_otlp_protocol(Protocol::HttpProtobuf)

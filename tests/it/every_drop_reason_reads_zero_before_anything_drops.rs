@@ -3,13 +3,13 @@
 
 use crate::support;
 
-use phasetrace::{DropReason, Level, Profiler};
+use phasetrace::{DropReason, Profiler, SectionLevel};
 
 #[test]
 fn every_drop_reason_reads_zero_before_anything_drops() {
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");

@@ -7,7 +7,7 @@
 use crate::support;
 
 use phasetrace::config::HistogramAggregation;
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use std::time::Duration;
 use support::{MetricKind, Rotel};
 
@@ -17,7 +17,7 @@ fn otlp_gets_exponential_histograms_and_prometheus_keeps_explicit_buckets() {
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_otlp_histogram(HistogramAggregation::Exponential)

@@ -436,7 +436,7 @@ fn sections_inside_a_captured_graph_are_timed_at_every_replay() {
     if !gpu_enabled("sections_inside_a_captured_graph_are_timed_at_every_replay") {
         return;
     }
-    use phasetrace::{Level, Profiler, Section, Site, Timing};
+    use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
     let (ctx, stream) = setup();
     let buf = Buf::new(&ctx, 256 << 20);
     let sizes = [
@@ -446,7 +446,7 @@ fn sections_inside_a_captured_graph_are_timed_at_every_replay() {
     let clock = Arc::new(CudaEventClock::new(Arc::clone(&stream)).unwrap());
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_timing(Timing::Events)
         .with_clock(clock.clone())

@@ -9,7 +9,7 @@
 
 use phasetrace::DropReason;
 use phasetrace::timing::Clock;
-use phasetrace::{CapturedGraph, Level, Profiler, Recorder, Section, Site, Stats, Timing};
+use phasetrace::{CapturedGraph, Profiler, Recorder, Section, SectionLevel, Site, Stats, Timing};
 use phasetrace_sim::{SimCaptureError, SimEventClock, SimGraph, SimStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +25,7 @@ const LAYERS: u32 = 2;
 fn profiler(clock: Arc<SimEventClock>, read_every: u64) -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_timing(Timing::Events)
         .with_clock(clock)
@@ -272,7 +272,7 @@ fn plain_marks_during_a_capture_and_clocks_without_graph_support_are_counted() {
     let stream = SimStream::new();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_drain_interval(Duration::from_secs(3600))
         .build()
@@ -312,7 +312,7 @@ fn the_background_worker_reads_replays_without_a_flush() {
     let clock = Arc::new(SimEventClock::with_pool_size(stream.clone(), 256));
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_timing(Timing::Events)
         .with_clock(clock.clone())

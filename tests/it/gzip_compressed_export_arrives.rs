@@ -9,7 +9,7 @@
 
 use crate::support;
 
-use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -144,7 +144,7 @@ fn grpc_messages(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
 fn run(endpoint: &str, protocol: Protocol) -> Profiler {
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))

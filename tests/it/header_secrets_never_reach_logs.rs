@@ -7,7 +7,7 @@
 
 use crate::support;
 
-use phasetrace::{DropReason, Level, Profiler, Protocol, Section, Site};
+use phasetrace::{DropReason, Profiler, Protocol, Section, SectionLevel, Site};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::Rotel;
@@ -57,7 +57,7 @@ fn run(capture: &Capture, endpoint: &str, protocol: Protocol, path: Path) {
     let before = logged(capture).len();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))

@@ -7,7 +7,7 @@
 use crate::support;
 
 use phasetrace::timing::{host_source, monotonic_ns, to_system_time};
-use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
 use phasetrace_names::{attr, span};
 use phasetrace_sim::SimStream;
 use std::collections::HashMap;
@@ -43,7 +43,7 @@ fn host_clock_span_timestamps_stay_within_10us_of_the_monotonic_clock_for_60s() 
     let rotel = Rotel::start();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .with_service_name("host-clock-drift")
         .without_prometheus()
@@ -133,7 +133,7 @@ fn host_sections_inside_synchronized_sections_nest_in_time() {
     let stream = SimStream::new();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .with_service_name("mixed-clocks")
         .without_prometheus()

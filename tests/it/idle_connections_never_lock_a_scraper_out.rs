@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use phasetrace::{Level, Profiler};
+use phasetrace::{Profiler, SectionLevel};
 
 const CLIENTS: usize = 2_000;
 
@@ -109,7 +109,7 @@ fn two_thousand_reconnecting_idle_clients_leave_every_scrape_under_a_second() {
     let _one = ONE_FLOOD.lock().unwrap_or_else(|p| p.into_inner());
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");

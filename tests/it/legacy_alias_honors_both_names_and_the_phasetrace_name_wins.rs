@@ -9,7 +9,7 @@
 
 use std::process::Command;
 
-use phasetrace::{Level, Profiler, Section, Site, SpecLevel};
+use phasetrace::{Profiler, Section, SectionLevel, Site, SpecLevel};
 use phasetrace_names::env;
 
 const CHILD: &str = "PHASETRACE_TEST_ALIAS_CHILD";
@@ -52,9 +52,9 @@ fn child() {
     profiler.flush();
     let stats = profiler.stats();
     let level = match profiler.config().level {
-        Level::Off => "off",
-        Level::Full => "full",
-        Level::Collectives => "collectives",
+        SectionLevel::Off => "off",
+        SectionLevel::Full => "full",
+        SectionLevel::Collectives => "collectives",
     };
     let spec = match profiler.config().spec_level {
         SpecLevel::Off => "off",

@@ -2,7 +2,7 @@
 //! starts nothing until `set_level`, then records at the new level; after shutdown the level is
 //! frozen.
 
-use phasetrace::{Level, Profiler, Section, Site, SpecLevel};
+use phasetrace::{Profiler, Section, SectionLevel, Site, SpecLevel};
 
 fn sections(rec: &phasetrace::Recorder) {
     let _c = rec.section(Section::MOE_EXPERTS, 0u32, Site::MLP);
@@ -23,18 +23,18 @@ fn a_profiler_built_off_starts_on_demand_and_follows_the_level() {
     p.flush();
     assert_eq!(p.stats().sections, 0);
 
-    p.set_level(Level::Full).expect("on");
+    p.set_level(SectionLevel::Full).expect("on");
     assert!(p.prometheus_addr().is_some(), "exporters started");
     sections(&rec);
     p.flush();
     assert_eq!(p.stats().sections, 2);
 
-    p.set_level(Level::Collectives).expect("down");
+    p.set_level(SectionLevel::Collectives).expect("down");
     sections(&rec);
     p.flush();
     assert_eq!(p.stats().sections, 3, "only the collective at level 2");
 
-    p.set_level(Level::Off).expect("off");
+    p.set_level(SectionLevel::Off).expect("off");
     sections(&rec);
     p.set_spec_level(SpecLevel::Phases).expect("spec on");
     rec.round(2).end(1);
@@ -43,7 +43,9 @@ fn a_profiler_built_off_starts_on_demand_and_follows_the_level() {
     assert_eq!(p.stats().rounds, 1);
 
     p.shutdown();
-    let err = p.set_level(Level::Full).expect_err("frozen after shutdown");
+    let err = p
+        .set_level(SectionLevel::Full)
+        .expect_err("frozen after shutdown");
     assert!(err.to_string().contains("shut down"), "{err}");
     assert!(!p.is_enabled());
 }

@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use phasetrace::{DropReason, Level, Profiler, Section, Site};
+use phasetrace::{DropReason, Profiler, Section, SectionLevel, Site};
 use std::time::Duration;
 use support::Rotel;
 
@@ -14,7 +14,7 @@ fn a_million_sections_arrive_exactly() {
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1000)
         .without_prometheus()
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
@@ -85,7 +85,7 @@ fn a_million_sections_arrive_exactly() {
 fn sixteen_threads_at_full_speed_account_for_every_record() {
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .with_queue(1024)
         .with_prometheus_at(([127, 0, 0, 1], 0))

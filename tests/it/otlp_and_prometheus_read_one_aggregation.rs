@@ -7,7 +7,7 @@
 use crate::support;
 
 use crate::manual_clock::Manual;
-use phasetrace::{Level, Profiler, RecorderOptions, Section, Site};
+use phasetrace::{Profiler, RecorderOptions, Section, SectionLevel, Site};
 use std::sync::Arc;
 use std::time::Duration;
 use support::{Prometheus, Rotel};
@@ -31,7 +31,7 @@ fn a_scrape_and_an_otlp_export_read_the_same_totals() {
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
         .with_prometheus_at(([127, 0, 0, 1], 0))

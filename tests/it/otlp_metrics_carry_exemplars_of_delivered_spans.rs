@@ -8,7 +8,7 @@
 use crate::support;
 
 use phasetrace::config::{HistogramAggregation, TraceSlowerThan};
-use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use phasetrace_names::{attr, metric, span};
 use std::time::Duration;
 use support::{MetricKind, ParsedOutput, Rotel};
@@ -28,7 +28,7 @@ fn profiler(rotel: &Rotel, protocol: Protocol, histogram: HistogramAggregation) 
     };
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_rank(RANK)
         .with_trace_every(0)
         .with_trace_slower_than(TraceSlowerThan::Duration(THRESHOLD))

@@ -5,7 +5,7 @@
 
 use crate::support;
 
-use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use std::time::Duration;
 use support::{Rotel, TempDir, TlsProxy, certificates};
 
@@ -13,7 +13,7 @@ fn run(endpoint: &str, ca: Option<&std::path::Path>, protocol: Protocol) -> Prof
     let mut b = Profiler::builder()
         .with_otlp_protocol(protocol)
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .without_prometheus()
         .with_otlp_endpoint(Some(endpoint))
@@ -89,7 +89,7 @@ fn http_protobuf_crosses_tls_with_the_custom_ca() {
 fn a_missing_ca_file_is_a_clear_error() {
     let err = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_otlp_endpoint(Some("https://localhost:4317"))
         .with_otlp_certificate("/nonexistent/ca.pem")
@@ -109,7 +109,7 @@ fn errors_name_the_signals_own_variable_when_it_was_set() {
     let build = |vars: &[(&str, &str)]| {
         let mut b = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .without_prometheus();
         for (var, value) in vars {
             b = b.with_text(var, value).expect("a known variable");

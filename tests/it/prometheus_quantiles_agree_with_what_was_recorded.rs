@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use phasetrace::timing::{Clock, Resolved, Token};
-use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
 use support::Prometheus;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -99,7 +99,7 @@ fn histogram_quantile_count_and_sum_match_the_scripted_durations() {
     let now = Arc::new(AtomicU64::new(1_000_000_000));
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         // A clock of the host backend that is not `HostClock`: the recorder must ask it for
         // every time rather than read the host clock itself.
         .with_timing(Timing::Host)

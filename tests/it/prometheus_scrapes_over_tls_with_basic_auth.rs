@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -177,7 +177,7 @@ fn a_real_prometheus_scrapes_over_tls_with_basic_auth_and_others_are_refused() {
     let web = web_config(dir.path());
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()
@@ -311,7 +311,7 @@ fn a_bad_web_config_is_an_error_at_build_naming_the_file_and_the_field() {
     let missing = dir.path().join("absent.yml");
     let err = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&missing)
         .build()

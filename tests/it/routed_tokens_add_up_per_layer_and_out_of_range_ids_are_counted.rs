@@ -7,7 +7,7 @@
 
 use crate::support;
 
-use phasetrace::{DropReason, Layer, Level, Profiler};
+use phasetrace::{DropReason, Layer, Profiler, SectionLevel};
 
 /// The value of the one sample `name{labels...}` on the page (labels in any order).
 fn sample(body: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -27,7 +27,7 @@ fn routed_tokens_add_up_per_layer_and_out_of_range_ids_are_counted() {
     const STEPS: u32 = 8;
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_expert_counter(true)
         .with_moe_experts(EXPERTS)
         .with_expert_window(STEPS)

@@ -8,7 +8,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use phasetrace::{Level, Profiler, Protocol, Section, Site};
+use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use phasetrace_names::{attr, metric, resource, span};
 use support::{MetricKind, ParsedOutput, ReceivedSpan, Rotel};
 
@@ -63,7 +63,7 @@ fn drive(profiler: &Profiler) {
 fn profiler(endpoint: String, protocol: Protocol, service: &str) -> Profiler {
     Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(TRACE_EVERY)
         .with_rank(RANK)
         .with_group(GROUP)

@@ -5,7 +5,7 @@
 use crate::support;
 
 use crate::manual_clock::Manual;
-use phasetrace::{Level, Phase, Profiler, RecorderOptions, SpecLevel, VerifyPart};
+use phasetrace::{Phase, Profiler, RecorderOptions, SectionLevel, SpecLevel, VerifyPart};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{Prometheus, Rotel};
@@ -59,7 +59,7 @@ fn round_spans_and_spec_metrics_arrive_at_rotel() {
     let rotel = Rotel::start();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Off)
+        .with_level(SectionLevel::Off)
         .with_spec_level(SpecLevel::VerifySplit)
         .with_trace_every(1)
         .without_prometheus()
@@ -156,7 +156,7 @@ fn prometheus_computes_the_verify_share_and_acceptance_rate() {
     support::require_tools!(Prometheus);
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Off)
+        .with_level(SectionLevel::Off)
         .with_spec_level(SpecLevel::Phases)
         .with_trace_every(0)
         .with_prometheus_at(([127, 0, 0, 1], 0))

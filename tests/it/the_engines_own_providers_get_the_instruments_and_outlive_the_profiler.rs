@@ -12,7 +12,7 @@ use std::time::Duration;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::env;
 use phasetrace_names::{metric, span};
 use support::Rotel;
@@ -67,7 +67,7 @@ fn the_engines_meter_provider_receives_what_was_recorded_and_outlives_the_profil
         .build();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(provider.clone())
         .build()
         .expect("building the profiler");
@@ -120,7 +120,7 @@ fn the_global_providers_are_recorded_into() {
     opentelemetry::global::set_meter_provider(provider.clone());
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_global_providers()
         .build()
         .expect("building the profiler");
@@ -140,7 +140,7 @@ fn a_prometheus_endpoint_asked_for_is_served_beside_the_engines_provider() {
     let (provider, exporter) = engine_provider(true);
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_meter_provider(provider.clone())
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
@@ -172,7 +172,7 @@ fn the_metrics_endpoint_variable_wins_over_the_general_endpoint() {
     // the whole URL), traces inherit the general one and are off.
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .without_prometheus()
         .with_otlp_endpoint(Some("http://127.0.0.1:9"))

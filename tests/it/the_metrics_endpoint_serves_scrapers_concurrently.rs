@@ -9,12 +9,12 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 
 fn profiler() -> Profiler {
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .build()
         .expect("profiler");

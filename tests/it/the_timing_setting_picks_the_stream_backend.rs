@@ -3,7 +3,7 @@
 //! enqueues; with `sync` the host waits at each boundary and measures the same work; with
 //! `host`, the host measures only its enqueue time.
 
-use phasetrace::{Level, Profiler, Section, Site, Timing};
+use phasetrace::{Profiler, Section, SectionLevel, Site, Timing};
 use phasetrace_sim::SimStream;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ fn run(timing: Timing) -> (Duration, Duration) {
     let stream = SimStream::new();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_timing(timing)
         .with_stream(stream.clone())
@@ -97,7 +97,7 @@ fn host_measures_only_the_enqueue() {
 fn sync_or_events_without_a_stream_is_a_clear_error() {
     let err = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .without_prometheus()
         .with_timing(Timing::Events)
         .build()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use phasetrace::{Level, Profiler, Section, Site};
+use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::{attr, span};
 use support::Rotel;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -68,7 +68,7 @@ fn on_the_engines_tracer_provider_a_sampled_step_is_a_child_of_the_request_span(
     let (provider, spans, subscriber) = engine();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .without_prometheus()
         .with_tracer_provider(provider.clone())
@@ -127,7 +127,7 @@ fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collecto
     let (provider, spans, subscriber) = engine();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .with_service_name("tracing-bridge")
         .without_prometheus()
@@ -181,7 +181,7 @@ fn tail_kept_steps_and_their_rounds_are_children_of_the_request_span() {
     let (provider, spans, subscriber) = engine();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_spec_level(SpecLevel::Phases)
         .with_trace_every(0)
         .with_trace_slower_than(TraceSlowerThan::Duration(Duration::from_nanos(1)))

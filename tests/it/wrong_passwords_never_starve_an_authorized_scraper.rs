@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use phasetrace::{Level, Profiler};
+use phasetrace::{Profiler, SectionLevel};
 use support::TempDir;
 
 const FLOODERS: usize = 200;
@@ -62,7 +62,7 @@ fn two_hundred_wrong_password_clients_leave_an_authorized_scrape_under_a_second(
     std::fs::write(&web, format!("basic_auth_users:\n  prometheus: '{hash}'\n")).unwrap();
     let p = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_prometheus_at(([127, 0, 0, 1], 0))
         .with_prometheus_web_config(&web)
         .build()

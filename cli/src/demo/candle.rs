@@ -7,7 +7,7 @@ use super::DemoArgs;
 use crate::Failure;
 use candle_core::DType;
 use clap::{Args, ValueEnum};
-use phasetrace::{Level, Profiler, SpecLevel, Timing};
+use phasetrace::{Profiler, SectionLevel, SpecLevel, Timing};
 use phasetrace_candle::{Draft, EngineError, ModelConfig, RunOptions, Spec, weights};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     });
 
     // 1. The profiler: defaults, then environment, then flags (as the synthetic demo).
-    let mut builder = Profiler::builder().with_level(Level::Full);
+    let mut builder = Profiler::builder().with_level(SectionLevel::Full);
     builder = builder.with_moe_experts(cfg.experts.max(1) as u32);
     if let Some(k) = a.spec {
         builder = builder

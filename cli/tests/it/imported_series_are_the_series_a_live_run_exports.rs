@@ -12,8 +12,8 @@ use crate::cli;
 use crate::support;
 
 use phasetrace::{
-    Layer, Level, Phase, Profiler, Protocol, Recorder, Section, SectionKind, Site, SpecLevel,
-    VerifyPart,
+    Layer, Phase, Profiler, Protocol, Recorder, Section, SectionKind, SectionLevel, Site,
+    SpecLevel, VerifyPart,
 };
 use phasetrace_import::{ImportOptions, ImportRecord, ImportedFile, import_path, parse_time};
 use phasetrace_names::{attr, metric};
@@ -140,7 +140,7 @@ fn run_live(rec: &Recorder, files: &[ImportedFile]) {
 
 fn live_profiler(b: phasetrace::ProfilerBuilder) -> Profiler {
     b.without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_spec_level(SpecLevel::VerifySplit)
         .with_trace_every(0)
         .with_rank(RANK)

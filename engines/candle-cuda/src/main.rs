@@ -28,7 +28,7 @@ use candle_core::Device;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use phasetrace::timing::{EngineStream, cuda};
-use phasetrace::{Level, Profiler, Timing};
+use phasetrace::{Profiler, SectionLevel, Timing};
 use phasetrace_candle::{
     EngineError, ModelConfig, RunOptions, checksum, generate, prompt, weights,
 };
@@ -214,7 +214,7 @@ fn run_variant<S: EngineStream + Clone>(
     let (provider, exporter) = provider();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_trace_every(0)
         .with_meter_provider(provider.clone())
         .with_timing(timing)

@@ -16,7 +16,7 @@
 //! Run: `cargo bench -p phasetrace-candle --bench overhead`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use phasetrace::{Level, Profiler, Recorder};
+use phasetrace::{Profiler, Recorder, SectionLevel};
 use phasetrace_candle::model::{KvCache, Model, Shard};
 use phasetrace_candle::{Ctx, ModelConfig, weights};
 use std::time::{Duration, Instant};
@@ -42,7 +42,7 @@ struct Variant {
     next: u32,
 }
 
-fn variant(name: &'static str, level: Option<(Level, &str)>, layers: usize) -> Variant {
+fn variant(name: &'static str, level: Option<(SectionLevel, &str)>, layers: usize) -> Variant {
     let profiler = level.map(|(l, every)| {
         Profiler::builder()
             .without_env()
@@ -92,9 +92,13 @@ fn benches(c: &mut Criterion) {
     let model = Model::load(&vb, &cfg, Shard::WHOLE, CONTEXT + 8).expect("model");
     let mut vs = vec![
         variant("none", None, cfg.layers),
-        variant("off", Some((Level::Off, "0")), cfg.layers),
-        variant("full", Some((Level::Full, "0")), cfg.layers),
-        variant("full_sampled", Some((Level::Full, "100")), cfg.layers),
+        variant("off", Some((SectionLevel::Off, "0")), cfg.layers),
+        variant("full", Some((SectionLevel::Full, "0")), cfg.layers),
+        variant(
+            "full_sampled",
+            Some((SectionLevel::Full, "100")),
+            cfg.layers,
+        ),
     ];
     // Warm-up: every variant a while.
     for v in vs.iter_mut() {

@@ -818,10 +818,10 @@ mod tests {
 
     #[test]
     fn native_halves_and_layer_distributions_are_recorded_from_the_first_protobuf_scrape_on() {
-        use crate::{Level, Profiler, Section, Site};
+        use crate::{Profiler, Section, SectionLevel, Site};
         let p = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .with_trace_every(0)
             .with_prometheus_at(([127, 0, 0, 1], 0))
             .build()

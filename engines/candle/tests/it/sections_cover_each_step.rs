@@ -6,7 +6,7 @@
 //! the expert-load telemetry.
 
 use crate::support::{engine_provider, histogram_by};
-use phasetrace::{Level, Profiler};
+use phasetrace::{Profiler, SectionLevel};
 use phasetrace_candle::{ModelConfig, RunOptions, generate, prompt, weights};
 use phasetrace_names::{attr, metric};
 
@@ -17,7 +17,7 @@ fn sections_add_up_to_the_step_on_every_rank() {
     let (provider, exporter) = engine_provider();
     let profiler = Profiler::builder()
         .without_env()
-        .with_level(Level::Full)
+        .with_level(SectionLevel::Full)
         .with_expert_counter(true)
         .with_meter_provider(provider.clone())
         .build()

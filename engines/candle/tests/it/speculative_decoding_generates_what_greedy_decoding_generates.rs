@@ -6,7 +6,7 @@
 
 use crate::support::small_moe;
 use candle_core::DType;
-use phasetrace::{Level, Profiler, SpecLevel};
+use phasetrace::{Profiler, SectionLevel, SpecLevel};
 use phasetrace_candle::{Draft, RunOptions, RunOutput, Spec, generate, prompt, weights};
 
 fn run(spec: Option<Spec>, steps: usize, profiler: Option<&Profiler>) -> RunOutput {
@@ -25,7 +25,7 @@ fn both_drafts_reproduce_greedy_decoding() {
     for draft in [Draft::Shallow { layers: 2 }, Draft::Precision(DType::BF16)] {
         let profiler = Profiler::builder()
             .without_env()
-            .with_level(Level::Full)
+            .with_level(SectionLevel::Full)
             .with_spec_level(SpecLevel::VerifySplit)
             .build()
             .expect("building the profiler");

@@ -3,7 +3,7 @@
 //! speculative decoding: telemetry observes the engine, never steers it.
 
 use crate::support::small_moe;
-use phasetrace::{Level, Profiler, SpecLevel};
+use phasetrace::{Profiler, SectionLevel, SpecLevel};
 use phasetrace_candle::{Draft, RunOptions, Spec, checksum, generate, prompt, weights};
 
 fn run(profiler: Option<&Profiler>) -> Vec<u32> {
@@ -20,7 +20,7 @@ fn run(profiler: Option<&Profiler>) -> Vec<u32> {
     generate(&opts, profiler).expect("generating").tokens
 }
 
-fn profiler(level: Level) -> Profiler {
+fn profiler(level: SectionLevel) -> Profiler {
     Profiler::builder()
         .without_env()
         .with_level(level)
@@ -35,7 +35,11 @@ fn profiler(level: Level) -> Profiler {
 fn tokens_are_identical_with_phasetrace_off_and_at_every_level() {
     let reference = run(None);
     assert!(reference.len() >= 12, "{} tokens", reference.len());
-    for level in [Level::Off, Level::Collectives, Level::Full] {
+    for level in [
+        SectionLevel::Off,
+        SectionLevel::Collectives,
+        SectionLevel::Full,
+    ] {
         let p = profiler(level);
         let tokens = run(Some(&p));
         p.shutdown();
@@ -44,7 +48,7 @@ fn tokens_are_identical_with_phasetrace_off_and_at_every_level() {
             checksum(&reference),
             "level {level:?}: {tokens:?} vs {reference:?}"
         );
-        if level == Level::Full {
+        if level == SectionLevel::Full {
             assert!(p.stats().sections > 0, "level full recorded sections");
         }
     }

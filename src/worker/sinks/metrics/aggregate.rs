@@ -20,8 +20,57 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     BoundHistogram, Counter, Histogram, Meter, ObservableCounter, ObservableGauge,
 };
-use std::sync::Arc;
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Whether one profiler's observable callbacks still observe. The SDK keeps a callback for the
+/// life of its provider (the API has no way to unregister one), so the callbacks of a profiler
+/// dropped and built again on the engine's provider would go on reporting the dropped one's
+/// frozen totals beside the new one's, on the same series. Dropping the profiler detaches
+/// them: from then on each observes nothing (one load per collection). The callbacks hold the
+/// tables they read weakly, and the attachment holds them until it is detached, so what stays
+/// with the provider after the drop is the closures alone.
+#[derive(Clone, Default)]
+pub(crate) struct Attachment(Arc<AttachmentState>);
+
+#[derive(Default)]
+struct AttachmentState {
+    detached: AtomicBool,
+    /// The tables the callbacks read, kept alive while attached (after `shutdown()` too).
+    keep: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl Attachment {
+    /// From now on the callbacks observe nothing, and their tables are let go.
+    pub(crate) fn detach(&self) {
+        self.0.detached.store(true, Ordering::Release);
+        self.0
+            .keep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// A weak handle on `table` for a callback, `table` kept alive until the detach.
+    fn hold<T: Send + Sync + 'static>(&self, table: &Arc<T>) -> Weak<T> {
+        let kept: Arc<dyn Any + Send + Sync> = table.clone();
+        self.0
+            .keep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(kept);
+        Arc::downgrade(table)
+    }
+
+    /// The table a callback reads, while attached.
+    fn read<T>(&self, table: &Weak<T>) -> Option<Arc<T>> {
+        if self.0.detached.load(Ordering::Acquire) {
+            return None;
+        }
+        table.upgrade()
+    }
+}
 
 /// The contract's instruments, created once.
 pub(crate) struct Instruments {
@@ -57,6 +106,8 @@ pub(crate) struct Instruments {
     _layer_calls: [ObservableCounter<u64>; 2],
     /// `phasetrace.step.open_duration`, read from the lanes' open steps at each collection.
     _open_duration: ObservableGauge<f64>,
+    /// Gates every callback above (and the expert and request gauges').
+    attachment: Attachment,
     /// The request instruments (`with_requests`).
     requests: Option<Box<RequestInstruments>>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
@@ -100,6 +151,7 @@ impl Instruments {
         layers: &Arc<LayerTotals>,
         open: &Arc<OpenSteps>,
         k_max: u32,
+        attachment: &Attachment,
     ) -> Instruments {
         let dur = |(name, desc): (&'static str, &'static str)| {
             meter
@@ -111,12 +163,16 @@ impl Instruments {
         };
         let group = layers.group().clone();
         let time = |name: &'static str, desc: &'static str, waits: bool| {
-            let l = layers.clone();
+            let a = attachment.clone();
+            let l = a.hold(layers);
             meter
                 .f64_observable_counter(name)
                 .with_unit(metric::UNIT_SECONDS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    let Some(l) = a.read(&l) else {
+                        return;
+                    };
                     let obs = |kv: &[KeyValue], secs: f64, _: u64| o.observe(secs, kv);
                     if waits {
                         l.each_wait(obs)
@@ -127,12 +183,16 @@ impl Instruments {
                 .build()
         };
         let calls = |name: &'static str, desc: &'static str, waits: bool| {
-            let l = layers.clone();
+            let a = attachment.clone();
+            let l = a.hold(layers);
             meter
                 .u64_observable_counter(name)
                 .with_unit(metric::UNIT_CALLS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    let Some(l) = a.read(&l) else {
+                        return;
+                    };
                     let obs = |kv: &[KeyValue], _: f64, n: u64| o.observe(n, kv);
                     if waits {
                         l.each_wait(obs)
@@ -167,7 +227,8 @@ impl Instruments {
             ),
         ];
         let open_duration = {
-            let open = open.clone();
+            let a = attachment.clone();
+            let open = a.hold(open);
             meter
                 .f64_observable_gauge(metric::STEP_OPEN_DURATION)
                 .with_unit(metric::UNIT_SECONDS)
@@ -175,7 +236,11 @@ impl Instruments {
                     "How long the rank's current decode step has been open (0: no step open); \
                      a step that began and never ends is a hang",
                 )
-                .with_callback(move |o| open.each(|kv, secs| o.observe(secs, kv)))
+                .with_callback(move |o| {
+                    if let Some(open) = a.read(&open) {
+                        open.each(|kv, secs| o.observe(secs, kv))
+                    }
+                })
                 .build()
         };
         let dropped = meter
@@ -198,6 +263,7 @@ impl Instruments {
             _layer_counters: layer_counters,
             _layer_calls: layer_calls,
             _open_duration: open_duration,
+            attachment: attachment.clone(),
             section: dur(D_SECTION),
             step: dur(D_STEP),
             steps: meter
@@ -410,7 +476,8 @@ impl Instruments {
         if !experts.settings.on {
             return self;
         }
-        let e = experts.clone();
+        let a = self.attachment.clone();
+        let e = a.hold(experts);
         self._expert_tokens = Some(
             meter
                 .u64_observable_counter(metric::MOE_LAYER_TOKENS)
@@ -419,18 +486,28 @@ impl Instruments {
                     "Tokens routed in one MoE layer, counted once per expert each goes to \
                      (tokens x top-k)",
                 )
-                .with_callback(move |o| e.each_layer_tokens(|kv, n| o.observe(n, kv)))
+                .with_callback(move |o| {
+                    if let Some(e) = a.read(&e) {
+                        e.each_layer_tokens(|kv, n| o.observe(n, kv))
+                    }
+                })
                 .build(),
         );
         let gauge = |name: &'static str, desc: &'static str, which: u8| {
-            let e = experts.clone();
+            let a = self.attachment.clone();
+            let e = a.hold(experts);
             meter
                 .f64_observable_gauge(name)
                 .with_description(desc)
-                .with_callback(move |o| match which {
-                    0 => e.each_imbalance(|kv, imb, _| o.observe(imb, kv)),
-                    1 => e.each_imbalance(|kv, _, cv| o.observe(cv, kv)),
-                    _ => e.each_hot(|kv, share| o.observe(share, kv)),
+                .with_callback(move |o| {
+                    let Some(e) = a.read(&e) else {
+                        return;
+                    };
+                    match which {
+                        0 => e.each_imbalance(|kv, imb, _| o.observe(imb, kv)),
+                        1 => e.each_imbalance(|kv, _, cv| o.observe(cv, kv)),
+                        _ => e.each_hot(|kv, share| o.observe(share, kv)),
+                    }
                 })
                 .build()
         };
@@ -470,13 +547,17 @@ impl Instruments {
                 .build()
         };
         let gauge = |name: &'static str, desc: &'static str, running: bool| {
-            let g = gauges.clone();
+            let a = self.attachment.clone();
+            let g = a.hold(gauges);
             let group = self.group.clone();
             meter
                 .u64_observable_gauge(name)
                 .with_unit(metric::UNIT_REQUESTS)
                 .with_description(desc)
                 .with_callback(move |o| {
+                    let Some(g) = a.read(&g) else {
+                        return;
+                    };
                     let v = if running { &g.running } else { &g.waiting };
                     o.observe(v.load(Ordering::Relaxed), std::slice::from_ref(&group));
                 })
@@ -820,5 +901,24 @@ fn record(
         (Bind::Bound, Some(b)) => b.record(secs),
         (Bind::Bound, slot) => slot.insert(i.bind(kv)).record(secs),
         (Bind::Unbound, _) => i.record(secs, kv),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Attachment;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_detached_callback_reads_nothing_and_its_table_is_let_go() {
+        let attachment = Attachment::default();
+        let table = Arc::new(7u64);
+        let weak = attachment.hold(&table);
+        drop(table);
+        // Kept while attached: after `shutdown()` the final totals are still read.
+        assert_eq!(attachment.read(&weak).as_deref(), Some(&7));
+        attachment.clone().detach();
+        assert_eq!(attachment.read(&weak), None);
+        assert!(weak.upgrade().is_none(), "the table is freed at the detach");
     }
 }

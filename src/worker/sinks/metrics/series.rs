@@ -201,7 +201,13 @@ mod tests {
     fn inst(t: &Arc<LayerTotals>) -> Vec<Instruments> {
         let p = opentelemetry_sdk::metrics::SdkMeterProvider::builder().build();
         let open = crate::worker::open::OpenSteps::new(t.group().clone());
-        vec![Instruments::new(&p.meter("test"), t, &open, 8)]
+        vec![Instruments::new(
+            &p.meter("test"),
+            t,
+            &open,
+            8,
+            &Default::default(),
+        )]
     }
 
     type Attrs = Vec<(String, String)>;
@@ -381,7 +387,7 @@ mod tests {
         let open = crate::worker::open::OpenSteps::new(t.group().clone());
         let m = p.meter("test");
         let inst = vec![
-            Instruments::new(&m, &t, &open, 8)
+            Instruments::new(&m, &t, &open, 8, &Default::default())
                 .with_bind(bind)
                 .with_distributions(Some((&m, bind)), None),
         ];

@@ -1,0 +1,146 @@
+//! Every program in `examples/` and every `rust` code block of the README and
+//! docs/integrating.md builds as an engine's own crate builds it: one crate outside the
+//! workspace whose manifest names phasetrace by path and only the engine's own crates the docs
+//! name beside it (`opentelemetry`, `opentelemetry_sdk`, `tracing`, `tracing-subscriber`,
+//! `tracing-opentelemetry`, `tokio`), never a crate of phasetrace's workspace
+//! (`phasetrace-names`, `phasetrace-testkit`, ...). Each program is an example of that crate,
+//! checked with `cargo check --offline --examples`, versions pinned by this workspace's
+//! `Cargo.lock`, in a target directory of its own under `target/tmp` that later runs reuse.
+//! A `rust` block must be a complete program (`fn main`); fragments are marked `rust,ignore`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The docs whose `rust` blocks are programs a user copies.
+const DOCS: [(&str, &str); 2] = [
+    ("readme", "README.md"),
+    ("integrating", "docs/integrating.md"),
+];
+
+/// The `rust` blocks of `markdown` (fences spelled exactly ```` ```rust ````).
+fn rust_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut open: Option<String> = None;
+    for line in markdown.lines() {
+        match open.as_mut() {
+            None if line.trim_end() == "```rust" => open = Some(String::new()),
+            None => {}
+            Some(_) if line.trim_end() == "```" => blocks.extend(open.take()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    }
+    assert!(open.is_none(), "an unclosed rust block");
+    blocks
+}
+
+/// (example name, source) for every program to build.
+fn programs() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("examples"))
+        .expect("examples/")
+        .map(|e| e.expect("an entry of examples/").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    examples.sort();
+    for path in examples {
+        let name = path.file_stem().expect("a file name").to_string_lossy();
+        // Its feature is named below only when this build has it (cudarc is not compiled else).
+        if name == "cuda_stream" && !cfg!(feature = "cuda") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("an example");
+        out.push((name.into_owned(), text));
+    }
+    for (prefix, doc) in DOCS {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(doc)).expect("a doc");
+        let blocks = rust_blocks(&text);
+        assert!(!blocks.is_empty(), "{doc}: no rust block found");
+        for (i, block) in blocks.into_iter().enumerate() {
+            assert!(
+                block.contains("fn main"),
+                "{doc}, rust block {}: not a complete program; mark a fragment `rust,ignore`",
+                i + 1
+            );
+            out.push((format!("{prefix}_{}", i + 1), block));
+        }
+    }
+    out
+}
+
+fn manifest() -> String {
+    let features = if cfg!(feature = "cuda") {
+        r#", features = ["cuda"]"#
+    } else {
+        ""
+    };
+    let mut m = String::new();
+    writeln!(
+        m,
+        r#"[package]
+name = "phasetrace-outside"
+version = "0.0.0"
+edition = "2024"
+publish = false
+
+# Not a member of the phasetrace workspace that contains this directory.
+[workspace]
+
+[dependencies]
+phasetrace = {{ path = {ROOT:?}{features} }}
+opentelemetry = "0.33"
+opentelemetry_sdk = {{ version = "0.33", features = ["testing"] }}
+tracing = "0.1"
+tracing-subscriber = {{ version = "0.3", default-features = false, features = ["registry", "std"] }}
+tracing-opentelemetry = {{ version = "0.34", default-features = false }}
+tokio = {{ version = "1", features = ["rt-multi-thread", "macros", "time"] }}"#
+    )
+    .expect("writing to a String");
+    m
+}
+
+#[test]
+fn every_example_and_docs_snippet_builds_as_an_outside_crate() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("outside-crate");
+    let examples = dir.join("examples");
+    // Programs removed since the last run must not linger.
+    let _ = std::fs::remove_dir_all(&examples);
+    std::fs::create_dir_all(&examples).expect("the crate's directory");
+    std::fs::create_dir_all(dir.join("src")).expect("src/");
+    std::fs::write(dir.join("src/lib.rs"), "").expect("src/lib.rs");
+    std::fs::write(dir.join("Cargo.toml"), manifest()).expect("Cargo.toml");
+    std::fs::copy(Path::new(ROOT).join("Cargo.lock"), dir.join("Cargo.lock"))
+        .expect("the workspace's Cargo.lock");
+    let programs = programs();
+    for (name, source) in &programs {
+        std::fs::write(examples.join(format!("{name}.rs")), source).expect("an example");
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["check", "--offline", "--examples", "--message-format=short"])
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .output()
+        .expect("running cargo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let names: Vec<&str> = programs.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(
+        out.status.success(),
+        "{names:?} as an outside crate ({}):\n{stderr}",
+        dir.display()
+    );
+    // A warning in a printed program (a deprecated name, an unused import) is a user's too.
+    assert!(
+        !stderr.contains("`phasetrace-outside`"),
+        "{names:?}: warnings:\n{stderr}"
+    );
+    for name in ["minimal", "own_providers", "readme_1", "integrating_1"] {
+        assert!(names.contains(&name), "{name} was not built: {names:?}");
+    }
+}
