@@ -755,7 +755,10 @@ mod tests {
         // `a` was recorded on an idle stream: the work started when it was enqueued, a little
         // after `a` (how little depends on the machine's load). From then on the stream was
         // busy, and virtual device time is exact.
-        assert!(ab >= us(200_000) && ab < us(200_000) + us(100_000), "{ab:?}");
+        assert!(
+            ab >= us(200_000) && ab < us(200_000) + us(100_000),
+            "{ab:?}"
+        );
         assert_eq!(bc, us(100_000));
         assert_eq!(s.elapsed(&c, &a), None);
         assert_eq!(

@@ -38,7 +38,9 @@ pub use process::{
     http_request_bytes, poll, port_accepts, repo_root, spawn_ready, start_on_free_ports, tools_dir,
     url_encode,
 };
-pub use prometheus::{Prometheus, PrometheusBuilder, prometheus_binary, promtool_binary, samples};
+pub use prometheus::{
+    Prometheus, PrometheusBuilder, bundled_rule_files, prometheus_binary, promtool_binary, samples,
+};
 pub use rotel::{Rotel, rotel_binary};
 pub use tls::{TlsProxy, certificates};
 pub use tools::Tool;

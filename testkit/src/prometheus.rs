@@ -25,6 +25,25 @@ pub fn promtool_binary() -> PathBuf {
     find_promtool().unwrap_or_else(|| panic!("promtool not found: run scripts/test.sh"))
 }
 
+/// Every bundled rule file, `otel-config/rules/*.yml` without the `promtool test rules` files
+/// (`*.test.yml`), sorted: what `otel-config/prometheus.yml` loads and what
+/// `scripts/promql-live-check.py` checks. Panics when the folder cannot be read (a test).
+pub fn bundled_rule_files() -> Vec<PathBuf> {
+    let dir = crate::process::repo_root()
+        .join("otel-config")
+        .join("rules");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name.ends_with(".yml") && !name.ends_with(".test.yml")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 pub(crate) fn find_prometheus() -> Option<PathBuf> {
     locate_binary(
         "PHASETRACE_PROMETHEUS_BIN",
@@ -101,6 +120,13 @@ impl PrometheusBuilder {
     /// Loads an existing rule file (recording or alerting rules), e.g. one from the repo.
     pub fn rule_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.rule_files.push(path.into());
+        self
+    }
+
+    /// Loads every bundled rule file ([`bundled_rule_files`]), as the bundled
+    /// `otel-config/prometheus.yml` does.
+    pub fn bundled_rules(mut self) -> Self {
+        self.rule_files.extend(bundled_rule_files());
         self
     }
 

@@ -47,10 +47,6 @@ fn layers(samples: &[(std::collections::BTreeMap<String, String>, f64)]) -> BTre
 }
 
 #[test]
-#[ignore = "failing after this round's merges (27 of the panel and rule expressions over the six \
-            native-half duration histograms return no data within the retry time, seen twice \
-            on a loaded machine beside the candle straggler test); not yet known whether it is \
-            load or a regression in the protobuf scrape: run with --ignored"]
 fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_series() {
     support::require_tools!(Prometheus);
     let target = format!("127.0.0.1:{}", support::free_port());
@@ -73,12 +69,9 @@ fn native_histograms_give_every_layer_a_p99_and_text_scrapers_keep_the_classic_s
         &[],
     );
     assert_eq!(demo.prometheus_addr(WAIT), target);
-    let rules = repo_root().join("otel-config/rules");
     let native = Prometheus::builder()
         .scrape_interval("1s")
-        .rule_file(rules.join("phasetrace-thresholds.yml"))
-        .rule_file(rules.join("phasetrace-recording.yml"))
-        .rule_file(rules.join("phasetrace-alerts.yml"))
+        .bundled_rules()
         .raw_job(&job("native", &target, true))
         .start();
     let text = Prometheus::builder()

@@ -13,8 +13,8 @@
 //! the `decode.step` span the exemplar names (the trace Grafana's exemplar link opens).
 
 use crate::cli::Demo;
-use crate::support::{self, Jaeger, JaegerSpan, Otelcol, Prometheus, poll, repo_root};
-use crate::the_straggler_alert_names_the_rank_its_group_waits_for::{RULES, alerts};
+use crate::support::{self, Jaeger, JaegerSpan, Otelcol, Prometheus, poll};
+use crate::the_straggler_alert_names_the_rank_its_group_waits_for::alerts;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -54,17 +54,15 @@ fn demo_ranks_reach_jaeger_v2_and_prometheus_3_through_the_bundled_collector() {
     let collector = Otelcol::start(&jaeger.otlp_grpc_address());
     // As otel-config/prometheus.yml scrapes it (honor_labels keeps the exporter's job), but
     // every second, with exemplar storage on as in docker-compose.yml.
-    let mut builder = Prometheus::builder()
+    let builder = Prometheus::builder()
         .scrape_interval("1s")
         .evaluation_interval("1s")
         .raw_job(&format!(
             "job_name: otel-collector\nhonor_labels: true\nstatic_configs:\n  - targets: ['{}']",
             collector.prometheus_target()
         ))
-        .arg("--enable-feature=exemplar-storage");
-    for rule in RULES {
-        builder = builder.rule_file(repo_root().join("otel-config/rules").join(rule));
-    }
+        .arg("--enable-feature=exemplar-storage")
+        .bundled_rules();
     let prometheus = builder.start();
 
     let endpoint = collector.grpc_endpoint();

@@ -21,18 +21,12 @@
 //! stay small beside a 1.2x straggler's extra time.
 
 use crate::cli::{self, Demo};
-use crate::support::{Prometheus, repo_root};
+use crate::support::Prometheus;
 
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub(crate) const RULES: [&str; 4] = [
-    "phasetrace-thresholds.yml",
-    "phasetrace-recording.yml",
-    "phasetrace-alerts.yml",
-    "phasetrace-requests.yml",
-];
 const STRAGGLER: &str = "PhasetraceRankStraggler";
 const SILENT: &str = "PhasetraceRankSilent";
 const POLL: Duration = Duration::from_secs(2);
@@ -47,10 +41,7 @@ pub(crate) fn prometheus(job: &str, targets: &[String], scrape: &str) -> Prometh
     for t in targets {
         b = b.job(job, t);
     }
-    for r in RULES {
-        b = b.rule_file(repo_root().join("otel-config/rules").join(r));
-    }
-    b.start()
+    b.bundled_rules().start()
 }
 
 #[derive(Debug, Clone)]
