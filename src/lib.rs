@@ -45,6 +45,7 @@ mod export;
 pub mod fuzzing;
 pub mod names;
 mod profiler;
+mod provider;
 mod record;
 pub mod timing;
 pub mod vocab;
@@ -63,6 +64,7 @@ pub use export::WebConfigError;
 pub use export::view;
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
+pub use provider::{EngineMeterProvider, EngineTracerProvider};
 pub use record::{
     CapturedGraph, ErrorType, Finish, GraphCapture, PartGuard, Recorder, RecorderOptions,
     ReplayGuard, RequestClass, RequestKind, RoundGuard, RoundRef, SectionGuard, StepGuard,

@@ -80,10 +80,7 @@ impl ProfilerBuilder {
     ///
     /// Register [`crate::view`] on the provider's builder: without it the per-layer counters
     /// keep the SDK's 2,000 series per instrument, and `build()` says so once on stderr.
-    pub fn with_meter_provider<P>(mut self, provider: P) -> Self
-    where
-        P: opentelemetry::metrics::MeterProvider + Send + Sync + 'static,
-    {
+    pub fn with_meter_provider<P: crate::EngineMeterProvider>(mut self, provider: P) -> Self {
         // Only a provider whose type is the SDK's records through bound handles: the API's
         // default `bind` of any other drops what it is given.
         self.given.meter_bind = Bind::of::<P>();
@@ -101,12 +98,7 @@ impl ProfilerBuilder {
     /// `tracing-opentelemetry` layer. Spans on the engine's provider are the engine's to queue
     /// and count: `Stats::spans_exported` stays 0, and no exemplars link to them.
     /// [`Profiler::shutdown`] never flushes or shuts the provider down.
-    pub fn with_tracer_provider<P, T, S>(mut self, provider: P) -> Self
-    where
-        S: opentelemetry::trace::Span + Send + Sync + 'static,
-        T: opentelemetry::trace::Tracer<Span = S> + Send + Sync + 'static,
-        P: opentelemetry::trace::TracerProvider<Tracer = T> + Send + Sync + 'static,
-    {
+    pub fn with_tracer_provider<P: crate::EngineTracerProvider>(mut self, provider: P) -> Self {
         self.given.tracer = Some(Arc::new(provider));
         self.cfg.embedded = true;
         self

@@ -7,6 +7,10 @@
 //! checked with `cargo check --offline --examples`, versions pinned by this workspace's
 //! `Cargo.lock`, in a target directory of its own under `target/tmp` that later runs reuse.
 //! A `rust` block must be a complete program (`fn main`); fragments are marked `rust,ignore`.
+//!
+//! And a provider of another `opentelemetry` version (to the compiler, a type that does not
+//! implement this version's provider traits) is refused at compile time with a message that
+//! names the version to align on, which is the workspace's own `opentelemetry` version.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -73,7 +77,8 @@ fn programs() -> Vec<(String, String)> {
     out
 }
 
-fn manifest() -> String {
+/// The manifest of an outside crate named `name`.
+fn manifest(name: &str) -> String {
     let features = if cfg!(feature = "cuda") {
         r#", features = ["cuda"]"#
     } else {
@@ -83,7 +88,7 @@ fn manifest() -> String {
     writeln!(
         m,
         r#"[package]
-name = "phasetrace-outside"
+name = "{name}"
 version = "0.0.0"
 edition = "2024"
 publish = false
@@ -113,7 +118,7 @@ fn every_example_and_docs_snippet_builds_as_an_outside_crate() {
     std::fs::create_dir_all(&examples).expect("the crate's directory");
     std::fs::create_dir_all(dir.join("src")).expect("src/");
     std::fs::write(dir.join("src/lib.rs"), "").expect("src/lib.rs");
-    std::fs::write(dir.join("Cargo.toml"), manifest()).expect("Cargo.toml");
+    std::fs::write(dir.join("Cargo.toml"), manifest("phasetrace-outside")).expect("Cargo.toml");
     std::fs::copy(Path::new(ROOT).join("Cargo.lock"), dir.join("Cargo.lock"))
         .expect("the workspace's Cargo.lock");
     let programs = programs();
@@ -143,4 +148,92 @@ fn every_example_and_docs_snippet_builds_as_an_outside_crate() {
     for name in ["minimal", "own_providers", "readme_1", "integrating_1"] {
         assert!(names.contains(&name), "{name} was not built: {names:?}");
     }
+}
+
+/// The `major.minor` of the workspace's `opentelemetry` requirement (`Cargo.toml`).
+fn opentelemetry_version() -> String {
+    let manifest = std::fs::read_to_string(Path::new(ROOT).join("Cargo.toml")).expect("Cargo.toml");
+    let line = manifest
+        .lines()
+        .find(|l| l.starts_with("opentelemetry = "))
+        .expect("the opentelemetry dependency in Cargo.toml");
+    let version = line
+        .split("version = \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("its version");
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
+}
+
+#[test]
+fn a_provider_of_another_opentelemetry_version_is_refused_naming_the_version_to_align_on() {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = base.join("outside-crate-mismatch");
+    std::fs::create_dir_all(dir.join("src")).expect("the crate's directory");
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        manifest("phasetrace-outside-mismatch"),
+    )
+    .expect("Cargo.toml");
+    std::fs::copy(Path::new(ROOT).join("Cargo.lock"), dir.join("Cargo.lock"))
+        .expect("the workspace's Cargo.lock");
+    // What the engine's SdkMeterProvider and SdkTracerProvider of opentelemetry 0.32 are to
+    // the compiler here: types without this version's provider traits.
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        r#"pub struct MeterProviderOfAnotherVersion;
+pub struct TracerProviderOfAnotherVersion;
+pub fn build() {
+    let _ = phasetrace::Profiler::builder()
+        .with_meter_provider(MeterProviderOfAnotherVersion)
+        .with_tracer_provider(TracerProviderOfAnotherVersion);
+}
+"#,
+    )
+    .expect("src/lib.rs");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["check", "--offline", "--lib", "--message-format=short"])
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        // The dependencies the other test built (cargo's lock serializes the two).
+        .env(
+            "CARGO_TARGET_DIR",
+            base.join("outside-crate").join("target"),
+        )
+        .output()
+        .expect("running cargo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it compiled:\n{stderr}");
+    let version = opentelemetry_version();
+    for provider in [
+        "MeterProviderOfAnotherVersion",
+        "TracerProviderOfAnotherVersion",
+    ] {
+        let kind = if provider.starts_with("Meter") {
+            "meter"
+        } else {
+            "tracer"
+        };
+        let message = format!(
+            "`{provider}` is not a {kind} provider of opentelemetry {version}, the version phasetrace"
+        );
+        assert!(stderr.contains(&message), "no {message:?} in:\n{stderr}");
+    }
+    // --message-format=short leaves the notes out: the long form has the advice.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let long = Command::new(cargo)
+        .args(["check", "--offline", "--lib"])
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .env(
+            "CARGO_TARGET_DIR",
+            base.join("outside-crate").join("target"),
+        )
+        .output()
+        .expect("running cargo");
+    let long = String::from_utf8_lossy(&long.stderr);
+    let advice = format!("align the engine's opentelemetry and opentelemetry_sdk on {version}");
+    assert!(long.contains(&advice), "no {advice:?} in:\n{long}");
+    assert!(long.contains("cargo tree -d -i opentelemetry"), "{long}");
 }
