@@ -746,7 +746,9 @@ impl Profiler {
     }
 
     /// Processes everything recorded so far on the calling thread (resolving what the clocks can
-    /// resolve now), then pushes buffered spans and metrics to the exporters.
+    /// resolve now), then pushes buffered spans and metrics to the exporters, side by side:
+    /// against endpoints that never answer it returns after one OTLP timeout
+    /// (`OTEL_EXPORTER_OTLP_TIMEOUT`), not one per exporter.
     pub fn flush(&self) {
         let r = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = r.as_ref() {

@@ -761,12 +761,20 @@ impl Exporters {
     /// Pushes everything buffered in phasetrace's own providers to their exporters (the
     /// engine's providers are the engine's to flush).
     pub(crate) fn force_flush(&self) {
-        if let Some(t) = &self.own_tracer_provider {
-            let _ = t.force_flush();
-        }
-        for m in &self.own_meter_providers {
-            let _ = m.force_flush();
-        }
+        // Side by side, so that against endpoints that never answer the call takes one OTLP
+        // timeout, not one per provider (each export is bounded by it).
+        std::thread::scope(|scope| {
+            if let Some(t) = &self.own_tracer_provider {
+                scope.spawn(move || {
+                    let _ = t.force_flush();
+                });
+            }
+            for m in &self.own_meter_providers {
+                scope.spawn(move || {
+                    let _ = m.force_flush();
+                });
+            }
+        });
     }
 
     /// Flushes and shuts phasetrace's own exporters down within `timeout` in all (the
