@@ -293,71 +293,50 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok())
 }
 
+/// Which of phasetrace's own pipelines `cfg` asks for, given the engine's providers: the
+/// engine's meter provider carries the metrics (no OTLP metrics pipeline of phasetrace's), its
+/// tracer provider the spans.
+#[derive(Clone, Copy, Debug)]
+struct Wanted {
+    metrics_otlp: bool,
+    traces_otlp: bool,
+    traces_console: bool,
+}
+
+impl Wanted {
+    fn of(cfg: &Config, given: &Given) -> Wanted {
+        Wanted {
+            metrics_otlp: given.meter.is_none() && cfg.metrics_otlp.is_some(),
+            traces_otlp: given.tracer.is_none() && cfg.traces_otlp.is_some(),
+            traces_console: given.tracer.is_none() && cfg.traces_console,
+        }
+    }
+
+    fn own_traces(self) -> bool {
+        self.traces_otlp || self.traces_console
+    }
+}
+
 /// Builds what `cfg` asks for around the providers the engine gave. Run it off any async runtime
 /// of the caller's (the blocking HTTP client and the OTLP runtime must not be created or dropped
 /// on an async thread): [`crate::Profiler`] calls it on a thread of its own.
+///
+/// The steps: the OTLP runtime, the OTLP metrics reader, the Prometheus endpoint, the meter
+/// providers over those readers, the exporters' own metrics on every meter, the tracer.
 pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportError> {
     let res = resource(cfg);
-    // The engine's meter provider carries the metrics: no OTLP metrics pipeline of phasetrace's.
-    let metrics_otlp = given.meter.is_none() && cfg.metrics_otlp.is_some();
-    let traces_otlp = given.tracer.is_none() && cfg.traces_otlp.is_some();
-    let traces_console = given.tracer.is_none() && cfg.traces_console;
-    let own_traces = traces_otlp || traces_console;
+    let wanted = Wanted::of(cfg, given);
     #[cfg(feature = "otlp")]
-    let runtime = {
-        let grpc = |o: Option<&crate::config::OtlpConfig>, on: bool| {
-            on && o.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc)
-        };
-        if grpc(cfg.metrics_otlp.as_ref(), metrics_otlp)
-            || grpc(cfg.traces_otlp.as_ref(), traces_otlp)
-        {
-            Some(
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("phasetrace-otlp")
-                    .enable_all()
-                    .build()
-                    .map_err(ExportError::Thread)?,
-            )
-        } else {
-            None
-        }
-    };
+    let runtime = otlp_runtime(cfg, wanted)?;
     // Exemplars need both a trace of phasetrace's own to link to (its exporter says which spans
     // were delivered) and a sink of its own to show them on: the Prometheus endpoint
     // (OpenMetrics) or OTLP metrics.
-    let exemplars = (own_traces && (cfg.prometheus.is_some() || metrics_otlp))
+    let exemplars = (wanted.own_traces() && (cfg.prometheus.is_some() || wanted.metrics_otlp))
         .then(|| Arc::new(ExemplarStore::default()));
 
     #[cfg(feature = "otlp")]
-    let (otlp_reader, export_counts, exponential) = {
-        let mut otlp_reader = None;
-        let mut export_counts = None;
-        if let (true, Some(o)) = (metrics_otlp, cfg.metrics_otlp.as_ref()) {
-            let counts = Arc::new(counted::ExportCounts::default());
-            // Traces off: the SDK's exporter, unchanged.
-            let inner = match &exemplars {
-                Some(store) => MetricsExporter::WithExemplars(
-                    proto_metrics::ProtoMetricExporter::new(o, runtime.as_ref(), store.clone())?,
-                ),
-                None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime.as_ref())?),
-            };
-            let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
-            export_counts = Some(counts);
-            otlp_reader = Some(
-                opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-                    .with_interval(cfg.metric_export_interval)
-                    .build(),
-            );
-        }
-        // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
-        let exponential = otlp_reader.is_some()
-            && cfg
-                .metrics_otlp
-                .as_ref()
-                .is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
-        (otlp_reader, export_counts, exponential)
-    };
+    let (otlp_reader, export_counts, exponential) =
+        otlp_metrics(cfg, wanted, runtime.as_ref(), &exemplars)?;
     #[cfg(not(feature = "otlp"))]
     let (otlp_reader, export_counts, exponential): (
         Option<SdkReaderStub>,
@@ -365,222 +344,47 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         bool,
     ) = (None, None, false);
 
-    // The endpoint's native histograms (the per-layer distributions, and the exponential
-    // twins of the explicit-bucket histograms) live on a provider and reader of their own
-    // that only the protobuf scrape reads: the text scrapes keep their shape and budget, and
-    // an OTLP exporter whose reader the scrapes share does not carry them.
-    #[cfg(feature = "prometheus")]
-    let mut native_reader: Option<self::prometheus::Native> = None;
     let native_wanted = Arc::new(std::sync::atomic::AtomicBool::new(false));
     #[cfg(feature = "prometheus")]
-    let (prometheus_reader, prometheus) = match cfg.prometheus {
-        Some(addr) => {
-            let web = cfg
-                .prometheus_web_config
-                .as_deref()
-                .map(reload::LiveWebConfig::load)
-                .transpose()?;
-            // With the same aggregation on both sides, scrapes read the OTLP reader's (one
-            // aggregation, so the worker records each measurement once).
-            #[cfg(feature = "otlp")]
-            let shared = otlp_reader.clone().filter(|_| !exponential);
-            #[cfg(not(feature = "otlp"))]
-            let shared = None;
-            let native = self::prometheus::Native {
-                reader: self::prometheus::PrometheusReader::manual(),
-                wanted: native_wanted.clone(),
-            };
-            match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
-                Ok((reader, server)) => {
-                    native_reader = Some(native);
-                    (reader, Some(server))
-                }
-                // The built-in default address is a convenience, not a promise: taken (the
-                // engine's own exporter, another rank), it is said once and skipped.
-                Err(ExportError::PrometheusBind { addr, source })
-                    if cfg.origin(crate::names::env::PROMETHEUS)
-                        == crate::config::Origin::Default =>
-                {
-                    crate::diag::warning!(
-                        "the default Prometheus endpoint {addr} cannot listen \
-                         ({source}); running without it (set {}=host:port, or off, to choose)",
-                        crate::names::env::PROMETHEUS
-                    );
-                    (None, None)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        None => (None, None),
+    let (prometheus_reader, prometheus, native_reader) = {
+        // With the same aggregation on both sides, scrapes read the OTLP reader's (one
+        // aggregation, so the worker records each measurement once).
+        #[cfg(feature = "otlp")]
+        let shared = otlp_reader.clone().filter(|_| !exponential);
+        #[cfg(not(feature = "otlp"))]
+        let shared = None;
+        prometheus_endpoint(cfg, &exemplars, shared, &native_wanted)?
     };
     #[cfg(not(feature = "prometheus"))]
     let prometheus_reader: Option<SdkReaderStub> = None;
 
-    let mut own_meter_providers = Vec::new();
-    let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
-        let mut b = SdkMeterProvider::builder().with_resource(res.clone());
-        for r in readers {
-            b = r(b);
-        }
-        b.with_view(view(exp)).build()
-    };
-    // The native provider: exponential histograms only (its view), read by the protobuf
-    // scrape only.
-    #[cfg(feature = "prometheus")]
-    let native_meter = native_reader.map(|n| {
-        let p = provider(vec![with_reader(n.reader)], true);
-        let m = p.meter_with_scope(scope());
-        own_meter_providers.push(p);
-        m
-    });
-    #[cfg(not(feature = "prometheus"))]
-    let native_meter: Option<Meter> = None;
-    // The meters the instruments are created on and, for each, where its per-layer
-    // distributions and exponential twins go: the native provider's meter for the provider
-    // that serves the endpoint; the same meter (distributions only: its histograms are
-    // exponential already) for an OTLP exporter of exponential histograms; none otherwise
-    // (OTLP with explicit buckets only; the engine's own provider).
-    let mut meters: Vec<Meter> = given
-        .meter
-        .iter()
-        .map(|p| p.meter_with_scope(scope()))
-        .collect();
-    let mut binds: Vec<Bind> = vec![given.meter_bind; meters.len()];
-    let mut distributions: Vec<Option<Meter>> = vec![None; meters.len()];
-    let mut twins: Vec<Option<Meter>> = vec![None; meters.len()];
-    let mut own = |p: SdkMeterProvider, exponential_otlp: bool, serves_endpoint: bool| {
-        let m = p.meter_with_scope(scope());
-        let native = native_meter.clone().filter(|_| serves_endpoint);
-        distributions.push(
-            native
-                .clone()
-                .or_else(|| exponential_otlp.then(|| m.clone())),
-        );
-        twins.push(native);
-        meters.push(m);
-        binds.push(Bind::Bound);
-        own_meter_providers.push(p);
-    };
-    // Scrapes read this provider's reader when the endpoint runs and has none of its own.
-    let shared_with_endpoint = native_meter.is_some() && prometheus_reader.is_none();
-    match (otlp_reader, prometheus_reader, exponential) {
-        (Some(o), Some(p), true) => {
-            own(provider(vec![with_reader(o)], true), true, false);
-            own(provider(vec![with_reader(p)], false), false, true);
-        }
-        (None, None, _) => {}
-        (o, p, exp) => {
-            let serves = p.is_some() || shared_with_endpoint;
-            let mut readers = Vec::new();
-            if let Some(o) = o {
-                readers.push(with_reader(o));
-            }
-            if let Some(p) = p {
-                readers.push(with_reader(p));
-            }
-            own(provider(readers, exp), exp, serves);
-        }
-    }
-
-    // The web configuration file's reloads (and whether the last one worked) and the OTLP
-    // metrics exports, on every meter (OTLP and Prometheus, the engine's too).
-    let mut outcome_counters = Vec::new();
-    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
-    let mut state_gauges = Vec::new();
-    for m in &meters {
+    let own_meters = OwnMeters::build(
+        &res,
+        given,
         #[cfg(feature = "prometheus")]
-        if let Some(counts) = prometheus.as_ref().and_then(PrometheusServer::reloads) {
-            let last = counts.clone();
-            outcome_counters.push(outcome_counter(
-                m,
-                metric::PROMETHEUS_WEB_CONFIG_RELOADS,
-                metric::UNIT_RELOADS,
-                "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
-                &cfg.group,
-                move |r| counts.get(r),
-            ));
-            state_gauges.push(state_gauge(
-                m,
-                metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
-                "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
-                 0 after a change to it was refused (the configuration read before stays in force)",
-                &cfg.group,
-                move || last.last_successful(),
-            ));
-        }
+        native_reader,
+        otlp_reader,
+        prometheus_reader,
+        exponential,
+    );
+    let (outcome_counters, state_gauges) = self_metrics(
+        cfg,
+        &own_meters.meters,
         #[cfg(feature = "prometheus")]
-        if let Some(server) = prometheus.as_ref() {
-            use crate::names::{AuthRefusal, ConnectionClose};
-            let closed = server.connections();
-            outcome_counters.push(reason_counter(
-                m,
-                metric::PROMETHEUS_CONNECTIONS_CLOSED,
-                metric::UNIT_CONNECTIONS,
-                "Connections the Prometheus endpoint closed before their client was done, by reason",
-                &cfg.group,
-                ConnectionClose::ALL.len(),
-                move |i| {
-                    let r = ConnectionClose::ALL[i];
-                    (r.as_str(), closed.get(r))
-                },
-            ));
-            if let Some(refused) = server.auth() {
-                outcome_counters.push(reason_counter(
-                    m,
-                    metric::PROMETHEUS_AUTH_REFUSED,
-                    metric::UNIT_REQUESTS,
-                    "Requests the Prometheus endpoint refused at basic auth, by reason",
-                    &cfg.group,
-                    AuthRefusal::ALL.len(),
-                    move |i| {
-                        let r = AuthRefusal::ALL[i];
-                        (r.as_str(), refused.get(r))
-                    },
-                ));
-            }
-        }
-        if let Some(counts) = export_counts.clone() {
-            outcome_counters.push(outcome_counter(
-                m,
-                metric::METRIC_EXPORTS,
-                metric::UNIT_EXPORTS,
-                "OTLP metrics exports, by result",
-                &cfg.group,
-                move |r| counts.get(r),
-            ));
-        }
-    }
+        prometheus.as_ref(),
+        export_counts,
+    );
 
     let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
-    // Every span exporter of phasetrace's own is wrapped to count what it delivered and lost.
-    let own_tracer_provider = if traces_otlp {
+    let own_tracer_provider = own_tracer_provider(
+        cfg,
+        wanted,
+        res,
         #[cfg(feature = "otlp")]
-        {
-            match cfg.traces_otlp.as_ref() {
-                Some(o) => {
-                    let exporter = otlp::span_exporter(o, runtime.as_ref())?;
-                    Some(tracer_provider(
-                        res,
-                        counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
-                    ))
-                }
-                None => None,
-            }
-        }
-        #[cfg(not(feature = "otlp"))]
-        None
-    } else if traces_console {
-        Some(tracer_provider(
-            res,
-            counted::Counted::new(
-                console::ConsoleSpanExporter,
-                span_counts.clone(),
-                exemplars.clone(),
-            ),
-        ))
-    } else {
-        None
-    };
+        runtime.as_ref(),
+        &span_counts,
+        &exemplars,
+    )?;
     let tracer = match (&given.tracer, &own_tracer_provider) {
         (Some(p), _) => Some(BoxedTracer::new(p.boxed_tracer(scope()))),
         (None, Some(p)) => Some(BoxedTracer::new(Box::new(
@@ -588,6 +392,13 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         ))),
         (None, None) => None,
     };
+    let OwnMeters {
+        meters,
+        binds,
+        distributions,
+        twins,
+        providers: own_meter_providers,
+    } = own_meters;
     Ok(Exporters {
         meters,
         binds,
@@ -606,6 +417,363 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         #[cfg(feature = "otlp")]
         runtime,
     })
+}
+
+/// The runtime of the tonic channels: only when an OTLP exporter of phasetrace's own uses gRPC.
+#[cfg(feature = "otlp")]
+fn otlp_runtime(
+    cfg: &Config,
+    wanted: Wanted,
+) -> Result<Option<tokio::runtime::Runtime>, ExportError> {
+    let grpc = |o: Option<&crate::config::OtlpConfig>, on: bool| {
+        on && o.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc)
+    };
+    if !grpc(cfg.metrics_otlp.as_ref(), wanted.metrics_otlp)
+        && !grpc(cfg.traces_otlp.as_ref(), wanted.traces_otlp)
+    {
+        return Ok(None);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("phasetrace-otlp")
+        .enable_all()
+        .build()
+        .map(Some)
+        .map_err(ExportError::Thread)
+}
+
+/// The OTLP metrics reader (when wanted), its export counts, and whether its histograms are
+/// exponential.
+#[cfg(feature = "otlp")]
+fn otlp_metrics(
+    cfg: &Config,
+    wanted: Wanted,
+    runtime: Option<&tokio::runtime::Runtime>,
+    exemplars: &Option<Arc<ExemplarStore>>,
+) -> Result<
+    (
+        Option<OtlpMetricReader>,
+        Option<Arc<counted::ExportCounts>>,
+        bool,
+    ),
+    ExportError,
+> {
+    let Some(o) = cfg.metrics_otlp.as_ref().filter(|_| wanted.metrics_otlp) else {
+        return Ok((None, None, false));
+    };
+    let counts = Arc::new(counted::ExportCounts::default());
+    // Traces off: the SDK's exporter, unchanged.
+    let inner = match exemplars {
+        Some(store) => MetricsExporter::WithExemplars(proto_metrics::ProtoMetricExporter::new(
+            o,
+            runtime,
+            store.clone(),
+        )?),
+        None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime)?),
+    };
+    let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
+    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+        .with_interval(cfg.metric_export_interval)
+        .build();
+    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
+    let exponential = o.histogram == HistogramAggregation::Exponential;
+    Ok((Some(reader), Some(counts), exponential))
+}
+
+/// The Prometheus endpoint (when `cfg` names an address): the reader its scrapes collect from
+/// when it has one of its own (`shared`, the OTLP reader, otherwise), the server, and the
+/// native reader.
+///
+/// The endpoint's native histograms (the per-layer distributions, and the exponential twins of
+/// the explicit-bucket histograms) live on a provider and reader of their own that only the
+/// protobuf scrape reads: the text scrapes keep their shape and budget, and an OTLP exporter
+/// whose reader the scrapes share does not carry them.
+#[cfg(feature = "prometheus")]
+fn prometheus_endpoint(
+    cfg: &Config,
+    exemplars: &Option<Arc<ExemplarStore>>,
+    shared: Option<self::prometheus::SharedReader>,
+    native_wanted: &Arc<std::sync::atomic::AtomicBool>,
+) -> Result<
+    (
+        Option<self::prometheus::PrometheusReader>,
+        Option<PrometheusServer>,
+        Option<self::prometheus::Native>,
+    ),
+    ExportError,
+> {
+    let Some(addr) = cfg.prometheus else {
+        return Ok((None, None, None));
+    };
+    let web = cfg
+        .prometheus_web_config
+        .as_deref()
+        .map(reload::LiveWebConfig::load)
+        .transpose()?;
+    let native = self::prometheus::Native {
+        reader: self::prometheus::PrometheusReader::manual(),
+        wanted: native_wanted.clone(),
+    };
+    match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
+        Ok((reader, server)) => Ok((reader, Some(server), Some(native))),
+        // The built-in default address is a convenience, not a promise: taken (the engine's
+        // own exporter, another rank), it is said once and skipped.
+        Err(ExportError::PrometheusBind { addr, source })
+            if cfg.origin(crate::names::env::PROMETHEUS) == crate::config::Origin::Default =>
+        {
+            crate::diag::warning!(
+                "the default Prometheus endpoint {addr} cannot listen \
+                 ({source}); running without it (set {}=host:port, or off, to choose)",
+                crate::names::env::PROMETHEUS
+            );
+            Ok((None, None, None))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The meters the instruments are created on and, for each, whether it binds and where its
+/// per-layer distributions and exponential twins go; the providers phasetrace built for them.
+struct OwnMeters {
+    meters: Vec<Meter>,
+    binds: Vec<Bind>,
+    distributions: Vec<Option<Meter>>,
+    twins: Vec<Option<Meter>>,
+    providers: Vec<SdkMeterProvider>,
+}
+
+impl OwnMeters {
+    /// The engine's meter first, then phasetrace's own providers over `otlp` and `prometheus`
+    /// (one, or two when OTLP is exponential and the endpoint keeps explicit buckets), and the
+    /// native provider over the endpoint's native reader.
+    fn build<O, P>(
+        res: &Resource,
+        given: &Given,
+        #[cfg(feature = "prometheus")] native_reader: Option<self::prometheus::Native>,
+        otlp: Option<O>,
+        prometheus: Option<P>,
+        exponential: bool,
+    ) -> OwnMeters
+    where
+        O: opentelemetry_sdk::metrics::reader::MetricReader,
+        P: opentelemetry_sdk::metrics::reader::MetricReader,
+    {
+        let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
+            let mut b = SdkMeterProvider::builder().with_resource(res.clone());
+            for r in readers {
+                b = r(b);
+            }
+            b.with_view(view(exp)).build()
+        };
+        let meters: Vec<Meter> = given
+            .meter
+            .iter()
+            .map(|p| p.meter_with_scope(scope()))
+            .collect();
+        let n = meters.len();
+        let mut own = OwnMeters {
+            meters,
+            binds: vec![given.meter_bind; n],
+            distributions: vec![None; n],
+            twins: vec![None; n],
+            providers: Vec::new(),
+        };
+        // The native provider: exponential histograms only (its view), read by the protobuf
+        // scrape only.
+        #[cfg(feature = "prometheus")]
+        let native_meter = native_reader.map(|n| {
+            let p = provider(vec![with_reader(n.reader)], true);
+            let m = p.meter_with_scope(scope());
+            own.providers.push(p);
+            m
+        });
+        #[cfg(not(feature = "prometheus"))]
+        let native_meter: Option<Meter> = None;
+        // Scrapes read this provider's reader when the endpoint runs and has none of its own.
+        let shared_with_endpoint = native_meter.is_some() && prometheus.is_none();
+        match (otlp, prometheus, exponential) {
+            (Some(o), Some(p), true) => {
+                own.push(
+                    provider(vec![with_reader(o)], true),
+                    &native_meter,
+                    true,
+                    false,
+                );
+                own.push(
+                    provider(vec![with_reader(p)], false),
+                    &native_meter,
+                    false,
+                    true,
+                );
+            }
+            (None, None, _) => {}
+            (o, p, exp) => {
+                let serves = p.is_some() || shared_with_endpoint;
+                let mut readers = Vec::new();
+                if let Some(o) = o {
+                    readers.push(with_reader(o));
+                }
+                if let Some(p) = p {
+                    readers.push(with_reader(p));
+                }
+                own.push(provider(readers, exp), &native_meter, exp, serves);
+            }
+        }
+        own
+    }
+
+    /// One of phasetrace's own providers: its per-layer distributions and exponential twins go
+    /// to the native provider's meter for the provider that serves the endpoint; to the same
+    /// meter (distributions only: its histograms are exponential already) for an OTLP exporter
+    /// of exponential histograms; nowhere otherwise (OTLP with explicit buckets only; the
+    /// engine's own provider).
+    fn push(
+        &mut self,
+        p: SdkMeterProvider,
+        native_meter: &Option<Meter>,
+        exponential_otlp: bool,
+        serves_endpoint: bool,
+    ) {
+        let m = p.meter_with_scope(scope());
+        let native = native_meter.clone().filter(|_| serves_endpoint);
+        self.distributions.push(
+            native
+                .clone()
+                .or_else(|| exponential_otlp.then(|| m.clone())),
+        );
+        self.twins.push(native);
+        self.meters.push(m);
+        self.binds.push(Bind::Bound);
+        self.providers.push(p);
+    }
+}
+
+/// The exporters' own metrics on every meter (OTLP and Prometheus, the engine's too): the web
+/// configuration file's reloads (and whether the last one worked), the endpoint's closed
+/// connections and refused requests, and the OTLP metrics exports.
+#[allow(clippy::type_complexity)]
+fn self_metrics(
+    cfg: &Config,
+    meters: &[Meter],
+    #[cfg(feature = "prometheus")] prometheus: Option<&PrometheusServer>,
+    export_counts: Option<Arc<counted::ExportCounts>>,
+) -> (
+    Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+) {
+    let mut outcome_counters = Vec::new();
+    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
+    let mut state_gauges = Vec::new();
+    for m in meters {
+        #[cfg(feature = "prometheus")]
+        if let Some(server) = prometheus {
+            endpoint_metrics(cfg, m, server, &mut outcome_counters, &mut state_gauges);
+        }
+        if let Some(counts) = export_counts.clone() {
+            outcome_counters.push(outcome_counter(
+                m,
+                metric::METRIC_EXPORTS,
+                metric::UNIT_EXPORTS,
+                "OTLP metrics exports, by result",
+                &cfg.group,
+                move |r| counts.get(r),
+            ));
+        }
+    }
+    (outcome_counters, state_gauges)
+}
+
+/// The Prometheus endpoint's own metrics on `m`.
+#[cfg(feature = "prometheus")]
+fn endpoint_metrics(
+    cfg: &Config,
+    m: &Meter,
+    server: &PrometheusServer,
+    outcome_counters: &mut Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    state_gauges: &mut Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+) {
+    use crate::names::{AuthRefusal, ConnectionClose};
+    if let Some(counts) = server.reloads() {
+        let last = counts.clone();
+        outcome_counters.push(outcome_counter(
+            m,
+            metric::PROMETHEUS_WEB_CONFIG_RELOADS,
+            metric::UNIT_RELOADS,
+            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
+            &cfg.group,
+            move |r| counts.get(r),
+        ));
+        state_gauges.push(state_gauge(
+            m,
+            metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
+            "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
+             0 after a change to it was refused (the configuration read before stays in force)",
+            &cfg.group,
+            move || last.last_successful(),
+        ));
+    }
+    let closed = server.connections();
+    outcome_counters.push(reason_counter(
+        m,
+        metric::PROMETHEUS_CONNECTIONS_CLOSED,
+        metric::UNIT_CONNECTIONS,
+        "Connections the Prometheus endpoint closed before their client was done, by reason",
+        &cfg.group,
+        ConnectionClose::ALL.len(),
+        move |i| {
+            let r = ConnectionClose::ALL[i];
+            (r.as_str(), closed.get(r))
+        },
+    ));
+    if let Some(refused) = server.auth() {
+        outcome_counters.push(reason_counter(
+            m,
+            metric::PROMETHEUS_AUTH_REFUSED,
+            metric::UNIT_REQUESTS,
+            "Requests the Prometheus endpoint refused at basic auth, by reason",
+            &cfg.group,
+            AuthRefusal::ALL.len(),
+            move |i| {
+                let r = AuthRefusal::ALL[i];
+                (r.as_str(), refused.get(r))
+            },
+        ));
+    }
+}
+
+/// phasetrace's own tracer provider (OTLP or console spans), when wanted: every span exporter
+/// of its own is wrapped to count what it delivered and lost.
+#[cfg_attr(not(feature = "otlp"), allow(unused_variables))]
+fn own_tracer_provider(
+    cfg: &Config,
+    wanted: Wanted,
+    res: Resource,
+    #[cfg(feature = "otlp")] runtime: Option<&tokio::runtime::Runtime>,
+    span_counts: &Arc<SpanCounts>,
+    exemplars: &Option<Arc<ExemplarStore>>,
+) -> Result<Option<SdkTracerProvider>, ExportError> {
+    if wanted.traces_otlp {
+        #[cfg(feature = "otlp")]
+        if let Some(o) = cfg.traces_otlp.as_ref() {
+            let exporter = otlp::span_exporter(o, runtime)?;
+            return Ok(Some(tracer_provider(
+                res,
+                counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
+            )));
+        }
+        return Ok(None);
+    }
+    if wanted.traces_console {
+        return Ok(Some(tracer_provider(
+            res,
+            counted::Counted::new(
+                console::ConsoleSpanExporter,
+                span_counts.clone(),
+                exemplars.clone(),
+            ),
+        )));
+    }
+    Ok(None)
 }
 
 type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
