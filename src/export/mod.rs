@@ -1,5 +1,7 @@
 //! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
-//! lookup of the engine's current `tracing` span (`tracing_layer`).
+//! engine's own providers. Each of phasetrace's own is installed by its module's `install`
+//! function (one signature, `Installer`; `build` walks `INSTALLERS`), which adds its reader,
+//! server or tracer provider to the one `Install` they all share.
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
@@ -24,8 +26,6 @@ pub(crate) mod otlp;
 pub(crate) mod prometheus;
 #[cfg(feature = "otlp")]
 mod proto_metrics;
-#[cfg(feature = "tracing")]
-pub(crate) mod tracing_layer;
 #[cfg(feature = "otlp")]
 pub(crate) mod transport;
 pub(crate) mod views;
@@ -37,14 +37,11 @@ pub(crate) use self::exemplars::ExemplarStore;
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
 #[cfg(feature = "prometheus")]
-pub(crate) use self::prometheus::{PrometheusServer, reload, web_config};
+pub(crate) use self::prometheus::{PrometheusServer, web_config};
 pub use self::views::view;
 
 use crate::config::Config;
-#[cfg(feature = "otlp")]
-use crate::config::HistogramAggregation;
 use crate::names::{Outcome, metric, resource};
-use crate::worker::sinks::metrics::aggregate::Bind;
 use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
@@ -55,6 +52,7 @@ use opentelemetry_sdk::trace::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -64,6 +62,35 @@ pub(crate) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(crate::names::SCOPE)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
+}
+
+/// Whether a meter's instruments may be recorded through bound handles.
+///
+/// `Histogram::bind` is the API's: a `MeterProvider` that is not the SDK's inherits its
+/// default, a handle that drops every measurement. Bound only where the provider is known to
+/// be an `opentelemetry_sdk::metrics::SdkMeterProvider` (phasetrace's own, or the engine's
+/// when its type says so); any other provider, the globals included, is recorded by
+/// attributes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Bind {
+    /// Record through handles bound once per series.
+    Bound,
+    /// Record by attributes (`Histogram::record(value, attrs)`), every time.
+    #[default]
+    Unbound,
+}
+
+impl Bind {
+    /// [`Bind::Bound`] exactly when `P` is the SDK's meter provider.
+    pub(crate) fn of<P: 'static>() -> Bind {
+        if std::any::TypeId::of::<P>()
+            == std::any::TypeId::of::<opentelemetry_sdk::metrics::SdkMeterProvider>()
+        {
+            Bind::Bound
+        } else {
+            Bind::Unbound
+        }
+    }
 }
 
 /// The engine's own providers, handed to the builder: phasetrace records into them and builds
@@ -317,52 +344,129 @@ impl Wanted {
     }
 }
 
+/// The exporter seam: what every exporter's install step reads (the first group of fields)
+/// and what it adds (the second). One install function per exporter, in its own module, of
+/// the one signature [`Installer`]; [`build`] walks [`INSTALLERS`] in order, then builds the
+/// meter providers over the readers they added and the tracer over their tracer provider.
+struct Install<'a> {
+    #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
+    cfg: &'a Config,
+    wanted: Wanted,
+    resource: &'a Resource,
+    /// Present when phasetrace's own spans and a metrics sink of its own are on.
+    exemplars: &'a Option<Arc<ExemplarStore>>,
+    /// What a span exporter of phasetrace's own delivered and lost (its `Counted` wrapper).
+    span_counts: &'a Arc<SpanCounts>,
+    /// Set by the endpoint at its first protobuf scrape (see [`Exporters::native_wanted`]).
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    native_wanted: &'a Arc<AtomicBool>,
+    /// The tonic channels' runtime (gRPC only).
+    #[cfg(feature = "otlp")]
+    runtime: Option<&'a tokio::runtime::Runtime>,
+
+    /// The OTLP metrics reader (which the endpoint's scrapes share when the aggregation is the
+    /// same), its export counts, and whether its histograms are exponential.
+    #[cfg(feature = "otlp")]
+    otlp_reader: Option<OtlpMetricReader>,
+    export_counts: Option<Arc<counted::ExportCounts>>,
+    exponential: bool,
+    /// The endpoint's own reader (none when it shares the OTLP one), its server, and the
+    /// native reader that only its protobuf scrapes read.
+    #[cfg(feature = "prometheus")]
+    prometheus_reader: Option<self::prometheus::PrometheusReader>,
+    #[cfg(feature = "prometheus")]
+    prometheus: Option<PrometheusServer>,
+    #[cfg(feature = "prometheus")]
+    native: Option<self::prometheus::Native>,
+    /// phasetrace's own tracer provider (OTLP or console spans).
+    tracer_provider: Option<SdkTracerProvider>,
+}
+
+/// One exporter's install step: reads what `cfg` asks of it and adds its reader, server or
+/// tracer provider to the [`Install`]; does nothing when it is not configured.
+type Installer = fn(&mut Install<'_>) -> Result<(), ExportError>;
+
+/// The exporters, in the order they install: OTLP metrics before the endpoint (whose scrapes
+/// may share its reader), OTLP spans before console spans (never both: the configuration
+/// selects one).
+const INSTALLERS: &[Installer] = &[
+    #[cfg(feature = "otlp")]
+    otlp::install_metrics,
+    #[cfg(feature = "prometheus")]
+    self::prometheus::install,
+    #[cfg(feature = "otlp")]
+    otlp::install_traces,
+    console::install,
+];
+
 /// Builds what `cfg` asks for around the providers the engine gave. Run it off any async runtime
 /// of the caller's (the blocking HTTP client and the OTLP runtime must not be created or dropped
 /// on an async thread): [`crate::Profiler`] calls it on a thread of its own.
 ///
-/// The steps: the OTLP runtime, the OTLP metrics reader, the Prometheus endpoint, the meter
-/// providers over those readers, the exporters' own metrics on every meter, the tracer.
+/// The steps: the OTLP runtime, each exporter's install ([`INSTALLERS`]), the meter providers
+/// over their readers (after the engine's meter), the exporters' own metrics on every meter,
+/// the tracer (the engine's, or phasetrace's own).
 pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportError> {
-    let res = resource(cfg);
+    let resource = resource(cfg);
     let wanted = Wanted::of(cfg, given);
     #[cfg(feature = "otlp")]
-    let runtime = otlp_runtime(cfg, wanted)?;
+    let runtime = otlp::runtime(cfg, wanted)?;
     // Exemplars need both a trace of phasetrace's own to link to (its exporter says which spans
     // were delivered) and a sink of its own to show them on: the Prometheus endpoint
     // (OpenMetrics) or OTLP metrics.
     let exemplars = (wanted.own_traces() && (cfg.prometheus.is_some() || wanted.metrics_otlp))
         .then(|| Arc::new(ExemplarStore::default()));
+    let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
+    let native_wanted = Arc::new(AtomicBool::new(false));
 
-    #[cfg(feature = "otlp")]
-    let (otlp_reader, export_counts, exponential) =
-        otlp_metrics(cfg, wanted, runtime.as_ref(), &exemplars)?;
-    #[cfg(not(feature = "otlp"))]
-    let (otlp_reader, export_counts, exponential): (
-        Option<SdkReaderStub>,
-        Option<Arc<counted::ExportCounts>>,
-        bool,
-    ) = (None, None, false);
-
-    let native_wanted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    #[cfg(feature = "prometheus")]
-    let (prometheus_reader, prometheus, native_reader) = {
-        // With the same aggregation on both sides, scrapes read the OTLP reader's (one
-        // aggregation, so the worker records each measurement once).
+    let mut x = Install {
+        cfg,
+        wanted,
+        resource: &resource,
+        exemplars: &exemplars,
+        span_counts: &span_counts,
+        native_wanted: &native_wanted,
         #[cfg(feature = "otlp")]
-        let shared = otlp_reader.clone().filter(|_| !exponential);
-        #[cfg(not(feature = "otlp"))]
-        let shared = None;
-        prometheus_endpoint(cfg, &exemplars, shared, &native_wanted)?
+        runtime: runtime.as_ref(),
+        #[cfg(feature = "otlp")]
+        otlp_reader: None,
+        export_counts: None,
+        exponential: false,
+        #[cfg(feature = "prometheus")]
+        prometheus_reader: None,
+        #[cfg(feature = "prometheus")]
+        prometheus: None,
+        #[cfg(feature = "prometheus")]
+        native: None,
+        tracer_provider: None,
     };
+    for install in INSTALLERS {
+        install(&mut x)?;
+    }
+    let Install {
+        #[cfg(feature = "otlp")]
+        otlp_reader,
+        export_counts,
+        exponential,
+        #[cfg(feature = "prometheus")]
+        prometheus_reader,
+        #[cfg(feature = "prometheus")]
+        prometheus,
+        #[cfg(feature = "prometheus")]
+        native,
+        tracer_provider: own_tracer_provider,
+        ..
+    } = x;
+    #[cfg(not(feature = "otlp"))]
+    let otlp_reader: Option<SdkReaderStub> = None;
     #[cfg(not(feature = "prometheus"))]
     let prometheus_reader: Option<SdkReaderStub> = None;
 
     let own_meters = OwnMeters::build(
-        &res,
+        &resource,
         given,
         #[cfg(feature = "prometheus")]
-        native_reader,
+        native,
         otlp_reader,
         prometheus_reader,
         exponential,
@@ -374,17 +478,6 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         prometheus.as_ref(),
         export_counts,
     );
-
-    let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
-    let own_tracer_provider = own_tracer_provider(
-        cfg,
-        wanted,
-        res,
-        #[cfg(feature = "otlp")]
-        runtime.as_ref(),
-        &span_counts,
-        &exemplars,
-    )?;
     let tracer = match (&given.tracer, &own_tracer_provider) {
         (Some(p), _) => Some(BoxedTracer::new(p.boxed_tracer(scope()))),
         (None, Some(p)) => Some(BoxedTracer::new(Box::new(
@@ -417,119 +510,6 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         #[cfg(feature = "otlp")]
         runtime,
     })
-}
-
-/// The runtime of the tonic channels: only when an OTLP exporter of phasetrace's own uses gRPC.
-#[cfg(feature = "otlp")]
-fn otlp_runtime(
-    cfg: &Config,
-    wanted: Wanted,
-) -> Result<Option<tokio::runtime::Runtime>, ExportError> {
-    let grpc = |o: Option<&crate::config::OtlpConfig>, on: bool| {
-        on && o.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc)
-    };
-    if !grpc(cfg.metrics_otlp.as_ref(), wanted.metrics_otlp)
-        && !grpc(cfg.traces_otlp.as_ref(), wanted.traces_otlp)
-    {
-        return Ok(None);
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("phasetrace-otlp")
-        .enable_all()
-        .build()
-        .map(Some)
-        .map_err(ExportError::Thread)
-}
-
-/// The OTLP metrics reader (when wanted), its export counts, and whether its histograms are
-/// exponential.
-#[cfg(feature = "otlp")]
-fn otlp_metrics(
-    cfg: &Config,
-    wanted: Wanted,
-    runtime: Option<&tokio::runtime::Runtime>,
-    exemplars: &Option<Arc<ExemplarStore>>,
-) -> Result<
-    (
-        Option<OtlpMetricReader>,
-        Option<Arc<counted::ExportCounts>>,
-        bool,
-    ),
-    ExportError,
-> {
-    let Some(o) = cfg.metrics_otlp.as_ref().filter(|_| wanted.metrics_otlp) else {
-        return Ok((None, None, false));
-    };
-    let counts = Arc::new(counted::ExportCounts::default());
-    // Traces off: the SDK's exporter, unchanged.
-    let inner = match exemplars {
-        Some(store) => MetricsExporter::WithExemplars(proto_metrics::ProtoMetricExporter::new(
-            o,
-            runtime,
-            store.clone(),
-        )?),
-        None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime)?),
-    };
-    let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
-    let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-        .with_interval(cfg.metric_export_interval)
-        .build();
-    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
-    let exponential = o.histogram == HistogramAggregation::Exponential;
-    Ok((Some(reader), Some(counts), exponential))
-}
-
-/// The Prometheus endpoint (when `cfg` names an address): the reader its scrapes collect from
-/// when it has one of its own (`shared`, the OTLP reader, otherwise), the server, and the
-/// native reader.
-///
-/// The endpoint's native histograms (the per-layer distributions, and the exponential twins of
-/// the explicit-bucket histograms) live on a provider and reader of their own that only the
-/// protobuf scrape reads: the text scrapes keep their shape and budget, and an OTLP exporter
-/// whose reader the scrapes share does not carry them.
-#[cfg(feature = "prometheus")]
-fn prometheus_endpoint(
-    cfg: &Config,
-    exemplars: &Option<Arc<ExemplarStore>>,
-    shared: Option<self::prometheus::SharedReader>,
-    native_wanted: &Arc<std::sync::atomic::AtomicBool>,
-) -> Result<
-    (
-        Option<self::prometheus::PrometheusReader>,
-        Option<PrometheusServer>,
-        Option<self::prometheus::Native>,
-    ),
-    ExportError,
-> {
-    let Some(addr) = cfg.prometheus else {
-        return Ok((None, None, None));
-    };
-    let web = cfg
-        .prometheus_web_config
-        .as_deref()
-        .map(reload::LiveWebConfig::load)
-        .transpose()?;
-    let native = self::prometheus::Native {
-        reader: self::prometheus::PrometheusReader::manual(),
-        wanted: native_wanted.clone(),
-    };
-    match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
-        Ok((reader, server)) => Ok((reader, Some(server), Some(native))),
-        // The built-in default address is a convenience, not a promise: taken (the engine's
-        // own exporter, another rank), it is said once and skipped.
-        Err(ExportError::PrometheusBind { addr, source })
-            if cfg.origin(crate::names::env::PROMETHEUS) == crate::config::Origin::Default =>
-        {
-            crate::diag::warning!(
-                "the default Prometheus endpoint {addr} cannot listen \
-                 ({source}); running without it (set {}=host:port, or off, to choose)",
-                crate::names::env::PROMETHEUS
-            );
-            Ok((None, None, None))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// The meters the instruments are created on and, for each, whether it binds and where its
@@ -648,9 +628,8 @@ impl OwnMeters {
     }
 }
 
-/// The exporters' own metrics on every meter (OTLP and Prometheus, the engine's too): the web
-/// configuration file's reloads (and whether the last one worked), the endpoint's closed
-/// connections and refused requests, and the OTLP metrics exports.
+/// The exporters' own metrics on every meter (OTLP and Prometheus, the engine's too): the
+/// endpoint's (see `prometheus::endpoint_metrics`) and the OTLP metrics exports.
 #[allow(clippy::type_complexity)]
 fn self_metrics(
     cfg: &Config,
@@ -667,7 +646,13 @@ fn self_metrics(
     for m in meters {
         #[cfg(feature = "prometheus")]
         if let Some(server) = prometheus {
-            endpoint_metrics(cfg, m, server, &mut outcome_counters, &mut state_gauges);
+            self::prometheus::endpoint_metrics(
+                cfg,
+                m,
+                server,
+                &mut outcome_counters,
+                &mut state_gauges,
+            );
         }
         if let Some(counts) = export_counts.clone() {
             outcome_counters.push(outcome_counter(
@@ -681,99 +666,6 @@ fn self_metrics(
         }
     }
     (outcome_counters, state_gauges)
-}
-
-/// The Prometheus endpoint's own metrics on `m`.
-#[cfg(feature = "prometheus")]
-fn endpoint_metrics(
-    cfg: &Config,
-    m: &Meter,
-    server: &PrometheusServer,
-    outcome_counters: &mut Vec<opentelemetry::metrics::ObservableCounter<u64>>,
-    state_gauges: &mut Vec<opentelemetry::metrics::ObservableGauge<u64>>,
-) {
-    use crate::names::{AuthRefusal, ConnectionClose};
-    if let Some(counts) = server.reloads() {
-        let last = counts.clone();
-        outcome_counters.push(outcome_counter(
-            m,
-            metric::PROMETHEUS_WEB_CONFIG_RELOADS,
-            metric::UNIT_RELOADS,
-            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
-            &cfg.group,
-            move |r| counts.get(r),
-        ));
-        state_gauges.push(state_gauge(
-            m,
-            metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
-            "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
-             0 after a change to it was refused (the configuration read before stays in force)",
-            &cfg.group,
-            move || last.last_successful(),
-        ));
-    }
-    let closed = server.connections();
-    outcome_counters.push(reason_counter(
-        m,
-        metric::PROMETHEUS_CONNECTIONS_CLOSED,
-        metric::UNIT_CONNECTIONS,
-        "Connections the Prometheus endpoint closed before their client was done, by reason",
-        &cfg.group,
-        ConnectionClose::ALL.len(),
-        move |i| {
-            let r = ConnectionClose::ALL[i];
-            (r.as_str(), closed.get(r))
-        },
-    ));
-    if let Some(refused) = server.auth() {
-        outcome_counters.push(reason_counter(
-            m,
-            metric::PROMETHEUS_AUTH_REFUSED,
-            metric::UNIT_REQUESTS,
-            "Requests the Prometheus endpoint refused at basic auth, by reason",
-            &cfg.group,
-            AuthRefusal::ALL.len(),
-            move |i| {
-                let r = AuthRefusal::ALL[i];
-                (r.as_str(), refused.get(r))
-            },
-        ));
-    }
-}
-
-/// phasetrace's own tracer provider (OTLP or console spans), when wanted: every span exporter
-/// of its own is wrapped to count what it delivered and lost.
-#[cfg_attr(not(feature = "otlp"), allow(unused_variables))]
-fn own_tracer_provider(
-    cfg: &Config,
-    wanted: Wanted,
-    res: Resource,
-    #[cfg(feature = "otlp")] runtime: Option<&tokio::runtime::Runtime>,
-    span_counts: &Arc<SpanCounts>,
-    exemplars: &Option<Arc<ExemplarStore>>,
-) -> Result<Option<SdkTracerProvider>, ExportError> {
-    if wanted.traces_otlp {
-        #[cfg(feature = "otlp")]
-        if let Some(o) = cfg.traces_otlp.as_ref() {
-            let exporter = otlp::span_exporter(o, runtime)?;
-            return Ok(Some(tracer_provider(
-                res,
-                counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
-            )));
-        }
-        return Ok(None);
-    }
-    if wanted.traces_console {
-        return Ok(Some(tracer_provider(
-            res,
-            counted::Counted::new(
-                console::ConsoleSpanExporter,
-                span_counts.clone(),
-                exemplars.clone(),
-            ),
-        )));
-    }
-    Ok(None)
 }
 
 type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
@@ -1045,7 +937,7 @@ mod tests {
     fn exponential_otlp_carries_the_distributions_and_only_the_endpoint_gets_twins() {
         let mut cfg = everything();
         if let Some(o) = cfg.metrics_otlp.as_mut() {
-            o.histogram = HistogramAggregation::Exponential;
+            o.histogram = crate::config::HistogramAggregation::Exponential;
         }
         let mut e = build(&cfg, &Given::default()).expect("exporters");
         assert_eq!(e.meters.len(), 2, "OTLP's provider and the endpoint's");
