@@ -12,7 +12,7 @@
 //!                                                   protobuf with native histograms, gzip)
 //!        ──> native provider (with the endpoint): ManualReader that only the protobuf
 //!            scrape reads: the per-layer distributions and the exponential twins of the
-//!            explicit-bucket duration histograms (see `Exporters::distributions`, `twins`)
+//!            explicit-bucket duration histograms (see `ProviderMeter::distributions`, `twins`)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```
@@ -223,23 +223,31 @@ pub enum ExportError {
     Thread(std::io::Error),
 }
 
+/// What the worker's instruments on one meter provider need: its meter, how they record on it,
+/// and where its per-layer distributions and exponential twins go.
+#[derive(Clone, Debug)]
+pub(crate) struct ProviderMeter {
+    /// The meter the instruments are created on.
+    pub(crate) meter: Meter,
+    /// Whether it records through bound handles: its provider is an `SdkMeterProvider`
+    /// (phasetrace's own always are).
+    pub(crate) bind: Bind,
+    /// The meter its per-layer distributions are created on, if any (see `OwnMeters::push`):
+    /// always one of phasetrace's own SDK providers.
+    pub(crate) distributions: Option<Meter>,
+    /// The meter of the base-2 exponential twins of its explicit-bucket duration histograms
+    /// (the native halves of the protobuf scrape's histograms), if any: the native provider's,
+    /// for the meter that serves the endpoint.
+    pub(crate) twins: Option<Meter>,
+}
+
 /// The providers and servers behind one profiler: what the worker records into (meters and a
 /// tracer, the engine's or phasetrace's own) and what phasetrace owns and so shuts down.
 pub(crate) struct Exporters {
     /// The meters the worker's instruments are created on, one per provider: the engine's
     /// (given), and phasetrace's own (OTLP and Prometheus; two when OTLP uses exponential
     /// histograms and the Prometheus endpoint keeps explicit buckets).
-    pub(crate) meters: Vec<Meter>,
-    /// For each of [`Exporters::meters`], whether it records through bound handles: its
-    /// provider is an `SdkMeterProvider` (phasetrace's own always are).
-    pub(crate) binds: Vec<Bind>,
-    /// For each of [`Exporters::meters`], the meter its per-layer distributions are created
-    /// on, if any (see `build`): always one of phasetrace's own SDK providers.
-    pub(crate) distributions: Vec<Option<Meter>>,
-    /// For each of [`Exporters::meters`], the meter of the base-2 exponential twins of its
-    /// explicit-bucket duration histograms (the native halves of the protobuf scrape's
-    /// histograms), if any: the native provider's, for the meter that serves the endpoint.
-    pub(crate) twins: Vec<Option<Meter>>,
+    pub(crate) meters: Vec<ProviderMeter>,
     /// Set by the endpoint when it serves its first protobuf scrape: the twins are recorded
     /// from then on (a text-only scraper never pays for them).
     pub(crate) native_wanted: Arc<std::sync::atomic::AtomicBool>,
@@ -487,16 +495,10 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     };
     let OwnMeters {
         meters,
-        binds,
-        distributions,
-        twins,
         providers: own_meter_providers,
     } = own_meters;
     Ok(Exporters {
         meters,
-        binds,
-        distributions,
-        twins,
         native_wanted,
         own_meter_providers,
         tracer: tracer.map(Arc::new),
@@ -515,10 +517,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
 /// The meters the instruments are created on and, for each, whether it binds and where its
 /// per-layer distributions and exponential twins go; the providers phasetrace built for them.
 struct OwnMeters {
-    meters: Vec<Meter>,
-    binds: Vec<Bind>,
-    distributions: Vec<Option<Meter>>,
-    twins: Vec<Option<Meter>>,
+    meters: Vec<ProviderMeter>,
     providers: Vec<SdkMeterProvider>,
 }
 
@@ -545,17 +544,17 @@ impl OwnMeters {
             }
             b.with_view(view(exp)).build()
         };
-        let meters: Vec<Meter> = given
-            .meter
-            .iter()
-            .map(|p| p.meter_with_scope(scope()))
-            .collect();
-        let n = meters.len();
         let mut own = OwnMeters {
-            meters,
-            binds: vec![given.meter_bind; n],
-            distributions: vec![None; n],
-            twins: vec![None; n],
+            meters: given
+                .meter
+                .iter()
+                .map(|p| ProviderMeter {
+                    meter: p.meter_with_scope(scope()),
+                    bind: given.meter_bind,
+                    distributions: None,
+                    twins: None,
+                })
+                .collect(),
             providers: Vec::new(),
         };
         // The native provider: exponential histograms only (its view), read by the protobuf
@@ -616,14 +615,14 @@ impl OwnMeters {
     ) {
         let m = p.meter_with_scope(scope());
         let native = native_meter.clone().filter(|_| serves_endpoint);
-        self.distributions.push(
-            native
+        self.meters.push(ProviderMeter {
+            distributions: native
                 .clone()
                 .or_else(|| exponential_otlp.then(|| m.clone())),
-        );
-        self.twins.push(native);
-        self.meters.push(m);
-        self.binds.push(Bind::Bound);
+            twins: native,
+            meter: m,
+            bind: Bind::Bound,
+        });
         self.providers.push(p);
     }
 }
@@ -633,7 +632,7 @@ impl OwnMeters {
 #[allow(clippy::type_complexity)]
 fn self_metrics(
     cfg: &Config,
-    meters: &[Meter],
+    meters: &[ProviderMeter],
     #[cfg(feature = "prometheus")] prometheus: Option<&PrometheusServer>,
     export_counts: Option<Arc<counted::ExportCounts>>,
 ) -> (
@@ -643,7 +642,7 @@ fn self_metrics(
     let mut outcome_counters = Vec::new();
     #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
     let mut state_gauges = Vec::new();
-    for m in meters {
+    for m in meters.iter().map(|p| &p.meter) {
         #[cfg(feature = "prometheus")]
         if let Some(server) = prometheus {
             self::prometheus::endpoint_metrics(
@@ -885,13 +884,13 @@ mod tests {
         };
         let mut e = build(&cfg, &given).expect("exporters");
         assert_eq!(e.meters.len(), 1, "the engine's meter only");
-        assert_eq!(e.binds, [Bind::Bound], "an SdkMeterProvider binds");
+        assert_eq!(e.meters[0].bind, Bind::Bound, "an SdkMeterProvider binds");
         assert!(
-            e.distributions[0].is_none(),
+            e.meters[0].distributions.is_none(),
             "no per-layer distributions on the engine's provider"
         );
         assert!(
-            e.twins[0].is_none(),
+            e.meters[0].twins.is_none(),
             "no native twins on the engine's provider"
         );
         assert!(e.own_meter_providers.is_empty());
@@ -909,12 +908,10 @@ mod tests {
     fn without_providers_phasetrace_builds_its_own() {
         let mut e = build(&everything(), &Given::default()).expect("exporters");
         assert!(!e.own_meter_providers.is_empty());
-        assert_eq!(e.distributions.len(), e.meters.len());
-        assert_eq!(e.twins.len(), e.meters.len());
-        assert!(e.distributions.iter().all(Option::is_some));
+        assert!(e.meters.iter().all(|m| m.distributions.is_some()));
         #[cfg(feature = "prometheus")]
         assert!(
-            e.twins.iter().all(Option::is_some),
+            e.meters.iter().all(|m| m.twins.is_some()),
             "the meter that serves the endpoint has native twins"
         );
         #[cfg(feature = "prometheus")]
@@ -941,9 +938,9 @@ mod tests {
         }
         let mut e = build(&cfg, &Given::default()).expect("exporters");
         assert_eq!(e.meters.len(), 2, "OTLP's provider and the endpoint's");
-        assert!(e.distributions.iter().all(Option::is_some));
+        assert!(e.meters.iter().all(|m| m.distributions.is_some()));
         assert_eq!(
-            e.twins.iter().filter(|t| t.is_some()).count(),
+            e.meters.iter().filter(|m| m.twins.is_some()).count(),
             1,
             "twins for the endpoint's explicit buckets only: OTLP's histograms are exponential"
         );
