@@ -20,6 +20,7 @@
 mod console;
 mod counted;
 pub(crate) mod exemplars;
+mod given;
 #[cfg(feature = "otlp")]
 pub(crate) mod otlp;
 #[cfg(feature = "prometheus")]
@@ -34,6 +35,7 @@ pub(crate) mod views;
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
+pub(crate) use self::given::{Bind, Given};
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
 #[cfg(feature = "prometheus")]
@@ -42,7 +44,7 @@ pub use self::views::view;
 
 use crate::config::Config;
 use crate::names::{Outcome, metric, resource};
-use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::Resource;
@@ -62,60 +64,6 @@ pub(crate) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(crate::names::SCOPE)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
-}
-
-/// Whether a meter's instruments may be recorded through bound handles.
-///
-/// `Histogram::bind` is the API's: a `MeterProvider` that is not the SDK's inherits its
-/// default, a handle that drops every measurement. Bound only where the provider is known to
-/// be an `opentelemetry_sdk::metrics::SdkMeterProvider` (phasetrace's own, or the engine's
-/// when its type says so); any other provider, the globals included, is recorded by
-/// attributes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Bind {
-    /// Record through handles bound once per series.
-    Bound,
-    /// Record by attributes (`Histogram::record(value, attrs)`), every time.
-    #[default]
-    Unbound,
-}
-
-impl Bind {
-    /// [`Bind::Bound`] exactly when `P` is the SDK's meter provider.
-    pub(crate) fn of<P: 'static>() -> Bind {
-        if std::any::TypeId::of::<P>()
-            == std::any::TypeId::of::<opentelemetry_sdk::metrics::SdkMeterProvider>()
-        {
-            Bind::Bound
-        } else {
-            Bind::Unbound
-        }
-    }
-}
-
-/// The engine's own providers, handed to the builder: phasetrace records into them and builds
-/// no pipeline of its own for their signals.
-#[derive(Clone, Default)]
-pub(crate) struct Given {
-    pub(crate) meter: Option<Arc<dyn MeterProvider + Send + Sync>>,
-    /// Whether `meter` is known to be an `SdkMeterProvider` (its type said so at
-    /// `with_meter_provider`): only then do its instruments record through bound handles.
-    pub(crate) meter_bind: Bind,
-    pub(crate) tracer: Option<Arc<dyn ObjectSafeTracerProvider + Send + Sync>>,
-    /// `with_global_providers`: `meter` and `tracer` are `opentelemetry::global`'s, read when
-    /// `build()` runs.
-    pub(crate) global: bool,
-    /// Whether `meter`, an `SdkMeterProvider`, has a reader; `None` for another type.
-    pub(crate) meter_readers: Option<bool>,
-}
-
-impl std::fmt::Debug for Given {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Given")
-            .field("meter_provider", &self.meter.is_some())
-            .field("tracer_provider", &self.tracer.is_some())
-            .finish()
-    }
 }
 
 /// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
@@ -359,6 +307,7 @@ impl Wanted {
 struct Install<'a> {
     #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
     cfg: &'a Config,
+    given: &'a Given,
     wanted: Wanted,
     resource: &'a Resource,
     /// Present when phasetrace's own spans and a metrics sink of its own are on.
@@ -386,6 +335,9 @@ struct Install<'a> {
     prometheus: Option<PrometheusServer>,
     #[cfg(feature = "prometheus")]
     native: Option<self::prometheus::Native>,
+    /// The engine's meter, and its tracer (see `given::install`).
+    meters: Vec<ProviderMeter>,
+    tracer: Option<BoxedTracer>,
     /// phasetrace's own tracer provider (OTLP or console spans).
     tracer_provider: Option<SdkTracerProvider>,
 }
@@ -394,10 +346,11 @@ struct Install<'a> {
 /// tracer provider to the [`Install`]; does nothing when it is not configured.
 type Installer = fn(&mut Install<'_>) -> Result<(), ExportError>;
 
-/// The exporters, in the order they install: OTLP metrics before the endpoint (whose scrapes
-/// may share its reader), OTLP spans before console spans (never both: the configuration
-/// selects one).
+/// The exporters, in the order they install: the engine's providers first (its meter is the
+/// first), OTLP metrics before the endpoint (whose scrapes may share its reader), OTLP spans
+/// before console spans (never both: the configuration selects one).
 const INSTALLERS: &[Installer] = &[
+    given::install,
     #[cfg(feature = "otlp")]
     otlp::install_metrics,
     #[cfg(feature = "prometheus")]
@@ -429,6 +382,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
 
     let mut x = Install {
         cfg,
+        given,
         wanted,
         resource: &resource,
         exemplars: &exemplars,
@@ -446,6 +400,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         prometheus: None,
         #[cfg(feature = "prometheus")]
         native: None,
+        meters: Vec::new(),
+        tracer: None,
         tracer_provider: None,
     };
     for install in INSTALLERS {
@@ -462,6 +418,8 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         prometheus,
         #[cfg(feature = "prometheus")]
         native,
+        meters: engine_meters,
+        tracer: engine_tracer,
         tracer_provider: own_tracer_provider,
         ..
     } = x;
@@ -472,7 +430,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
 
     let own_meters = OwnMeters::build(
         &resource,
-        given,
+        engine_meters,
         #[cfg(feature = "prometheus")]
         native,
         otlp_reader,
@@ -486,13 +444,14 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         prometheus.as_ref(),
         export_counts,
     );
-    let tracer = match (&given.tracer, &own_tracer_provider) {
-        (Some(p), _) => Some(BoxedTracer::new(p.boxed_tracer(scope()))),
-        (None, Some(p)) => Some(BoxedTracer::new(Box::new(
-            opentelemetry::trace::TracerProvider::tracer_with_scope(p, scope()),
-        ))),
-        (None, None) => None,
-    };
+    // The engine's tracer, else phasetrace's own (never both: `Wanted`).
+    let tracer = engine_tracer.or_else(|| {
+        own_tracer_provider.as_ref().map(|p| {
+            BoxedTracer::new(Box::new(
+                opentelemetry::trace::TracerProvider::tracer_with_scope(p, scope()),
+            ))
+        })
+    });
     let OwnMeters {
         meters,
         providers: own_meter_providers,
@@ -522,12 +481,12 @@ struct OwnMeters {
 }
 
 impl OwnMeters {
-    /// The engine's meter first, then phasetrace's own providers over `otlp` and `prometheus`
+    /// The engine's meter (`engine`) first, then phasetrace's own providers over `otlp` and `prometheus`
     /// (one, or two when OTLP is exponential and the endpoint keeps explicit buckets), and the
     /// native provider over the endpoint's native reader.
     fn build<O, P>(
         res: &Resource,
-        given: &Given,
+        engine: Vec<ProviderMeter>,
         #[cfg(feature = "prometheus")] native_reader: Option<self::prometheus::Native>,
         otlp: Option<O>,
         prometheus: Option<P>,
@@ -545,16 +504,7 @@ impl OwnMeters {
             b.with_view(view(exp)).build()
         };
         let mut own = OwnMeters {
-            meters: given
-                .meter
-                .iter()
-                .map(|p| ProviderMeter {
-                    meter: p.meter_with_scope(scope()),
-                    bind: given.meter_bind,
-                    distributions: None,
-                    twins: None,
-                })
-                .collect(),
+            meters: engine,
             providers: Vec::new(),
         };
         // The native provider: exponential histograms only (its view), read by the protobuf
