@@ -1014,6 +1014,134 @@ pub(crate) fn parse_kv_list(s: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// The general OTLP settings (`OTEL_EXPORTER_OTLP_*`), which a signal's own override.
+struct OtlpGeneral {
+    endpoint: Option<String>,
+    protocol: Protocol,
+    headers: Vec<(String, String)>,
+    timeout: Duration,
+    compression: Compression,
+    certificate: Option<PathBuf>,
+    histogram: HistogramAggregation,
+}
+
+impl OtlpGeneral {
+    fn read(src: &mut Sources<'_>) -> Result<OtlpGeneral, ConfigError> {
+        use settings as s;
+        Ok(OtlpGeneral {
+            endpoint: src.value(&s::OTLP_ENDPOINT)?,
+            protocol: src.value(&s::OTLP_PROTOCOL)?,
+            headers: src.value(&s::OTLP_HEADERS)?,
+            timeout: src.value(&s::OTLP_TIMEOUT)?,
+            compression: src.value(&s::OTLP_COMPRESSION)?,
+            certificate: src.value(&s::OTLP_CERTIFICATE)?,
+            histogram: src.value(&s::OTLP_HISTOGRAM)?,
+        })
+    }
+
+    /// The general connection ([`Config::otlp`]), when an endpoint is set.
+    fn config(&self) -> Option<OtlpConfig> {
+        self.endpoint.clone().map(|endpoint| OtlpConfig {
+            protocol: self.protocol,
+            endpoint,
+            headers: self.headers.clone(),
+            timeout: self.timeout,
+            gzip: self.compression == Compression::Gzip,
+            certificate: self.certificate.clone(),
+            histogram: self.histogram,
+            vars: OtlpVars::GENERAL,
+        })
+    }
+
+    /// A signal's connection. A signal's own variable wins over the general one (the OTel SDK
+    /// environment spec); the general endpoint gets the signal's path over HTTP, a signal's own
+    /// is used as is.
+    fn for_signal(&self, sig: &Signal, given: &SignalGiven) -> Option<OtlpConfig> {
+        let protocol = given.protocol.unwrap_or(self.protocol);
+        let endpoint = match (&given.endpoint, &self.endpoint) {
+            (Some(e), _) => e.clone(),
+            (None, Some(e)) if protocol == Protocol::HttpProtobuf => format!("{e}{}", sig.path),
+            (None, Some(e)) => e.clone(),
+            (None, None) => return None,
+        };
+        Some(OtlpConfig {
+            endpoint,
+            protocol,
+            headers: given
+                .headers
+                .clone()
+                .unwrap_or_else(|| self.headers.clone()),
+            timeout: given.timeout.unwrap_or(self.timeout),
+            gzip: given.compression.unwrap_or(self.compression) == Compression::Gzip,
+            certificate: given
+                .certificate
+                .clone()
+                .or_else(|| self.certificate.clone()),
+            histogram: self.histogram,
+            vars: OtlpVars {
+                endpoint: if given.endpoint.is_some() {
+                    sig.endpoint.var
+                } else {
+                    OtlpVars::GENERAL.endpoint
+                },
+                headers: if given.headers.is_some() {
+                    sig.headers.var
+                } else {
+                    OtlpVars::GENERAL.headers
+                },
+                certificate: if given.certificate.is_some() {
+                    sig.certificate.var
+                } else {
+                    OtlpVars::GENERAL.certificate
+                },
+            },
+        })
+    }
+}
+
+/// Refuses a signal's OTLP connection that this build cannot make (its protocol's feature is
+/// off) or that names a CA for a plain `http://` endpoint.
+fn check_otlp(
+    src: &Sources<'_>,
+    sig: &Signal,
+    given: &SignalGiven,
+    o: &OtlpConfig,
+) -> Result<(), ConfigError> {
+    let protocol_var = if given.protocol.is_some() {
+        sig.protocol.var
+    } else {
+        env::OTEL_EXPORTER_OTLP_PROTOCOL
+    };
+    // A protocol nobody set is the default's: say so, and what asked for OTLP.
+    let asked = match src.origins.get(protocol_var) {
+        Some(_) => format!("{protocol_var}={}", o.protocol),
+        None => format!(
+            "{}={} ({protocol_var} unset: {} by default)",
+            o.vars.endpoint, o.endpoint, o.protocol
+        ),
+    };
+    let (endpoint_var, certificate_var) = (o.vars.endpoint, o.vars.certificate);
+    if !protocol_compiled(o.protocol) {
+        let feature = match o.protocol {
+            Protocol::Grpc => "otlp-grpc",
+            Protocol::HttpProtobuf => "otlp-http",
+        };
+        return Err(ConfigError::Conflict(format!(
+            "{asked}: this build of phasetrace has no OTLP {} exporter for {} \
+             (its cargo feature `{feature}` is off): enable the feature, or choose \
+             another protocol",
+            o.protocol, sig.name
+        )));
+    }
+    if o.certificate.is_some() && !o.endpoint.starts_with("https://") {
+        return Err(ConfigError::Conflict(format!(
+            "{certificate_var} is set but {endpoint_var}={} is not an https:// endpoint",
+            o.endpoint
+        )));
+    }
+    Ok(())
+}
+
 impl ConfigBuilder {
     /// Resolves defaults, then `get` (the environment), then the settings in code.
     pub(crate) fn resolve_with(
@@ -1044,13 +1172,7 @@ impl ConfigBuilder {
         let plain = table::Plain::read(&mut src)?;
         let summary_every = src.get(&s::SUMMARY_EVERY)?;
         let prometheus = src.get(&s::PROMETHEUS)?;
-        let endpoint = src.value(&s::OTLP_ENDPOINT)?;
-        let protocol = src.value(&s::OTLP_PROTOCOL)?;
-        let headers = src.value(&s::OTLP_HEADERS)?;
-        let timeout = src.value(&s::OTLP_TIMEOUT)?;
-        let compression = src.value(&s::OTLP_COMPRESSION)?;
-        let certificate = src.value(&s::OTLP_CERTIFICATE)?;
-        let histogram = src.value(&s::OTLP_HISTOGRAM)?;
+        let otlp = OtlpGeneral::read(&mut src)?;
         let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
         let shutdown_timeout = src.value(&s::SHUTDOWN_TIMEOUT)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
@@ -1059,7 +1181,7 @@ impl ConfigBuilder {
         let mut given_metrics = src.signal_given(&METRICS)?;
         // `with_otlp_endpoint(None)` means no OTLP: a signal's endpoint from the environment
         // does not bring it back (one set in code for that signal does).
-        if endpoint.is_none() && src.origins.get(s::OTLP_ENDPOINT.var) == Some(&Origin::Code) {
+        if otlp.endpoint.is_none() && src.origins.get(s::OTLP_ENDPOINT.var) == Some(&Origin::Code) {
             for (sig, given) in [(&TRACES, &mut given_traces), (&METRICS, &mut given_metrics)] {
                 if src.origins.get(sig.endpoint.var) == Some(&Origin::Env) {
                     given.endpoint = None;
@@ -1067,55 +1189,8 @@ impl ConfigBuilder {
                 }
             }
         }
-        let general = endpoint.clone().map(|endpoint| OtlpConfig {
-            protocol,
-            endpoint,
-            headers: headers.clone(),
-            timeout,
-            gzip: compression == Compression::Gzip,
-            certificate: certificate.clone(),
-            histogram,
-            vars: OtlpVars::GENERAL,
-        });
-        // A signal's own variable wins over the general one (the OTel SDK environment spec);
-        // the general endpoint gets the signal's path over HTTP, a signal's own is used as is.
-        let for_signal = |sig: &Signal, given: &SignalGiven| -> Option<OtlpConfig> {
-            let protocol = given.protocol.unwrap_or(protocol);
-            let endpoint = match (&given.endpoint, &endpoint) {
-                (Some(e), _) => e.clone(),
-                (None, Some(e)) if protocol == Protocol::HttpProtobuf => format!("{e}{}", sig.path),
-                (None, Some(e)) => e.clone(),
-                (None, None) => return None,
-            };
-            Some(OtlpConfig {
-                endpoint,
-                protocol,
-                headers: given.headers.clone().unwrap_or_else(|| headers.clone()),
-                timeout: given.timeout.unwrap_or(timeout),
-                gzip: given.compression.unwrap_or(compression) == Compression::Gzip,
-                certificate: given.certificate.clone().or_else(|| certificate.clone()),
-                histogram,
-                vars: OtlpVars {
-                    endpoint: if given.endpoint.is_some() {
-                        sig.endpoint.var
-                    } else {
-                        OtlpVars::GENERAL.endpoint
-                    },
-                    headers: if given.headers.is_some() {
-                        sig.headers.var
-                    } else {
-                        OtlpVars::GENERAL.headers
-                    },
-                    certificate: if given.certificate.is_some() {
-                        sig.certificate.var
-                    } else {
-                        OtlpVars::GENERAL.certificate
-                    },
-                },
-            })
-        };
-        let traces_endpoint = for_signal(&TRACES, &given_traces);
-        let metrics_endpoint = for_signal(&METRICS, &given_metrics);
+        let traces_endpoint = otlp.for_signal(&TRACES, &given_traces);
+        let metrics_endpoint = otlp.for_signal(&METRICS, &given_metrics);
 
         let metrics_explicit = metrics_exporters.is_some();
         let metrics = metrics_exporters.unwrap_or(MetricsExporters {
@@ -1156,43 +1231,51 @@ impl ConfigBuilder {
             (&TRACES, &given_traces, &traces_otlp),
             (&METRICS, &given_metrics, &metrics_otlp),
         ] {
-            let Some(o) = o else { continue };
-            let protocol_var = if given.protocol.is_some() {
-                sig.protocol.var
-            } else {
-                env::OTEL_EXPORTER_OTLP_PROTOCOL
-            };
-            // A protocol nobody set is the default's: say so, and what asked for OTLP.
-            let asked = match src.origins.get(protocol_var) {
-                Some(_) => format!("{protocol_var}={}", o.protocol),
-                None => format!(
-                    "{}={} ({protocol_var} unset: {} by default)",
-                    o.vars.endpoint, o.endpoint, o.protocol
-                ),
-            };
-            let (endpoint_var, certificate_var) = (o.vars.endpoint, o.vars.certificate);
-            if !protocol_compiled(o.protocol) {
-                let feature = match o.protocol {
-                    Protocol::Grpc => "otlp-grpc",
-                    Protocol::HttpProtobuf => "otlp-http",
-                };
-                return Err(ConfigError::Conflict(format!(
-                    "{asked}: this build of phasetrace has no OTLP {} exporter for {} \
-                     (its cargo feature `{feature}` is off): enable the feature, or choose \
-                     another protocol",
-                    o.protocol, sig.name
-                )));
-            }
-            if o.certificate.is_some() && !o.endpoint.starts_with("https://") {
-                return Err(ConfigError::Conflict(format!(
-                    "{certificate_var} is set but {endpoint_var}={} is not an https:// endpoint",
-                    o.endpoint
-                )));
+            if let Some(o) = o {
+                check_otlp(&src, sig, given, o)?;
             }
         }
 
-        // The embedded Prometheus endpoint is the default when metrics are pushed nowhere.
-        let listen = match prometheus {
+        let listen = self.listen(
+            &src,
+            prometheus,
+            &metrics,
+            metrics_explicit,
+            metrics_otlp.is_some(),
+        )?;
+        let prometheus = listen
+            .for_rank(plain.rank)
+            .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
+
+        Ok(Config::assemble(
+            plain,
+            table::Derived {
+                summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
+                prometheus,
+                otlp: otlp.config(),
+                traces_otlp,
+                traces_console: traces_exporter == Some(TracesExporter::Console),
+                metrics_otlp,
+                given_traces,
+                given_metrics,
+                shutdown_timeout,
+                origins: src.origins,
+                alias_warnings: src.alias_warnings,
+            },
+        ))
+    }
+
+    /// Where the embedded Prometheus endpoint listens: `set` when given; otherwise the built-in
+    /// address when metrics are pushed nowhere, and off when the engine gave a provider.
+    fn listen(
+        &self,
+        src: &Sources<'_>,
+        set: Option<Listen>,
+        metrics: &MetricsExporters,
+        metrics_explicit: bool,
+        metrics_otlp: bool,
+    ) -> Result<Listen, ConfigError> {
+        Ok(match set {
             Some(l) if l != Listen::Off && !cfg!(feature = "prometheus") => {
                 return Err(ConfigError::Conflict(format!(
                     "{}={l}: this build of phasetrace has no Prometheus endpoint (its cargo \
@@ -1205,31 +1288,11 @@ impl ConfigBuilder {
             // whatever features the build has.
             None if self.embedded && !metrics.prometheus => Listen::Off,
             None if !cfg!(feature = "prometheus") => Listen::Off,
-            None if metrics.prometheus || (!metrics_explicit && metrics_otlp.is_none()) => {
+            None if metrics.prometheus || (!metrics_explicit && !metrics_otlp) => {
                 src.builtin_listen()?
             }
             None => Listen::Off,
-        };
-        let prometheus = listen
-            .for_rank(plain.rank)
-            .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
-
-        Ok(Config::assemble(
-            plain,
-            table::Derived {
-                summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
-                prometheus,
-                otlp: general,
-                traces_otlp,
-                traces_console: traces_exporter == Some(TracesExporter::Console),
-                metrics_otlp,
-                given_traces,
-                given_metrics,
-                shutdown_timeout,
-                origins: src.origins,
-                alias_warnings: src.alias_warnings,
-            },
-        ))
+        })
     }
 }
 

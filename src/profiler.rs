@@ -360,9 +360,8 @@ impl Start {
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
-            .zip(&exporters.binds)
-            .zip(exporters.distributions.iter().zip(&exporters.twins))
-            .map(|((m, &bind), (d, t))| {
+            .map(|pm| {
+                let (m, bind, d, t) = (&pm.meter, pm.bind, &pm.distributions, &pm.twins);
                 let exponential_before = crate::export::views::exponential_views_applied();
                 let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
                     .with_experts(m, &shared.experts)

@@ -729,6 +729,9 @@ fn rank_loop(
     Ok(())
 }
 
+/// A rank thread: its recorder comes back with its result.
+type RankThread = std::thread::JoinHandle<(Recorder, Result<(), RendezvousError>)>;
+
 pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     if a.engine == Engine::Candle {
         #[cfg(feature = "candle")]
@@ -750,7 +753,55 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         None => (0..a.ranks).collect(),
     };
 
-    // 1. The profiler: defaults, then environment, then flags. The demo records by default.
+    // 1. Setup: the profiler, the plan, the group the ranks meet in.
+    let (profiler, timing, streams) = setup_profiler(&a, &local)?;
+    let stop_requested = Arc::new(AtomicBool::new(false));
+    {
+        let s = stop_requested.clone();
+        // A second Ctrl-C while flushing falls back to the default action.
+        let _ = ctrlc::set_handler(move || {
+            if s.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let plan = Arc::new(Plan::of(&a));
+    let group = setup_group(&a, &profiler, &local, stop_requested.clone())?;
+
+    // 2. The rank loops: one recorder per rank thread.
+    let handles = spawn_ranks(
+        &a, &profiler, &local, streams, timing, &dists, &plan, &group,
+    )?;
+    if let Some((r, n)) = plan.hang
+        && local.contains(&r)
+    {
+        eprintln!(
+            "phasetrace: rank {r} will hang in its step {n} (--hang-rank), inside layer 0's attention mixer"
+        );
+    }
+    let tty = std::io::stderr().is_terminal();
+    watch(&handles, &stop_requested, &group, &plan, tty);
+    let (recorders, failure) = join_ranks(&a, handles, &local, &plan, tty);
+
+    // 3. The report.
+    report(&a, &profiler, &group, &plan);
+    if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
+        let until = Instant::now() + Duration::from_secs_f64(a.linger);
+        while Instant::now() < until && !stop_requested.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(recorders);
+    profiler.shutdown();
+    failure.map_or(Ok(()), Err)
+}
+
+/// The profiler: defaults, then environment, then flags (the demo records by default); the
+/// timing backend, and the (simulated) stream of each local rank when it needs one.
+fn setup_profiler(
+    a: &DemoArgs,
+    local: &[u32],
+) -> Result<(Profiler, Timing, Vec<Option<SimStream>>), Failure> {
     let mut builder = Profiler::builder().with_level(SectionLevel::Full);
     if let Some(r) = a.rank {
         builder = builder.with_rank(r);
@@ -795,41 +846,46 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             o.endpoint
         );
     }
+    Ok((profiler, timing, streams))
+}
 
-    let stop_requested = Arc::new(AtomicBool::new(false));
-    {
-        let s = stop_requested.clone();
-        // A second Ctrl-C while flushing falls back to the default action.
-        let _ = ctrlc::set_handler(move || {
-            if s.swap(true, Ordering::Relaxed) {
-                std::process::exit(130);
-            }
-        });
+impl Plan {
+    fn of(a: &DemoArgs) -> Plan {
+        Plan {
+            layers: a.layers,
+            dense_layers: a.dense_layers,
+            dsa_every: a.dsa_every,
+            experts: a.experts,
+            top_k: a.top_k,
+            max_steps: (!a.forever && a.duration.is_none()).then_some(a.steps),
+            deadline: if a.forever {
+                None
+            } else {
+                a.duration.map(Duration::from_secs_f64)
+            },
+            straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
+            straggler_period: a.straggler_period,
+            straggler_factor: a.straggler_factor,
+            slow_steps: a.slow_steps.map(|n| (n, a.slow_factor)),
+            hang: a.hang_rank.map(|r| (r, a.hang_after_steps)),
+            spec: a.spec,
+            acceptance: a.acceptance,
+            ranks: a.ranks,
+            route_skew: a.route_skew,
+            expert_parallel: a.expert_parallel,
+            seed: a.seed,
+        }
     }
-    let plan = Arc::new(Plan {
-        layers: a.layers,
-        dense_layers: a.dense_layers,
-        dsa_every: a.dsa_every,
-        experts: a.experts,
-        top_k: a.top_k,
-        max_steps: (!a.forever && a.duration.is_none()).then_some(a.steps),
-        deadline: if a.forever {
-            None
-        } else {
-            a.duration.map(Duration::from_secs_f64)
-        },
-        straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
-        straggler_period: a.straggler_period,
-        straggler_factor: a.straggler_factor,
-        slow_steps: a.slow_steps.map(|n| (n, a.slow_factor)),
-        hang: a.hang_rank.map(|r| (r, a.hang_after_steps)),
-        spec: a.spec,
-        acceptance: a.acceptance,
-        ranks: a.ranks,
-        route_skew: a.route_skew,
-        expert_parallel: a.expert_parallel,
-        seed: a.seed,
-    });
+}
+
+/// The group the local ranks meet in (threads, or a TCP rendezvous with --rank), with the
+/// request scheduler when this process schedules requests.
+fn setup_group(
+    a: &DemoArgs,
+    profiler: &Profiler,
+    local: &[u32],
+    stop_requested: Arc<AtomicBool>,
+) -> Result<Arc<Group>, Failure> {
     let meeting = match (&a.rendezvous, a.rank) {
         (Some(addr), Some(r)) => {
             eprintln!(
@@ -856,7 +912,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     let group = Arc::new(Group {
         meeting,
         counter: local[0],
-        stop_requested: stop_requested.clone(),
+        stop_requested,
         stop_now: AtomicBool::new(false),
         steps_done: AtomicU64::new(0),
         tokens_done: AtomicU64::new(0),
@@ -867,25 +923,37 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
     // of processes (whose steps then serve no batch).
     if a.requests.request_rate > 0.0 && a.rank.is_none_or(|r| r == 0) {
         let spec = a.spec.map(|k| (k, a.acceptance));
-        let s = Scheduler::new(&a.requests, &profiler, a.seed, spec)?;
+        let s = Scheduler::new(&a.requests, profiler, a.seed, spec)?;
         *group
             .serving
             .scheduler
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(s);
     }
+    Ok(group)
+}
 
-    // 2. One recorder per rank thread.
+/// Starts one thread per local rank, each with its recorder, running [`rank_loop`].
+#[allow(clippy::too_many_arguments)]
+fn spawn_ranks(
+    a: &DemoArgs,
+    profiler: &Profiler,
+    local: &[u32],
+    streams: Vec<Option<SimStream>>,
+    timing: Timing,
+    dists: &HashMap<&'static str, Dist>,
+    plan: &Arc<Plan>,
+    group: &Arc<Group>,
+) -> Result<Vec<RankThread>, Failure> {
     let mut handles = Vec::new();
-    for (&rank, stream) in local.iter().zip(&streams) {
-        let stream = stream.clone();
+    for (&rank, stream) in local.iter().zip(streams) {
         let mut opts = RecorderOptions::new().rank(rank);
         if let Some(s) = &stream {
             opts = opts.clock(phasetrace_sim::clock(s, timing));
         }
         let rec = profiler.recorder_with(opts);
         let work = Work::new(
-            &dists,
+            dists,
             a.seed.wrapping_add(u64::from(rank)),
             a.time_scale,
             Duration::from_micros(a.spin_us),
@@ -904,15 +972,18 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
                 .map_err(Failure::runtime)?,
         );
     }
-    if let Some((r, n)) = plan.hang
-        && local.contains(&r)
-    {
-        eprintln!(
-            "phasetrace: rank {r} will hang in its step {n} (--hang-rank), inside layer 0's attention mixer"
-        );
-    }
+    Ok(handles)
+}
 
-    let tty = std::io::stderr().is_terminal();
+/// Waits for the rank threads (at most [`STOP_GRACE`] after a stop request), showing progress
+/// on a terminal.
+fn watch(
+    handles: &[RankThread],
+    stop_requested: &AtomicBool,
+    group: &Group,
+    plan: &Plan,
+    tty: bool,
+) {
     let mut stop_seen: Option<Instant> = None;
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(250));
@@ -934,10 +1005,21 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             let _ = std::io::stderr().flush();
         }
     }
+}
+
+/// The recorders of the rank threads that finished, and the first failure: a rank's error, a
+/// panic, or ranks still blocked inside a step (unless --hang-rank asked for it).
+fn join_ranks(
+    a: &DemoArgs,
+    handles: Vec<RankThread>,
+    local: &[u32],
+    plan: &Plan,
+    tty: bool,
+) -> (Vec<Recorder>, Option<Failure>) {
     let mut failure = None;
     let mut recorders = Vec::new();
     let mut blocked = Vec::new();
-    for (h, rank) in handles.into_iter().zip(&local) {
+    for (h, rank) in handles.into_iter().zip(local) {
         if !h.is_finished() {
             // Stopped while it is blocked inside a step: left behind (its thread ends with
             // the process).
@@ -980,6 +1062,12 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             failure.get_or_insert(f);
         }
     }
+    (recorders, failure)
+}
+
+/// The closing report: the summary table (unless the profiler prints it), steps, tokens,
+/// sections, spans and drops, the requests, the steps made slow.
+fn report(a: &DemoArgs, profiler: &Profiler, group: &Group, plan: &Plan) {
     let wall = group.started.elapsed().as_secs_f64();
     let steps = group.steps_done.load(Ordering::Relaxed);
     let tokens = group.tokens_done.load(Ordering::Relaxed);
@@ -1026,13 +1114,4 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             stats.dropped[phasetrace::DropReason::TailBudget],
         );
     }
-    if a.linger > 0.0 && !stop_requested.load(Ordering::Relaxed) {
-        let until = Instant::now() + Duration::from_secs_f64(a.linger);
-        while Instant::now() < until && !stop_requested.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    drop(recorders);
-    profiler.shutdown();
-    failure.map_or(Ok(()), Err)
 }

@@ -36,3 +36,20 @@ impl SpanExporter for ConsoleSpanExporter {
         Ok(())
     }
 }
+
+/// Installs console spans (`OTEL_TRACES_EXPORTER=console`, no tracer provider of the engine's):
+/// phasetrace's own tracer provider over the counted console exporter. OTLP spans win (the
+/// configuration never selects both).
+pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), super::ExportError> {
+    if x.wanted.traces_console && !x.wanted.traces_otlp {
+        x.tracer_provider = Some(super::tracer_provider(
+            x.resource.clone(),
+            super::counted::Counted::new(
+                ConsoleSpanExporter,
+                x.span_counts.clone(),
+                x.exemplars.clone(),
+            ),
+        ));
+    }
+    Ok(())
+}

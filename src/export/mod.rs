@@ -1,5 +1,7 @@
 //! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
-//! lookup of the engine's current `tracing` span (`tracing_layer`).
+//! engine's own providers. Each of phasetrace's own is installed by its module's `install`
+//! function (one signature, `Installer`; `build` walks `INSTALLERS`), which adds its reader,
+//! server or tracer provider to the one `Install` they all share.
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
@@ -10,7 +12,7 @@
 //!                                                   protobuf with native histograms, gzip)
 //!        ──> native provider (with the endpoint): ManualReader that only the protobuf
 //!            scrape reads: the per-layer distributions and the exponential twins of the
-//!            explicit-bucket duration histograms (see `Exporters::distributions`, `twins`)
+//!            explicit-bucket duration histograms (see `ProviderMeter::distributions`, `twins`)
 //!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```
@@ -18,14 +20,13 @@
 mod console;
 mod counted;
 pub(crate) mod exemplars;
+mod given;
 #[cfg(feature = "otlp")]
 pub(crate) mod otlp;
 #[cfg(feature = "prometheus")]
 pub(crate) mod prometheus;
 #[cfg(feature = "otlp")]
 mod proto_metrics;
-#[cfg(feature = "tracing")]
-pub(crate) mod tracing_layer;
 #[cfg(feature = "otlp")]
 pub(crate) mod transport;
 pub(crate) mod views;
@@ -34,18 +35,16 @@ pub(crate) mod views;
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
+pub(crate) use self::given::{Bind, Given};
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
 #[cfg(feature = "prometheus")]
-pub(crate) use self::prometheus::{PrometheusServer, reload, web_config};
+pub(crate) use self::prometheus::{PrometheusServer, web_config};
 pub use self::views::view;
 
 use crate::config::Config;
-#[cfg(feature = "otlp")]
-use crate::config::HistogramAggregation;
 use crate::names::{Outcome, metric, resource};
-use crate::worker::sinks::metrics::aggregate::Bind;
-use opentelemetry::global::{BoxedTracer, ObjectSafeTracerProvider};
+use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::Resource;
@@ -55,6 +54,7 @@ use opentelemetry_sdk::trace::{
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -64,31 +64,6 @@ pub(crate) fn scope() -> InstrumentationScope {
     InstrumentationScope::builder(crate::names::SCOPE)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
-}
-
-/// The engine's own providers, handed to the builder: phasetrace records into them and builds
-/// no pipeline of its own for their signals.
-#[derive(Clone, Default)]
-pub(crate) struct Given {
-    pub(crate) meter: Option<Arc<dyn MeterProvider + Send + Sync>>,
-    /// Whether `meter` is known to be an `SdkMeterProvider` (its type said so at
-    /// `with_meter_provider`): only then do its instruments record through bound handles.
-    pub(crate) meter_bind: Bind,
-    pub(crate) tracer: Option<Arc<dyn ObjectSafeTracerProvider + Send + Sync>>,
-    /// `with_global_providers`: `meter` and `tracer` are `opentelemetry::global`'s, read when
-    /// `build()` runs.
-    pub(crate) global: bool,
-    /// Whether `meter`, an `SdkMeterProvider`, has a reader; `None` for another type.
-    pub(crate) meter_readers: Option<bool>,
-}
-
-impl std::fmt::Debug for Given {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Given")
-            .field("meter_provider", &self.meter.is_some())
-            .field("tracer_provider", &self.tracer.is_some())
-            .finish()
-    }
 }
 
 /// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
@@ -196,23 +171,31 @@ pub enum ExportError {
     Thread(std::io::Error),
 }
 
+/// What the worker's instruments on one meter provider need: its meter, how they record on it,
+/// and where its per-layer distributions and exponential twins go.
+#[derive(Clone, Debug)]
+pub(crate) struct ProviderMeter {
+    /// The meter the instruments are created on.
+    pub(crate) meter: Meter,
+    /// Whether it records through bound handles: its provider is an `SdkMeterProvider`
+    /// (phasetrace's own always are).
+    pub(crate) bind: Bind,
+    /// The meter its per-layer distributions are created on, if any (see `OwnMeters::push`):
+    /// always one of phasetrace's own SDK providers.
+    pub(crate) distributions: Option<Meter>,
+    /// The meter of the base-2 exponential twins of its explicit-bucket duration histograms
+    /// (the native halves of the protobuf scrape's histograms), if any: the native provider's,
+    /// for the meter that serves the endpoint.
+    pub(crate) twins: Option<Meter>,
+}
+
 /// The providers and servers behind one profiler: what the worker records into (meters and a
 /// tracer, the engine's or phasetrace's own) and what phasetrace owns and so shuts down.
 pub(crate) struct Exporters {
     /// The meters the worker's instruments are created on, one per provider: the engine's
     /// (given), and phasetrace's own (OTLP and Prometheus; two when OTLP uses exponential
     /// histograms and the Prometheus endpoint keeps explicit buckets).
-    pub(crate) meters: Vec<Meter>,
-    /// For each of [`Exporters::meters`], whether it records through bound handles: its
-    /// provider is an `SdkMeterProvider` (phasetrace's own always are).
-    pub(crate) binds: Vec<Bind>,
-    /// For each of [`Exporters::meters`], the meter its per-layer distributions are created
-    /// on, if any (see `build`): always one of phasetrace's own SDK providers.
-    pub(crate) distributions: Vec<Option<Meter>>,
-    /// For each of [`Exporters::meters`], the meter of the base-2 exponential twins of its
-    /// explicit-bucket duration histograms (the native halves of the protobuf scrape's
-    /// histograms), if any: the native provider's, for the meter that serves the endpoint.
-    pub(crate) twins: Vec<Option<Meter>>,
+    pub(crate) meters: Vec<ProviderMeter>,
     /// Set by the endpoint when it serves its first protobuf scrape: the twins are recorded
     /// from then on (a text-only scraper never pays for them).
     pub(crate) native_wanted: Arc<std::sync::atomic::AtomicBool>,
@@ -293,306 +276,188 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok())
 }
 
+/// Which of phasetrace's own pipelines `cfg` asks for, given the engine's providers: the
+/// engine's meter provider carries the metrics (no OTLP metrics pipeline of phasetrace's), its
+/// tracer provider the spans.
+#[derive(Clone, Copy, Debug)]
+struct Wanted {
+    metrics_otlp: bool,
+    traces_otlp: bool,
+    traces_console: bool,
+}
+
+impl Wanted {
+    fn of(cfg: &Config, given: &Given) -> Wanted {
+        Wanted {
+            metrics_otlp: given.meter.is_none() && cfg.metrics_otlp.is_some(),
+            traces_otlp: given.tracer.is_none() && cfg.traces_otlp.is_some(),
+            traces_console: given.tracer.is_none() && cfg.traces_console,
+        }
+    }
+
+    fn own_traces(self) -> bool {
+        self.traces_otlp || self.traces_console
+    }
+}
+
+/// The exporter seam: what every exporter's install step reads (the first group of fields)
+/// and what it adds (the second). One install function per exporter, in its own module, of
+/// the one signature [`Installer`]; [`build`] walks [`INSTALLERS`] in order, then builds the
+/// meter providers over the readers they added and the tracer over their tracer provider.
+struct Install<'a> {
+    #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
+    cfg: &'a Config,
+    given: &'a Given,
+    wanted: Wanted,
+    resource: &'a Resource,
+    /// Present when phasetrace's own spans and a metrics sink of its own are on.
+    exemplars: &'a Option<Arc<ExemplarStore>>,
+    /// What a span exporter of phasetrace's own delivered and lost (its `Counted` wrapper).
+    span_counts: &'a Arc<SpanCounts>,
+    /// Set by the endpoint at its first protobuf scrape (see [`Exporters::native_wanted`]).
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    native_wanted: &'a Arc<AtomicBool>,
+    /// The tonic channels' runtime (gRPC only).
+    #[cfg(feature = "otlp")]
+    runtime: Option<&'a tokio::runtime::Runtime>,
+
+    /// The OTLP metrics reader (which the endpoint's scrapes share when the aggregation is the
+    /// same), its export counts, and whether its histograms are exponential.
+    #[cfg(feature = "otlp")]
+    otlp_reader: Option<OtlpMetricReader>,
+    export_counts: Option<Arc<counted::ExportCounts>>,
+    exponential: bool,
+    /// The endpoint's own reader (none when it shares the OTLP one), its server, and the
+    /// native reader that only its protobuf scrapes read.
+    #[cfg(feature = "prometheus")]
+    prometheus_reader: Option<self::prometheus::PrometheusReader>,
+    #[cfg(feature = "prometheus")]
+    prometheus: Option<PrometheusServer>,
+    #[cfg(feature = "prometheus")]
+    native: Option<self::prometheus::Native>,
+    /// The engine's meter, and its tracer (see `given::install`).
+    meters: Vec<ProviderMeter>,
+    tracer: Option<BoxedTracer>,
+    /// phasetrace's own tracer provider (OTLP or console spans).
+    tracer_provider: Option<SdkTracerProvider>,
+}
+
+/// One exporter's install step: reads what `cfg` asks of it and adds its reader, server or
+/// tracer provider to the [`Install`]; does nothing when it is not configured.
+type Installer = fn(&mut Install<'_>) -> Result<(), ExportError>;
+
+/// The exporters, in the order they install: the engine's providers first (its meter is the
+/// first), OTLP metrics before the endpoint (whose scrapes may share its reader), OTLP spans
+/// before console spans (never both: the configuration selects one).
+const INSTALLERS: &[Installer] = &[
+    given::install,
+    #[cfg(feature = "otlp")]
+    otlp::install_metrics,
+    #[cfg(feature = "prometheus")]
+    self::prometheus::install,
+    #[cfg(feature = "otlp")]
+    otlp::install_traces,
+    console::install,
+];
+
 /// Builds what `cfg` asks for around the providers the engine gave. Run it off any async runtime
 /// of the caller's (the blocking HTTP client and the OTLP runtime must not be created or dropped
 /// on an async thread): [`crate::Profiler`] calls it on a thread of its own.
+///
+/// The steps: the OTLP runtime, each exporter's install ([`INSTALLERS`]), the meter providers
+/// over their readers (after the engine's meter), the exporters' own metrics on every meter,
+/// the tracer (the engine's, or phasetrace's own).
 pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportError> {
-    let res = resource(cfg);
-    // The engine's meter provider carries the metrics: no OTLP metrics pipeline of phasetrace's.
-    let metrics_otlp = given.meter.is_none() && cfg.metrics_otlp.is_some();
-    let traces_otlp = given.tracer.is_none() && cfg.traces_otlp.is_some();
-    let traces_console = given.tracer.is_none() && cfg.traces_console;
-    let own_traces = traces_otlp || traces_console;
+    let resource = resource(cfg);
+    let wanted = Wanted::of(cfg, given);
     #[cfg(feature = "otlp")]
-    let runtime = {
-        let grpc = |o: Option<&crate::config::OtlpConfig>, on: bool| {
-            on && o.is_some_and(|o| o.protocol == crate::config::Protocol::Grpc)
-        };
-        if grpc(cfg.metrics_otlp.as_ref(), metrics_otlp)
-            || grpc(cfg.traces_otlp.as_ref(), traces_otlp)
-        {
-            Some(
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("phasetrace-otlp")
-                    .enable_all()
-                    .build()
-                    .map_err(ExportError::Thread)?,
-            )
-        } else {
-            None
-        }
-    };
+    let runtime = otlp::runtime(cfg, wanted)?;
     // Exemplars need both a trace of phasetrace's own to link to (its exporter says which spans
     // were delivered) and a sink of its own to show them on: the Prometheus endpoint
     // (OpenMetrics) or OTLP metrics.
-    let exemplars = (own_traces && (cfg.prometheus.is_some() || metrics_otlp))
+    let exemplars = (wanted.own_traces() && (cfg.prometheus.is_some() || wanted.metrics_otlp))
         .then(|| Arc::new(ExemplarStore::default()));
+    let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
+    let native_wanted = Arc::new(AtomicBool::new(false));
 
-    #[cfg(feature = "otlp")]
-    let (otlp_reader, export_counts, exponential) = {
-        let mut otlp_reader = None;
-        let mut export_counts = None;
-        if let (true, Some(o)) = (metrics_otlp, cfg.metrics_otlp.as_ref()) {
-            let counts = Arc::new(counted::ExportCounts::default());
-            // Traces off: the SDK's exporter, unchanged.
-            let inner = match &exemplars {
-                Some(store) => MetricsExporter::WithExemplars(
-                    proto_metrics::ProtoMetricExporter::new(o, runtime.as_ref(), store.clone())?,
-                ),
-                None => MetricsExporter::Sdk(otlp::metric_exporter(o, runtime.as_ref())?),
-            };
-            let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
-            export_counts = Some(counts);
-            otlp_reader = Some(
-                opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-                    .with_interval(cfg.metric_export_interval)
-                    .build(),
-            );
-        }
-        // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
-        let exponential = otlp_reader.is_some()
-            && cfg
-                .metrics_otlp
-                .as_ref()
-                .is_some_and(|o| o.histogram == HistogramAggregation::Exponential);
-        (otlp_reader, export_counts, exponential)
+    let mut x = Install {
+        cfg,
+        given,
+        wanted,
+        resource: &resource,
+        exemplars: &exemplars,
+        span_counts: &span_counts,
+        native_wanted: &native_wanted,
+        #[cfg(feature = "otlp")]
+        runtime: runtime.as_ref(),
+        #[cfg(feature = "otlp")]
+        otlp_reader: None,
+        export_counts: None,
+        exponential: false,
+        #[cfg(feature = "prometheus")]
+        prometheus_reader: None,
+        #[cfg(feature = "prometheus")]
+        prometheus: None,
+        #[cfg(feature = "prometheus")]
+        native: None,
+        meters: Vec::new(),
+        tracer: None,
+        tracer_provider: None,
     };
+    for install in INSTALLERS {
+        install(&mut x)?;
+    }
+    let Install {
+        #[cfg(feature = "otlp")]
+        otlp_reader,
+        export_counts,
+        exponential,
+        #[cfg(feature = "prometheus")]
+        prometheus_reader,
+        #[cfg(feature = "prometheus")]
+        prometheus,
+        #[cfg(feature = "prometheus")]
+        native,
+        meters: engine_meters,
+        tracer: engine_tracer,
+        tracer_provider: own_tracer_provider,
+        ..
+    } = x;
     #[cfg(not(feature = "otlp"))]
-    let (otlp_reader, export_counts, exponential): (
-        Option<SdkReaderStub>,
-        Option<Arc<counted::ExportCounts>>,
-        bool,
-    ) = (None, None, false);
-
-    // The endpoint's native histograms (the per-layer distributions, and the exponential
-    // twins of the explicit-bucket histograms) live on a provider and reader of their own
-    // that only the protobuf scrape reads: the text scrapes keep their shape and budget, and
-    // an OTLP exporter whose reader the scrapes share does not carry them.
-    #[cfg(feature = "prometheus")]
-    let mut native_reader: Option<self::prometheus::Native> = None;
-    let native_wanted = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    #[cfg(feature = "prometheus")]
-    let (prometheus_reader, prometheus) = match cfg.prometheus {
-        Some(addr) => {
-            let web = cfg
-                .prometheus_web_config
-                .as_deref()
-                .map(reload::LiveWebConfig::load)
-                .transpose()?;
-            // With the same aggregation on both sides, scrapes read the OTLP reader's (one
-            // aggregation, so the worker records each measurement once).
-            #[cfg(feature = "otlp")]
-            let shared = otlp_reader.clone().filter(|_| !exponential);
-            #[cfg(not(feature = "otlp"))]
-            let shared = None;
-            let native = self::prometheus::Native {
-                reader: self::prometheus::PrometheusReader::manual(),
-                wanted: native_wanted.clone(),
-            };
-            match self::prometheus::start(addr, web, exemplars.clone(), shared, native.clone()) {
-                Ok((reader, server)) => {
-                    native_reader = Some(native);
-                    (reader, Some(server))
-                }
-                // The built-in default address is a convenience, not a promise: taken (the
-                // engine's own exporter, another rank), it is said once and skipped.
-                Err(ExportError::PrometheusBind { addr, source })
-                    if cfg.origin(crate::names::env::PROMETHEUS)
-                        == crate::config::Origin::Default =>
-                {
-                    crate::diag::warning!(
-                        "the default Prometheus endpoint {addr} cannot listen \
-                         ({source}); running without it (set {}=host:port, or off, to choose)",
-                        crate::names::env::PROMETHEUS
-                    );
-                    (None, None)
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        None => (None, None),
-    };
+    let otlp_reader: Option<SdkReaderStub> = None;
     #[cfg(not(feature = "prometheus"))]
     let prometheus_reader: Option<SdkReaderStub> = None;
 
-    let mut own_meter_providers = Vec::new();
-    let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
-        let mut b = SdkMeterProvider::builder().with_resource(res.clone());
-        for r in readers {
-            b = r(b);
-        }
-        b.with_view(view(exp)).build()
-    };
-    // The native provider: exponential histograms only (its view), read by the protobuf
-    // scrape only.
-    #[cfg(feature = "prometheus")]
-    let native_meter = native_reader.map(|n| {
-        let p = provider(vec![with_reader(n.reader)], true);
-        let m = p.meter_with_scope(scope());
-        own_meter_providers.push(p);
-        m
+    let own_meters = OwnMeters::build(
+        &resource,
+        engine_meters,
+        #[cfg(feature = "prometheus")]
+        native,
+        otlp_reader,
+        prometheus_reader,
+        exponential,
+    );
+    let (outcome_counters, state_gauges) = self_metrics(
+        cfg,
+        &own_meters.meters,
+        #[cfg(feature = "prometheus")]
+        prometheus.as_ref(),
+        export_counts,
+    );
+    // The engine's tracer, else phasetrace's own (never both: `Wanted`).
+    let tracer = engine_tracer.or_else(|| {
+        own_tracer_provider.as_ref().map(|p| {
+            BoxedTracer::new(Box::new(
+                opentelemetry::trace::TracerProvider::tracer_with_scope(p, scope()),
+            ))
+        })
     });
-    #[cfg(not(feature = "prometheus"))]
-    let native_meter: Option<Meter> = None;
-    // The meters the instruments are created on and, for each, where its per-layer
-    // distributions and exponential twins go: the native provider's meter for the provider
-    // that serves the endpoint; the same meter (distributions only: its histograms are
-    // exponential already) for an OTLP exporter of exponential histograms; none otherwise
-    // (OTLP with explicit buckets only; the engine's own provider).
-    let mut meters: Vec<Meter> = given
-        .meter
-        .iter()
-        .map(|p| p.meter_with_scope(scope()))
-        .collect();
-    let mut binds: Vec<Bind> = vec![given.meter_bind; meters.len()];
-    let mut distributions: Vec<Option<Meter>> = vec![None; meters.len()];
-    let mut twins: Vec<Option<Meter>> = vec![None; meters.len()];
-    let mut own = |p: SdkMeterProvider, exponential_otlp: bool, serves_endpoint: bool| {
-        let m = p.meter_with_scope(scope());
-        let native = native_meter.clone().filter(|_| serves_endpoint);
-        distributions.push(
-            native
-                .clone()
-                .or_else(|| exponential_otlp.then(|| m.clone())),
-        );
-        twins.push(native);
-        meters.push(m);
-        binds.push(Bind::Bound);
-        own_meter_providers.push(p);
-    };
-    // Scrapes read this provider's reader when the endpoint runs and has none of its own.
-    let shared_with_endpoint = native_meter.is_some() && prometheus_reader.is_none();
-    match (otlp_reader, prometheus_reader, exponential) {
-        (Some(o), Some(p), true) => {
-            own(provider(vec![with_reader(o)], true), true, false);
-            own(provider(vec![with_reader(p)], false), false, true);
-        }
-        (None, None, _) => {}
-        (o, p, exp) => {
-            let serves = p.is_some() || shared_with_endpoint;
-            let mut readers = Vec::new();
-            if let Some(o) = o {
-                readers.push(with_reader(o));
-            }
-            if let Some(p) = p {
-                readers.push(with_reader(p));
-            }
-            own(provider(readers, exp), exp, serves);
-        }
-    }
-
-    // The web configuration file's reloads (and whether the last one worked) and the OTLP
-    // metrics exports, on every meter (OTLP and Prometheus, the engine's too).
-    let mut outcome_counters = Vec::new();
-    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
-    let mut state_gauges = Vec::new();
-    for m in &meters {
-        #[cfg(feature = "prometheus")]
-        if let Some(counts) = prometheus.as_ref().and_then(PrometheusServer::reloads) {
-            let last = counts.clone();
-            outcome_counters.push(outcome_counter(
-                m,
-                metric::PROMETHEUS_WEB_CONFIG_RELOADS,
-                metric::UNIT_RELOADS,
-                "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
-                &cfg.group,
-                move |r| counts.get(r),
-            ));
-            state_gauges.push(state_gauge(
-                m,
-                metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
-                "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
-                 0 after a change to it was refused (the configuration read before stays in force)",
-                &cfg.group,
-                move || last.last_successful(),
-            ));
-        }
-        #[cfg(feature = "prometheus")]
-        if let Some(server) = prometheus.as_ref() {
-            use crate::names::{AuthRefusal, ConnectionClose};
-            let closed = server.connections();
-            outcome_counters.push(reason_counter(
-                m,
-                metric::PROMETHEUS_CONNECTIONS_CLOSED,
-                metric::UNIT_CONNECTIONS,
-                "Connections the Prometheus endpoint closed before their client was done, by reason",
-                &cfg.group,
-                ConnectionClose::ALL.len(),
-                move |i| {
-                    let r = ConnectionClose::ALL[i];
-                    (r.as_str(), closed.get(r))
-                },
-            ));
-            if let Some(refused) = server.auth() {
-                outcome_counters.push(reason_counter(
-                    m,
-                    metric::PROMETHEUS_AUTH_REFUSED,
-                    metric::UNIT_REQUESTS,
-                    "Requests the Prometheus endpoint refused at basic auth, by reason",
-                    &cfg.group,
-                    AuthRefusal::ALL.len(),
-                    move |i| {
-                        let r = AuthRefusal::ALL[i];
-                        (r.as_str(), refused.get(r))
-                    },
-                ));
-            }
-        }
-        if let Some(counts) = export_counts.clone() {
-            outcome_counters.push(outcome_counter(
-                m,
-                metric::METRIC_EXPORTS,
-                metric::UNIT_EXPORTS,
-                "OTLP metrics exports, by result",
-                &cfg.group,
-                move |r| counts.get(r),
-            ));
-        }
-    }
-
-    let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
-    // Every span exporter of phasetrace's own is wrapped to count what it delivered and lost.
-    let own_tracer_provider = if traces_otlp {
-        #[cfg(feature = "otlp")]
-        {
-            match cfg.traces_otlp.as_ref() {
-                Some(o) => {
-                    let exporter = otlp::span_exporter(o, runtime.as_ref())?;
-                    Some(tracer_provider(
-                        res,
-                        counted::Counted::new(exporter, span_counts.clone(), exemplars.clone()),
-                    ))
-                }
-                None => None,
-            }
-        }
-        #[cfg(not(feature = "otlp"))]
-        None
-    } else if traces_console {
-        Some(tracer_provider(
-            res,
-            counted::Counted::new(
-                console::ConsoleSpanExporter,
-                span_counts.clone(),
-                exemplars.clone(),
-            ),
-        ))
-    } else {
-        None
-    };
-    let tracer = match (&given.tracer, &own_tracer_provider) {
-        (Some(p), _) => Some(BoxedTracer::new(p.boxed_tracer(scope()))),
-        (None, Some(p)) => Some(BoxedTracer::new(Box::new(
-            opentelemetry::trace::TracerProvider::tracer_with_scope(p, scope()),
-        ))),
-        (None, None) => None,
-    };
+    let OwnMeters {
+        meters,
+        providers: own_meter_providers,
+    } = own_meters;
     Ok(Exporters {
         meters,
-        binds,
-        distributions,
-        twins,
         native_wanted,
         own_meter_providers,
         tracer: tracer.map(Arc::new),
@@ -606,6 +471,150 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         #[cfg(feature = "otlp")]
         runtime,
     })
+}
+
+/// The meters the instruments are created on and, for each, whether it binds and where its
+/// per-layer distributions and exponential twins go; the providers phasetrace built for them.
+struct OwnMeters {
+    meters: Vec<ProviderMeter>,
+    providers: Vec<SdkMeterProvider>,
+}
+
+impl OwnMeters {
+    /// The engine's meter (`engine`) first, then phasetrace's own providers over `otlp` and `prometheus`
+    /// (one, or two when OTLP is exponential and the endpoint keeps explicit buckets), and the
+    /// native provider over the endpoint's native reader.
+    fn build<O, P>(
+        res: &Resource,
+        engine: Vec<ProviderMeter>,
+        #[cfg(feature = "prometheus")] native_reader: Option<self::prometheus::Native>,
+        otlp: Option<O>,
+        prometheus: Option<P>,
+        exponential: bool,
+    ) -> OwnMeters
+    where
+        O: opentelemetry_sdk::metrics::reader::MetricReader,
+        P: opentelemetry_sdk::metrics::reader::MetricReader,
+    {
+        let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
+            let mut b = SdkMeterProvider::builder().with_resource(res.clone());
+            for r in readers {
+                b = r(b);
+            }
+            b.with_view(view(exp)).build()
+        };
+        let mut own = OwnMeters {
+            meters: engine,
+            providers: Vec::new(),
+        };
+        // The native provider: exponential histograms only (its view), read by the protobuf
+        // scrape only.
+        #[cfg(feature = "prometheus")]
+        let native_meter = native_reader.map(|n| {
+            let p = provider(vec![with_reader(n.reader)], true);
+            let m = p.meter_with_scope(scope());
+            own.providers.push(p);
+            m
+        });
+        #[cfg(not(feature = "prometheus"))]
+        let native_meter: Option<Meter> = None;
+        // Scrapes read this provider's reader when the endpoint runs and has none of its own.
+        let shared_with_endpoint = native_meter.is_some() && prometheus.is_none();
+        match (otlp, prometheus, exponential) {
+            (Some(o), Some(p), true) => {
+                own.push(
+                    provider(vec![with_reader(o)], true),
+                    &native_meter,
+                    true,
+                    false,
+                );
+                own.push(
+                    provider(vec![with_reader(p)], false),
+                    &native_meter,
+                    false,
+                    true,
+                );
+            }
+            (None, None, _) => {}
+            (o, p, exp) => {
+                let serves = p.is_some() || shared_with_endpoint;
+                let mut readers = Vec::new();
+                if let Some(o) = o {
+                    readers.push(with_reader(o));
+                }
+                if let Some(p) = p {
+                    readers.push(with_reader(p));
+                }
+                own.push(provider(readers, exp), &native_meter, exp, serves);
+            }
+        }
+        own
+    }
+
+    /// One of phasetrace's own providers: its per-layer distributions and exponential twins go
+    /// to the native provider's meter for the provider that serves the endpoint; to the same
+    /// meter (distributions only: its histograms are exponential already) for an OTLP exporter
+    /// of exponential histograms; nowhere otherwise (OTLP with explicit buckets only; the
+    /// engine's own provider).
+    fn push(
+        &mut self,
+        p: SdkMeterProvider,
+        native_meter: &Option<Meter>,
+        exponential_otlp: bool,
+        serves_endpoint: bool,
+    ) {
+        let m = p.meter_with_scope(scope());
+        let native = native_meter.clone().filter(|_| serves_endpoint);
+        self.meters.push(ProviderMeter {
+            distributions: native
+                .clone()
+                .or_else(|| exponential_otlp.then(|| m.clone())),
+            twins: native,
+            meter: m,
+            bind: Bind::Bound,
+        });
+        self.providers.push(p);
+    }
+}
+
+/// The exporters' own metrics on every meter (OTLP and Prometheus, the engine's too): the
+/// endpoint's (see `prometheus::endpoint_metrics`) and the OTLP metrics exports.
+#[allow(clippy::type_complexity)]
+fn self_metrics(
+    cfg: &Config,
+    meters: &[ProviderMeter],
+    #[cfg(feature = "prometheus")] prometheus: Option<&PrometheusServer>,
+    export_counts: Option<Arc<counted::ExportCounts>>,
+) -> (
+    Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+) {
+    let mut outcome_counters = Vec::new();
+    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
+    let mut state_gauges = Vec::new();
+    for m in meters.iter().map(|p| &p.meter) {
+        #[cfg(feature = "prometheus")]
+        if let Some(server) = prometheus {
+            self::prometheus::endpoint_metrics(
+                cfg,
+                m,
+                server,
+                &mut outcome_counters,
+                &mut state_gauges,
+            );
+        }
+        if let Some(counts) = export_counts.clone() {
+            outcome_counters.push(outcome_counter(
+                m,
+                metric::METRIC_EXPORTS,
+                metric::UNIT_EXPORTS,
+                "OTLP metrics exports, by result",
+                &cfg.group,
+                move |r| counts.get(r),
+            ));
+        }
+    }
+    (outcome_counters, state_gauges)
 }
 
 type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
@@ -833,13 +842,13 @@ mod tests {
         };
         let mut e = build(&cfg, &given).expect("exporters");
         assert_eq!(e.meters.len(), 1, "the engine's meter only");
-        assert_eq!(e.binds, [Bind::Bound], "an SdkMeterProvider binds");
+        assert_eq!(e.meters[0].bind, Bind::Bound, "an SdkMeterProvider binds");
         assert!(
-            e.distributions[0].is_none(),
+            e.meters[0].distributions.is_none(),
             "no per-layer distributions on the engine's provider"
         );
         assert!(
-            e.twins[0].is_none(),
+            e.meters[0].twins.is_none(),
             "no native twins on the engine's provider"
         );
         assert!(e.own_meter_providers.is_empty());
@@ -857,12 +866,10 @@ mod tests {
     fn without_providers_phasetrace_builds_its_own() {
         let mut e = build(&everything(), &Given::default()).expect("exporters");
         assert!(!e.own_meter_providers.is_empty());
-        assert_eq!(e.distributions.len(), e.meters.len());
-        assert_eq!(e.twins.len(), e.meters.len());
-        assert!(e.distributions.iter().all(Option::is_some));
+        assert!(e.meters.iter().all(|m| m.distributions.is_some()));
         #[cfg(feature = "prometheus")]
         assert!(
-            e.twins.iter().all(Option::is_some),
+            e.meters.iter().all(|m| m.twins.is_some()),
             "the meter that serves the endpoint has native twins"
         );
         #[cfg(feature = "prometheus")]
@@ -885,13 +892,13 @@ mod tests {
     fn exponential_otlp_carries_the_distributions_and_only_the_endpoint_gets_twins() {
         let mut cfg = everything();
         if let Some(o) = cfg.metrics_otlp.as_mut() {
-            o.histogram = HistogramAggregation::Exponential;
+            o.histogram = crate::config::HistogramAggregation::Exponential;
         }
         let mut e = build(&cfg, &Given::default()).expect("exporters");
         assert_eq!(e.meters.len(), 2, "OTLP's provider and the endpoint's");
-        assert!(e.distributions.iter().all(Option::is_some));
+        assert!(e.meters.iter().all(|m| m.distributions.is_some()));
         assert_eq!(
-            e.twins.iter().filter(|t| t.is_some()).count(),
+            e.meters.iter().filter(|m| m.twins.is_some()).count(),
             1,
             "twins for the endpoint's explicit buckets only: OTLP's histograms are exponential"
         );

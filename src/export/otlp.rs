@@ -130,3 +130,72 @@ pub(super) fn metric_exporter(
         }
     }
 }
+
+/// The runtime of the tonic channels: only when an OTLP exporter of phasetrace's own uses gRPC.
+pub(super) fn runtime(
+    cfg: &crate::config::Config,
+    wanted: super::Wanted,
+) -> Result<Option<tokio::runtime::Runtime>, ExportError> {
+    let grpc =
+        |o: Option<&OtlpConfig>, on: bool| on && o.is_some_and(|o| o.protocol == Protocol::Grpc);
+    if !grpc(cfg.metrics_otlp.as_ref(), wanted.metrics_otlp)
+        && !grpc(cfg.traces_otlp.as_ref(), wanted.traces_otlp)
+    {
+        return Ok(None);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("phasetrace-otlp")
+        .enable_all()
+        .build()
+        .map(Some)
+        .map_err(ExportError::Thread)
+}
+
+/// Installs OTLP metrics (when wanted): the SDK's periodic reader over the counted exporter,
+/// the SDK's when traces are off, phasetrace's own (with the exemplars of delivered traces)
+/// when they are on.
+pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportError> {
+    use super::{MetricsExporter, counted, proto_metrics};
+    let Some(o) = x
+        .cfg
+        .metrics_otlp
+        .as_ref()
+        .filter(|_| x.wanted.metrics_otlp)
+    else {
+        return Ok(());
+    };
+    let counts = std::sync::Arc::new(counted::ExportCounts::default());
+    let inner = match x.exemplars {
+        Some(store) => MetricsExporter::WithExemplars(proto_metrics::ProtoMetricExporter::new(
+            o,
+            x.runtime,
+            store.clone(),
+        )?),
+        None => MetricsExporter::Sdk(metric_exporter(o, x.runtime)?),
+    };
+    let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
+    x.otlp_reader = Some(
+        opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+            .with_interval(x.cfg.metric_export_interval)
+            .build(),
+    );
+    x.export_counts = Some(counts);
+    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
+    x.exponential = o.histogram == crate::config::HistogramAggregation::Exponential;
+    Ok(())
+}
+
+/// Installs OTLP spans (when wanted): phasetrace's own tracer provider over the counted
+/// exporter.
+pub(super) fn install_traces(x: &mut super::Install<'_>) -> Result<(), ExportError> {
+    let Some(o) = x.cfg.traces_otlp.as_ref().filter(|_| x.wanted.traces_otlp) else {
+        return Ok(());
+    };
+    let exporter = span_exporter(o, x.runtime)?;
+    x.tracer_provider = Some(super::tracer_provider(
+        x.resource.clone(),
+        super::counted::Counted::new(exporter, x.span_counts.clone(), x.exemplars.clone()),
+    ));
+    Ok(())
+}

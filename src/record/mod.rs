@@ -7,6 +7,8 @@
 //!                                                                      crate::worker
 //! ```
 
+#[cfg(feature = "tracing")]
+mod engine_span;
 pub(crate) mod graph;
 mod lane;
 pub(crate) mod mark;

@@ -309,7 +309,7 @@ impl Recorder {
     #[cfg(feature = "tracing")]
     fn push_parent(&self) {
         use super::mark::MarkKind;
-        if let Some((trace, span)) = crate::export::tracing_layer::current_parent() {
+        if let Some((trace, span)) = super::engine_span::current_parent() {
             for (kind, token) in [
                 (MarkKind::ParentHi, (trace >> 64) as u64),
                 (MarkKind::ParentLo, trace as u64),

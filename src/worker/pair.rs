@@ -575,8 +575,9 @@ impl LaneState {
         s.drop(DropReason::Unbalanced, n);
     }
 
+    /// Pairs one resolved mark at `t`: the request and step parts, the round parts, then the
+    /// graph replay and verify parts, each in its own method below.
     fn process<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
-        let rank = self.lane.rank;
         match m.kind() {
             MarkKind::ParentHi => self.parent.trace_hi = Some(m.token()),
             MarkKind::ParentLo => self.parent.trace_lo = Some(m.token()),
@@ -586,353 +587,394 @@ impl LaneState {
                     Self::unbalanced(s, 1);
                 }
             }
-            MarkKind::RequestBegin => {
-                let Some(id) = self.request_id.take() else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                s.requests
-                    .begin(id, m.class(), t, m.is_sampled(), self.lane.id, s.out);
+            MarkKind::RequestBegin => self.request_begin(m, t, s),
+            MarkKind::RequestEnd => self.request_end(m, t, s),
+            MarkKind::Serve => self.serve(m, s),
+            MarkKind::StepBegin => self.step_begin(m, t, s),
+            MarkKind::StepEnd => self.step_end(t, s),
+            MarkKind::SectionBegin => self.section_begin(m, t, s),
+            MarkKind::SectionEnd => self.section_end(m, t, s),
+            MarkKind::Wait => self.wait(m, s),
+            MarkKind::Route => self.route(m, s),
+            MarkKind::RoundBegin => self.round_begin(m, t, s),
+            MarkKind::Phase => self.phase(m, t, s),
+            MarkKind::RoundEnd => self.round_end(m, t, s),
+            MarkKind::ReplayBegin => self.replay_begin(m, t, s),
+            MarkKind::ReplayEnd => self.replay_end(m, t, s),
+            MarkKind::PartBegin => self.part_begin(m, t, s),
+            MarkKind::PartEnd => self.part_end(m, t, s),
+        }
+    }
+
+    // The request and step parts: a request's life, a step and what it contains.
+
+    fn request_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let Some(id) = self.request_id.take() else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        s.requests
+            .begin(id, m.class(), t, m.is_sampled(), self.lane.id, s.out);
+    }
+
+    fn request_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let Some(id) = self.request_id.take() else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        let (code, error) = m.finish();
+        let Some(finish) = crate::record::Finish::from_code(code, error) else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        s.requests.end(id, t, finish, s.out);
+    }
+
+    fn serve<S: Sink>(&mut self, m: Mark, s: &mut Cx<'_, S>) {
+        let (id, tokens, outputs, drafted) = m.served();
+        if self.served.len() >= BATCH_MAX {
+            s.drop(DropReason::RequestBound, 1);
+            return;
+        }
+        self.served.push(Served {
+            id,
+            tokens,
+            outputs,
+            drafted,
+        });
+    }
+
+    fn step_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        if self.step.is_some() {
+            Self::unbalanced(s, 1);
+        }
+        let sampled = m.is_sampled() && s.hold.sampled;
+        let parent = self.parent.take();
+        self.steps += 1;
+        self.trace.clear();
+        self.trace.parent = parent;
+        self.step = Some(OpenStep {
+            start: t,
+            number: self.steps - 1,
+            wait_ns: 0,
+            depth: self.stack.len(),
+            sampled,
+            collect: sampled || s.hold.every || (s.hold.sampled && s.requests.any_traced()),
+            index: (self.in_replay == 0).then(|| m.step_index()),
+        });
+    }
+
+    fn step_end<S: Sink>(&mut self, t: u64, s: &mut Cx<'_, S>) {
+        let rank = self.lane.rank;
+        let Some(step) = self.step.take() else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        // A section begun in this step whose end was lost (a full buffer) would otherwise
+        // sit on the stack and pair with a later end of the same section.
+        if self.stack.len() > step.depth {
+            Self::unbalanced(s, (self.stack.len() - step.depth) as u64);
+            self.stack.truncate(step.depth);
+        }
+        s.counts.steps += 1;
+        s.requests.step(
+            rank,
+            self.lane.id,
+            step.start,
+            t,
+            step.wait_ns,
+            &self.served,
+            &mut self.batch,
+            s.out,
+        );
+        self.served.clear();
+        s.emit(&Event::Step(Step {
+            rank,
+            ns: t.saturating_sub(step.start),
+            wait_ns: step.wait_ns,
+            batch: &self.batch,
+            held: step.collect.then_some(HeldStep {
+                trace: &self.trace,
+                number: step.number,
+                start: step.start,
+                end: t,
+                sampled: step.sampled,
+                timing: self.lane.clock.timing(),
+            }),
+        }));
+    }
+
+    fn section_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        if self.stack.len() >= STACK_MAX {
+            Self::unbalanced(s, 1);
+            return;
+        }
+        let (section, site, layer) = (m.section(), m.site(), m.layer());
+        let parent = self.stack.last().and_then(|o| o.span);
+        let collect = self.step.as_ref().is_some_and(|st| st.collect);
+        let span = if !collect {
+            None
+        } else if self.trace.sections.len() < STEP_SPANS_MAX {
+            self.trace.sections.push(SectionSpan {
+                section,
+                layer,
+                site,
+                start: t,
+                end: None,
+                parent,
+            });
+            Some(self.trace.sections.len() - 1)
+        } else {
+            s.drop(DropReason::TraceBound, 1);
+            None
+        };
+        self.stack.push(Open {
+            section,
+            site,
+            layer,
+            start: t,
+            span,
+        });
+    }
+
+    fn section_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let rank = self.lane.rank;
+        let section = m.section();
+        let Some(pos) = self.stack.iter().rposition(|o| o.section == section) else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        let inner = self.stack.len() - 1 - pos;
+        if inner > 0 {
+            // Sections opened inside this one and never ended.
+            self.stack.truncate(pos + 1);
+            Self::unbalanced(s, inner as u64);
+        }
+        let Some(open) = self.stack.pop() else {
+            return;
+        };
+        let ns = t.saturating_sub(open.start);
+        s.counts.sections += 1;
+        s.emit(&Event::Section {
+            rank,
+            section: open.section,
+            site: open.site,
+            layer: open.layer,
+            ns,
+            nested: !self.stack.is_empty(),
+        });
+        // A rendezvous probe's section is the rank's wait there.
+        if open.section.kind() == SectionKind::Probe {
+            s.emit(&Event::Wait {
+                rank,
+                site: open.site,
+                layer: open.layer,
+                ns,
+            });
+            if let Some(step) = self.step.as_mut() {
+                step.wait_ns = step.wait_ns.saturating_add(ns);
             }
-            MarkKind::RequestEnd => {
-                let Some(id) = self.request_id.take() else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let (code, error) = m.finish();
-                let Some(finish) = crate::record::Finish::from_code(code, error) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                s.requests.end(id, t, finish, s.out);
-            }
-            MarkKind::Serve => {
-                let (id, tokens, outputs, drafted) = m.served();
-                if self.served.len() >= BATCH_MAX {
-                    s.drop(DropReason::RequestBound, 1);
-                    return;
-                }
-                self.served.push(Served {
-                    id,
-                    tokens,
-                    outputs,
-                    drafted,
-                });
-            }
-            MarkKind::StepBegin => {
-                if self.step.is_some() {
-                    Self::unbalanced(s, 1);
-                }
-                let sampled = m.is_sampled() && s.hold.sampled;
-                let parent = self.parent.take();
-                self.steps += 1;
-                self.trace.clear();
-                self.trace.parent = parent;
-                self.step = Some(OpenStep {
-                    start: t,
-                    number: self.steps - 1,
-                    wait_ns: 0,
-                    depth: self.stack.len(),
-                    sampled,
-                    collect: sampled || s.hold.every || (s.hold.sampled && s.requests.any_traced()),
-                    index: (self.in_replay == 0).then(|| m.step_index()),
-                });
-            }
-            MarkKind::StepEnd => {
-                let Some(step) = self.step.take() else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                // A section begun in this step whose end was lost (a full buffer) would otherwise
-                // sit on the stack and pair with a later end of the same section.
-                if self.stack.len() > step.depth {
-                    Self::unbalanced(s, (self.stack.len() - step.depth) as u64);
-                    self.stack.truncate(step.depth);
-                }
-                s.counts.steps += 1;
-                s.requests.step(
-                    rank,
-                    self.lane.id,
-                    step.start,
-                    t,
-                    step.wait_ns,
-                    &self.served,
-                    &mut self.batch,
-                    s.out,
-                );
-                self.served.clear();
-                s.emit(&Event::Step(Step {
-                    rank,
-                    ns: t.saturating_sub(step.start),
-                    wait_ns: step.wait_ns,
-                    batch: &self.batch,
-                    held: step.collect.then_some(HeldStep {
-                        trace: &self.trace,
-                        number: step.number,
-                        start: step.start,
-                        end: t,
-                        sampled: step.sampled,
-                        timing: self.lane.clock.timing(),
-                    }),
-                }));
-            }
-            MarkKind::SectionBegin => {
-                if self.stack.len() >= STACK_MAX {
-                    Self::unbalanced(s, 1);
-                    return;
-                }
-                let (section, site, layer) = (m.section(), m.site(), m.layer());
-                let parent = self.stack.last().and_then(|o| o.span);
-                let collect = self.step.as_ref().is_some_and(|st| st.collect);
-                let span = if !collect {
-                    None
-                } else if self.trace.sections.len() < STEP_SPANS_MAX {
-                    self.trace.sections.push(SectionSpan {
-                        section,
-                        layer,
-                        site,
-                        start: t,
-                        end: None,
-                        parent,
-                    });
-                    Some(self.trace.sections.len() - 1)
-                } else {
-                    s.drop(DropReason::TraceBound, 1);
-                    None
-                };
-                self.stack.push(Open {
-                    section,
-                    site,
-                    layer,
-                    start: t,
-                    span,
-                });
-            }
-            MarkKind::SectionEnd => {
-                let section = m.section();
-                let Some(pos) = self.stack.iter().rposition(|o| o.section == section) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let inner = self.stack.len() - 1 - pos;
-                if inner > 0 {
-                    // Sections opened inside this one and never ended.
-                    self.stack.truncate(pos + 1);
-                    Self::unbalanced(s, inner as u64);
-                }
-                let Some(open) = self.stack.pop() else {
-                    return;
-                };
-                let ns = t.saturating_sub(open.start);
-                s.counts.sections += 1;
-                s.emit(&Event::Section {
-                    rank,
-                    section: open.section,
-                    site: open.site,
-                    layer: open.layer,
-                    ns,
-                    nested: !self.stack.is_empty(),
-                });
-                // A rendezvous probe's section is the rank's wait there.
-                if open.section.kind() == SectionKind::Probe {
-                    s.emit(&Event::Wait {
-                        rank,
-                        site: open.site,
-                        layer: open.layer,
-                        ns,
-                    });
-                    if let Some(step) = self.step.as_mut() {
-                        step.wait_ns = step.wait_ns.saturating_add(ns);
-                    }
-                }
-                if let Some(sp) = open.span.and_then(|i| self.trace.sections.get_mut(i)) {
-                    sp.end = Some(t);
-                }
-            }
-            MarkKind::Wait => {
-                if let Some(step) = self.step.as_mut() {
-                    step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
-                }
-                s.emit(&Event::Wait {
-                    rank,
+        }
+        if let Some(sp) = open.span.and_then(|i| self.trace.sections.get_mut(i)) {
+            sp.end = Some(t);
+        }
+    }
+
+    fn wait<S: Sink>(&mut self, m: Mark, s: &mut Cx<'_, S>) {
+        let rank = self.lane.rank;
+        if let Some(step) = self.step.as_mut() {
+            step.wait_ns = step.wait_ns.saturating_add(m.wait_ns());
+        }
+        s.emit(&Event::Wait {
+            rank,
+            site: m.site(),
+            layer: m.layer(),
+            ns: m.wait_ns(),
+        });
+        if self.step.as_ref().is_some_and(|st| st.collect) {
+            if self.trace.waits.len() < STEP_IDS_MAX {
+                self.trace.waits.push(Wait {
                     site: m.site(),
                     layer: m.layer(),
                     ns: m.wait_ns(),
+                    at: self.last_ns,
                 });
-                if self.step.as_ref().is_some_and(|st| st.collect) {
-                    if self.trace.waits.len() < STEP_IDS_MAX {
-                        self.trace.waits.push(Wait {
-                            site: m.site(),
-                            layer: m.layer(),
-                            ns: m.wait_ns(),
-                            at: self.last_ns,
-                        });
-                    } else {
-                        s.drop(DropReason::TraceBound, 1);
-                    }
-                }
+            } else {
+                s.drop(DropReason::TraceBound, 1);
             }
-            MarkKind::Route => {
-                let (ids, n) = m.expert_ids();
-                let layer = m.layer();
-                s.emit(&Event::Route {
-                    rank,
-                    layer,
-                    ids: &ids[..n],
-                });
-                let at = self.last_ns;
-                if self.step.as_ref().is_some_and(|st| st.collect) {
-                    let tr = &mut self.trace;
-                    if tr.expert_ids.len() + n > STEP_IDS_MAX {
-                        s.drop(DropReason::TraceBound, n as u64);
-                    } else {
-                        let from = tr.expert_ids.len();
-                        tr.expert_ids.extend_from_slice(&ids[..n]);
-                        let to = tr.expert_ids.len();
-                        match tr.routes.last_mut() {
-                            Some(r)
-                                if m.is_continued() && r.layer == layer && r.ids.end == from =>
-                            {
-                                r.ids.end = to;
-                            }
-                            _ => tr.routes.push(Route {
-                                layer,
-                                ids: from..to,
-                                at,
-                            }),
-                        }
+        }
+    }
+
+    fn route<S: Sink>(&mut self, m: Mark, s: &mut Cx<'_, S>) {
+        let rank = self.lane.rank;
+        let (ids, n) = m.expert_ids();
+        let layer = m.layer();
+        s.emit(&Event::Route {
+            rank,
+            layer,
+            ids: &ids[..n],
+        });
+        let at = self.last_ns;
+        if self.step.as_ref().is_some_and(|st| st.collect) {
+            let tr = &mut self.trace;
+            if tr.expert_ids.len() + n > STEP_IDS_MAX {
+                s.drop(DropReason::TraceBound, n as u64);
+            } else {
+                let from = tr.expert_ids.len();
+                tr.expert_ids.extend_from_slice(&ids[..n]);
+                let to = tr.expert_ids.len();
+                match tr.routes.last_mut() {
+                    Some(r) if m.is_continued() && r.layer == layer && r.ids.end == from => {
+                        r.ids.end = to;
                     }
-                }
-            }
-            MarkKind::RoundBegin => {
-                if self.round.take().is_some() {
-                    // A round never ended: its phases are lost, counted.
-                    Self::unbalanced(s, 1);
-                }
-                let sampled = m.is_sampled() && s.hold.sampled;
-                let collect = sampled || s.hold.every;
-                // Its own parent marks (the engine's span at its begin), else the step's it
-                // runs in: a round is in the trace of the step and request that ran it.
-                let parent = self
-                    .parent
-                    .take()
-                    .or_else(|| self.step.as_ref().and(self.trace.parent));
-                if self.in_replay != 0 {
-                    self.replay_rounds.push(m.round_seq());
-                }
-                self.round = Some(OpenRound {
-                    start: t,
-                    k: m.k(),
-                    round: RoundKey {
-                        round: RoundRef {
-                            lane: self.lane.id,
-                            seq: m.round_seq(),
-                        },
-                        replay: self.in_replay,
-                    },
-                    last: t,
-                    phases: [0; 5],
-                    ran: 0,
-                    sampled,
-                    trace: collect.then(|| RoundTrace {
-                        phases: Vec::new(),
-                        parent,
+                    _ => tr.routes.push(Route {
+                        layer,
+                        ids: from..to,
+                        at,
                     }),
-                });
-            }
-            MarkKind::Phase => {
-                let (Some(r), Some(phase)) = (self.round.as_mut(), m.phase_of()) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let ns = t.saturating_sub(r.last);
-                r.phases[phase as usize] += ns;
-                r.ran |= 1 << phase as u8;
-                if let Some(tr) = r.trace.as_mut() {
-                    tr.phases.push(Interval {
-                        what: phase,
-                        start: r.last,
-                        end: t,
-                    });
-                }
-                r.last = t;
-            }
-            MarkKind::RoundEnd => {
-                let Some(round) = self.round.take() else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let accepted = m.accepted();
-                if accepted.is_none() {
-                    Self::unbalanced(s, 1);
-                }
-                s.ended.push(EndedRound {
-                    round,
-                    end: t,
-                    accepted,
-                    rank,
-                });
-            }
-            MarkKind::ReplayBegin => {
-                if self.replay.take().is_some() {
-                    Self::unbalanced(s, 1);
-                }
-                self.replay = Some(OpenReplay {
-                    graph: m.graph(),
-                    seq: m.replay_seq(),
-                    start: t,
-                    sampled: m.is_sampled(),
-                });
-            }
-            MarkKind::ReplayEnd => {
-                let Some(r) = self
-                    .replay
-                    .take()
-                    .filter(|r| r.graph == m.graph() && r.seq == m.replay_seq())
-                else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                self.replayed(&r, t, s);
-            }
-            MarkKind::PartBegin => {
-                if self.parts_open.len() >= STACK_MAX {
-                    // The oldest open part never ended (its round is long gone): give it up.
-                    self.parts_open.remove(0);
-                    Self::unbalanced(s, 1);
-                }
-                let (Some(part), Some(round)) = (m.part(), self.part_round(m.round())) else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                self.parts_open.push(OpenPart {
-                    part,
-                    round,
-                    start: t,
-                });
-            }
-            MarkKind::PartEnd => {
-                let (part, round) = (m.part(), self.part_round(m.round()));
-                let Some(pos) = self
-                    .parts_open
-                    .iter()
-                    .rposition(|b| Some(b.part) == part && Some(b.round) == round)
-                else {
-                    Self::unbalanced(s, 1);
-                    return;
-                };
-                let open = self.parts_open.remove(pos);
-                let acc = s.parts.entry(open.round).or_default();
-                acc.ns[open.part as usize] += t.saturating_sub(open.start);
-                acc.ran |= 1 << open.part as u8;
-                if acc.intervals.len() < ROUND_PARTS_MAX {
-                    acc.intervals.push(Interval {
-                        what: open.part,
-                        start: open.start,
-                        end: t,
-                    });
                 }
             }
+        }
+    }
+
+    // The round parts: a draft/verify round and its phases.
+
+    fn round_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        if self.round.take().is_some() {
+            // A round never ended: its phases are lost, counted.
+            Self::unbalanced(s, 1);
+        }
+        let sampled = m.is_sampled() && s.hold.sampled;
+        let collect = sampled || s.hold.every;
+        // Its own parent marks (the engine's span at its begin), else the step's it
+        // runs in: a round is in the trace of the step and request that ran it.
+        let parent = self
+            .parent
+            .take()
+            .or_else(|| self.step.as_ref().and(self.trace.parent));
+        if self.in_replay != 0 {
+            self.replay_rounds.push(m.round_seq());
+        }
+        self.round = Some(OpenRound {
+            start: t,
+            k: m.k(),
+            round: RoundKey {
+                round: RoundRef {
+                    lane: self.lane.id,
+                    seq: m.round_seq(),
+                },
+                replay: self.in_replay,
+            },
+            last: t,
+            phases: [0; 5],
+            ran: 0,
+            sampled,
+            trace: collect.then(|| RoundTrace {
+                phases: Vec::new(),
+                parent,
+            }),
+        });
+    }
+
+    fn phase<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let (Some(r), Some(phase)) = (self.round.as_mut(), m.phase_of()) else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        let ns = t.saturating_sub(r.last);
+        r.phases[phase as usize] += ns;
+        r.ran |= 1 << phase as u8;
+        if let Some(tr) = r.trace.as_mut() {
+            tr.phases.push(Interval {
+                what: phase,
+                start: r.last,
+                end: t,
+            });
+        }
+        r.last = t;
+    }
+
+    fn round_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let rank = self.lane.rank;
+        let Some(round) = self.round.take() else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        let accepted = m.accepted();
+        if accepted.is_none() {
+            Self::unbalanced(s, 1);
+        }
+        s.ended.push(EndedRound {
+            round,
+            end: t,
+            accepted,
+            rank,
+        });
+    }
+
+    // The replay parts: a graph launch's captured boundaries, and the verify parts.
+
+    fn replay_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        if self.replay.take().is_some() {
+            Self::unbalanced(s, 1);
+        }
+        self.replay = Some(OpenReplay {
+            graph: m.graph(),
+            seq: m.replay_seq(),
+            start: t,
+            sampled: m.is_sampled(),
+        });
+    }
+
+    fn replay_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let Some(r) = self
+            .replay
+            .take()
+            .filter(|r| r.graph == m.graph() && r.seq == m.replay_seq())
+        else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        self.replayed(&r, t, s);
+    }
+
+    fn part_begin<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        if self.parts_open.len() >= STACK_MAX {
+            // The oldest open part never ended (its round is long gone): give it up.
+            self.parts_open.remove(0);
+            Self::unbalanced(s, 1);
+        }
+        let (Some(part), Some(round)) = (m.part(), self.part_round(m.round())) else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        self.parts_open.push(OpenPart {
+            part,
+            round,
+            start: t,
+        });
+    }
+
+    fn part_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
+        let (part, round) = (m.part(), self.part_round(m.round()));
+        let Some(pos) = self
+            .parts_open
+            .iter()
+            .rposition(|b| Some(b.part) == part && Some(b.round) == round)
+        else {
+            Self::unbalanced(s, 1);
+            return;
+        };
+        let open = self.parts_open.remove(pos);
+        let acc = s.parts.entry(open.round).or_default();
+        acc.ns[open.part as usize] += t.saturating_sub(open.start);
+        acc.ran |= 1 << open.part as u8;
+        if acc.intervals.len() < ROUND_PARTS_MAX {
+            acc.intervals.push(Interval {
+                what: open.part,
+                start: open.start,
+                end: t,
+            });
         }
     }
 }

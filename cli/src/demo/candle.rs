@@ -146,7 +146,80 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         },
     });
 
-    // 1. The profiler: defaults, then environment, then flags (as the synthetic demo).
+    // 1. Setup: the profiler, the run's options.
+    let profiler = setup_profiler(&a, &cfg, &source, spec)?;
+    if let Some(d) = a.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        return Err(Failure::config(format!(
+            "--duration {d}: expected a positive number of seconds"
+        )));
+    }
+    let progress = Arc::new(AtomicU64::new(0));
+    // Ends the run (the deadline, Ctrl-C); `interrupted`: Ctrl-C, which skips --linger too.
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (s, i) = (stop.clone(), interrupted.clone());
+        // A second Ctrl-C while flushing falls back to the default action.
+        let _ = ctrlc::set_handler(move || {
+            s.store(true, Ordering::Relaxed);
+            if i.swap(true, Ordering::Relaxed) {
+                std::process::exit(130);
+            }
+        });
+    }
+    let unbounded = a.forever || a.duration.is_some();
+    let opts = RunOptions {
+        ranks: a.ranks as usize,
+        steps: if unbounded {
+            usize::MAX
+        } else {
+            a.steps as usize
+        },
+        stop: Some(stop.clone()),
+        prompt: phasetrace_candle::prompt(a.candle.prompt_len, cfg.vocab, a.seed),
+        spec,
+        straggler: a.straggler_rank.map(|r| (r as usize, a.straggler_factor)),
+        progress: Some(progress.clone()),
+        ..RunOptions::new(cfg, tensors, a.steps as usize, Vec::new())
+    };
+
+    // 2. The run, watched.
+    let out = match generate_watched(&a, &opts, &profiler, &stop, &progress, unbounded) {
+        Ok(o) => o,
+        Err(e) => {
+            profiler.shutdown();
+            return Err(engine_failure(e));
+        }
+    };
+
+    // 3. The report.
+    report(&a, &profiler, &opts, &out, spec);
+    if a.linger > 0.0 && !interrupted.load(Ordering::Relaxed) {
+        let until = Instant::now() + Duration::from_secs_f64(a.linger);
+        while Instant::now() < until && !interrupted.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    profiler.shutdown();
+    // The last line: compare two runs' generations (telemetry never changes them).
+    println!(
+        "demo: checksum {} of {} generated token ids",
+        phasetrace_candle::checksum(&out.tokens),
+        out.tokens.len()
+    );
+    Ok(())
+}
+
+/// The profiler: defaults, then environment, then flags (as the synthetic demo); host timing
+/// only. Says where metrics go and what runs.
+fn setup_profiler(
+    a: &DemoArgs,
+    cfg: &ModelConfig,
+    source: &str,
+    spec: Option<Spec>,
+) -> Result<Profiler, Failure> {
     let mut builder = Profiler::builder().with_level(SectionLevel::Full);
     builder = builder.with_moe_experts(cfg.experts.max(1) as u32);
     if let Some(k) = a.spec {
@@ -187,51 +260,27 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             s.k, s.draft
         )),
     );
+    Ok(profiler)
+}
 
-    if let Some(d) = a.duration
-        && !(d.is_finite() && d > 0.0)
-    {
-        return Err(Failure::config(format!(
-            "--duration {d}: expected a positive number of seconds"
-        )));
-    }
-    let progress = Arc::new(AtomicU64::new(0));
-    // Ends the run (the deadline, Ctrl-C); `interrupted`: Ctrl-C, which skips --linger too.
-    let stop = Arc::new(AtomicBool::new(false));
-    let interrupted = Arc::new(AtomicBool::new(false));
-    {
-        let (s, i) = (stop.clone(), interrupted.clone());
-        // A second Ctrl-C while flushing falls back to the default action.
-        let _ = ctrlc::set_handler(move || {
-            s.store(true, Ordering::Relaxed);
-            if i.swap(true, Ordering::Relaxed) {
-                std::process::exit(130);
-            }
-        });
-    }
-    let unbounded = a.forever || a.duration.is_some();
+/// Runs the engine on a thread of its own while this one stops it at the deadline and shows
+/// progress on a terminal.
+fn generate_watched(
+    a: &DemoArgs,
+    opts: &RunOptions,
+    profiler: &Profiler,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+    unbounded: bool,
+) -> Result<phasetrace_candle::RunOutput, EngineError> {
     let deadline = if a.forever {
         None
     } else {
         a.duration.map(Duration::from_secs_f64)
     };
-    let opts = RunOptions {
-        ranks: a.ranks as usize,
-        steps: if unbounded {
-            usize::MAX
-        } else {
-            a.steps as usize
-        },
-        stop: Some(stop.clone()),
-        prompt: phasetrace_candle::prompt(a.candle.prompt_len, cfg.vocab, a.seed),
-        spec,
-        straggler: a.straggler_rank.map(|r| (r as usize, a.straggler_factor)),
-        progress: Some(progress.clone()),
-        ..RunOptions::new(cfg, tensors, a.steps as usize, Vec::new())
-    };
     let started = Instant::now();
-    let result = std::thread::scope(|s| {
-        let run = s.spawn(|| phasetrace_candle::generate(&opts, Some(&profiler)));
+    std::thread::scope(|s| {
+        let run = s.spawn(|| phasetrace_candle::generate(opts, Some(profiler)));
         let tty = std::io::stderr().is_terminal();
         let of = if unbounded {
             String::new()
@@ -256,14 +305,18 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             eprintln!();
         }
         run.join().unwrap_or(Err(EngineError::RankPanicked(0)))
-    });
-    let out = match result {
-        Ok(o) => o,
-        Err(e) => {
-            profiler.shutdown();
-            return Err(engine_failure(e));
-        }
-    };
+    })
+}
+
+/// The closing report: the summary table (unless the profiler prints it), steps, tokens,
+/// sections, spans and drops, and the speculative rounds.
+fn report(
+    a: &DemoArgs,
+    profiler: &Profiler,
+    opts: &RunOptions,
+    out: &phasetrace_candle::RunOutput,
+    spec: Option<Spec>,
+) {
     profiler.flush();
     let stats = profiler.stats();
     if profiler.is_enabled() && profiler.config().summary_every == 0 {
@@ -296,18 +349,4 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             out.tokens.len().saturating_sub(1) as f64 / out.rounds.max(1) as f64,
         );
     }
-    if a.linger > 0.0 && !interrupted.load(Ordering::Relaxed) {
-        let until = Instant::now() + Duration::from_secs_f64(a.linger);
-        while Instant::now() < until && !interrupted.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    profiler.shutdown();
-    // The last line: compare two runs' generations (telemetry never changes them).
-    println!(
-        "demo: checksum {} of {} generated token ids",
-        phasetrace_candle::checksum(&out.tokens),
-        out.tokens.len()
-    );
-    Ok(())
 }

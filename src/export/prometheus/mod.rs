@@ -217,6 +217,114 @@ pub(super) fn start(
     start_with(addr, web, exemplars, otlp, native, bound)
 }
 
+/// Installs the Prometheus endpoint (when `cfg` names an address): its server, the reader its
+/// scrapes collect from when it has one of its own (the OTLP reader, when that has the same
+/// aggregation, otherwise), and the native reader.
+///
+/// The endpoint's native histograms (the per-layer distributions, and the exponential twins of
+/// the explicit-bucket histograms) live on a provider and reader of their own that only the
+/// protobuf scrape reads: the text scrapes keep their shape and budget, and an OTLP exporter
+/// whose reader the scrapes share does not carry them.
+pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
+    let cfg = x.cfg;
+    let Some(addr) = cfg.prometheus else {
+        return Ok(());
+    };
+    // With the same aggregation on both sides, scrapes read the OTLP reader's (one
+    // aggregation, so the worker records each measurement once).
+    #[cfg(feature = "otlp")]
+    let shared = x.otlp_reader.clone().filter(|_| !x.exponential);
+    #[cfg(not(feature = "otlp"))]
+    let shared = None;
+    let web = cfg
+        .prometheus_web_config
+        .as_deref()
+        .map(LiveWebConfig::load)
+        .transpose()?;
+    let native = Native {
+        reader: PrometheusReader::manual(),
+        wanted: x.native_wanted.clone(),
+    };
+    match start(addr, web, x.exemplars.clone(), shared, native.clone()) {
+        Ok((reader, server)) => {
+            x.prometheus_reader = reader;
+            x.prometheus = Some(server);
+            x.native = Some(native);
+            Ok(())
+        }
+        // The built-in default address is a convenience, not a promise: taken (the engine's
+        // own exporter, another rank), it is said once and skipped.
+        Err(ExportError::PrometheusBind { addr, source })
+            if cfg.origin(crate::names::env::PROMETHEUS) == crate::config::Origin::Default =>
+        {
+            crate::diag::warning!(
+                "the default Prometheus endpoint {addr} cannot listen \
+                 ({source}); running without it (set {}=host:port, or off, to choose)",
+                crate::names::env::PROMETHEUS
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The Prometheus endpoint's own metrics on `m`.
+pub(super) fn endpoint_metrics(
+    cfg: &crate::config::Config,
+    m: &opentelemetry::metrics::Meter,
+    server: &PrometheusServer,
+    outcome_counters: &mut Vec<opentelemetry::metrics::ObservableCounter<u64>>,
+    state_gauges: &mut Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+) {
+    use crate::names::{AuthRefusal, ConnectionClose};
+    if let Some(counts) = server.reloads() {
+        let last = counts.clone();
+        outcome_counters.push(super::outcome_counter(
+            m,
+            crate::names::metric::PROMETHEUS_WEB_CONFIG_RELOADS,
+            crate::names::metric::UNIT_RELOADS,
+            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
+            &cfg.group,
+            move |r| counts.get(r),
+        ));
+        state_gauges.push(super::state_gauge(
+            m,
+            crate::names::metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
+            "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
+             0 after a change to it was refused (the configuration read before stays in force)",
+            &cfg.group,
+            move || last.last_successful(),
+        ));
+    }
+    let closed = server.connections();
+    outcome_counters.push(super::reason_counter(
+        m,
+        crate::names::metric::PROMETHEUS_CONNECTIONS_CLOSED,
+        crate::names::metric::UNIT_CONNECTIONS,
+        "Connections the Prometheus endpoint closed before their client was done, by reason",
+        &cfg.group,
+        ConnectionClose::ALL.len(),
+        move |i| {
+            let r = ConnectionClose::ALL[i];
+            (r.as_str(), closed.get(r))
+        },
+    ));
+    if let Some(refused) = server.auth() {
+        outcome_counters.push(super::reason_counter(
+            m,
+            crate::names::metric::PROMETHEUS_AUTH_REFUSED,
+            crate::names::metric::UNIT_REQUESTS,
+            "Requests the Prometheus endpoint refused at basic auth, by reason",
+            &cfg.group,
+            AuthRefusal::ALL.len(),
+            move |i| {
+                let r = AuthRefusal::ALL[i];
+                (r.as_str(), refused.get(r))
+            },
+        ));
+    }
+}
+
 /// [`start`], holding at most `max_connections` connections.
 fn start_with(
     addr: SocketAddr,

@@ -318,6 +318,43 @@ fn tls(
     files: &mut Files,
     bad: &dyn Fn(&str, String) -> WebConfigError,
 ) -> Result<Tls, WebConfigError> {
+    refuse_unsupported(&t, bad)?;
+    let cert_file = tls_path(dir, "cert_file", t.cert_file, bad)?;
+    let key_file = tls_path(dir, "key_file", t.key_file, bad)?;
+    let (certs, key) = server_identity(&cert_file, &key_file, files, bad)?;
+    let client_auth = client_auth(t.client_auth_type.as_deref(), bad)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = client_verifier(client_auth, t.client_ca_file, dir, files, &provider, bad)?;
+    let (min, versions) = protocol_versions(t.min_version, t.max_version, bad)?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&versions)
+        .map_err(|e| bad("tls_server_config.min_version", e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .map_err(|e| {
+            bad(
+                "tls_server_config.key_file",
+                format!(
+                    "{}: not usable with cert_file {} ({e})",
+                    key_file.display(),
+                    cert_file.display()
+                ),
+            )
+        })?;
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Tls {
+        server: Arc::new(server),
+        client_auth,
+        min_version: if min == 13 { "TLS13" } else { "TLS12" },
+    })
+}
+
+/// Refuses the fields of exporter-toolkit's `tls_server_config` that phasetrace does not
+/// support, saying what to use instead.
+fn refuse_unsupported(
+    t: &TlsFile,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<(), WebConfigError> {
     let unsupported = [
         ("cert", t.cert.is_some(), "use cert_file"),
         ("key", t.key.is_some(), "use key_file"),
@@ -343,25 +380,40 @@ fn tls(
             "rustls decides",
         ),
     ];
-    if let Some((field, _, hint)) = unsupported.iter().find(|(_, set, _)| *set) {
-        return Err(bad(
+    match unsupported.iter().find(|(_, set, _)| *set) {
+        Some((field, _, hint)) => Err(bad(
             &format!("tls_server_config.{field}"),
             format!("not supported by phasetrace ({hint}): remove it"),
-        ));
+        )),
+        None => Ok(()),
     }
-    let path = |field: &str, v: Option<String>| -> Result<PathBuf, WebConfigError> {
-        match v.filter(|s| !s.trim().is_empty()) {
-            Some(s) => Ok(dir.join(s)),
-            None => Err(bad(
-                &format!("tls_server_config.{field}"),
-                "missing: expected the path of a PEM file".into(),
-            )),
-        }
-    };
-    let cert_file = path("cert_file", t.cert_file)?;
-    let key_file = path("key_file", t.key_file)?;
+}
+
+/// The PEM file that `field` names, relative to the web configuration file's folder.
+fn tls_path(
+    dir: &Path,
+    field: &str,
+    v: Option<String>,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<PathBuf, WebConfigError> {
+    match v.filter(|s| !s.trim().is_empty()) {
+        Some(s) => Ok(dir.join(s)),
+        None => Err(bad(
+            &format!("tls_server_config.{field}"),
+            "missing: expected the path of a PEM file".into(),
+        )),
+    }
+}
+
+/// The server's certificate chain and private key, read from their PEM files.
+fn server_identity(
+    cert_file: &Path,
+    key_file: &Path,
+    files: &mut Files,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), WebConfigError> {
     let certs: Vec<CertificateDer<'static>> = files
-        .read_pem(&cert_file)
+        .read_pem(cert_file)
         .and_then(|pem| CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>())
         .map_err(|e| {
             bad(
@@ -379,7 +431,7 @@ fn tls(
         ));
     }
     let key = files
-        .read_pem(&key_file)
+        .read_pem(key_file)
         .and_then(|pem| PrivateKeyDer::from_pem_slice(&pem))
         .map_err(|e| {
             bad(
@@ -390,9 +442,16 @@ fn tls(
                 ),
             )
         })?;
+    Ok((certs, key))
+}
 
-    let client_auth = match t.client_auth_type.as_deref() {
-        None | Some("") => ClientAuth::NoClientCert,
+/// `client_auth_type`, `NoClientCert` when absent.
+fn client_auth(
+    v: Option<&str>,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<ClientAuth, WebConfigError> {
+    match v {
+        None | Some("") => Ok(ClientAuth::NoClientCert),
         Some(s) => ClientAuth::ALL
             .iter()
             .find(|(n, _)| *n == s)
@@ -405,28 +464,35 @@ fn tls(
                         ClientAuth::ALL.map(|(n, _)| n).join(", ")
                     ),
                 )
-            })?,
-    };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier: Arc<dyn ClientCertVerifier> = match (client_auth, t.client_ca_file) {
-        (ClientAuth::NoClientCert, Some(_)) => {
-            return Err(bad(
-                "tls_server_config.client_ca_file",
-                "set, but client_auth_type is NoClientCert: set client_auth_type to RequireAndVerifyClientCert (or VerifyClientCertIfGiven), or remove client_ca_file".into(),
-            ));
-        }
-        (ClientAuth::NoClientCert, None) => WebPkiClientVerifier::no_client_auth(),
-        (a, None) if a.verifies() => {
-            return Err(bad(
-                "tls_server_config.client_ca_file",
-                format!(
-                    "missing: client_auth_type {} needs the CA that signs client certificates",
-                    a.as_str()
-                ),
-            ));
-        }
+            }),
+    }
+}
+
+/// How client certificates are checked: not asked for, verified against `client_ca_file`, or
+/// asked for without a CA ([`AnyClientCert`]).
+fn client_verifier(
+    client_auth: ClientAuth,
+    client_ca_file: Option<String>,
+    dir: &Path,
+    files: &mut Files,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<Arc<dyn ClientCertVerifier>, WebConfigError> {
+    match (client_auth, client_ca_file) {
+        (ClientAuth::NoClientCert, Some(_)) => Err(bad(
+            "tls_server_config.client_ca_file",
+            "set, but client_auth_type is NoClientCert: set client_auth_type to RequireAndVerifyClientCert (or VerifyClientCertIfGiven), or remove client_ca_file".into(),
+        )),
+        (ClientAuth::NoClientCert, None) => Ok(WebPkiClientVerifier::no_client_auth()),
+        (a, None) if a.verifies() => Err(bad(
+            "tls_server_config.client_ca_file",
+            format!(
+                "missing: client_auth_type {} needs the CA that signs client certificates",
+                a.as_str()
+            ),
+        )),
         (a, ca) if a.verifies() => {
-            let ca_file = path("client_ca_file", ca)?;
+            let ca_file = tls_path(dir, "client_ca_file", ca, bad)?;
             let mut roots = rustls::RootCertStore::empty();
             let cas = files
                 .read_pem(&ca_file)
@@ -455,14 +521,22 @@ fn tls(
                     "tls_server_config.client_ca_file",
                     format!("{}: {e}", ca_file.display()),
                 )
-            })?
+            })
         }
-        (a, _) => Arc::new(AnyClientCert {
+        (a, _) => Ok(Arc::new(AnyClientCert {
             required: a.required(),
             provider: provider.clone(),
-        }),
-    };
+        })),
+    }
+}
 
+/// `min_version` (TLS12 when absent) and the protocol versions from it to `max_version` (TLS13
+/// when absent).
+fn protocol_versions(
+    min_version: Option<String>,
+    max_version: Option<String>,
+    bad: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<(u8, Vec<&'static rustls::SupportedProtocolVersion>), WebConfigError> {
     let version = |field: &str, v: Option<String>, default| match v.as_deref() {
         None | Some("") => Ok(default),
         Some("TLS12") => Ok(12u8),
@@ -472,41 +546,20 @@ fn tls(
             format!("{s:?}: expected TLS12 or TLS13 (rustls has no older versions)"),
         )),
     };
-    let min = version("min_version", t.min_version, 12)?;
-    let max = version("max_version", t.max_version, 13)?;
+    let min = version("min_version", min_version, 12)?;
+    let max = version("max_version", max_version, 13)?;
     if min > max {
         return Err(bad(
             "tls_server_config.min_version",
             "above max_version: expected min_version <= max_version".into(),
         ));
     }
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
-        [(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
-            .into_iter()
-            .filter(|(v, _)| (min..=max).contains(v))
-            .map(|(_, p)| p)
-            .collect();
-    let mut server = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&versions)
-        .map_err(|e| bad("tls_server_config.min_version", e.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .map_err(|e| {
-            bad(
-                "tls_server_config.key_file",
-                format!(
-                    "{}: not usable with cert_file {} ({e})",
-                    key_file.display(),
-                    cert_file.display()
-                ),
-            )
-        })?;
-    server.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Tls {
-        server: Arc::new(server),
-        client_auth,
-        min_version: if min == 13 { "TLS13" } else { "TLS12" },
-    })
+    let versions = [(12, &rustls::version::TLS12), (13, &rustls::version::TLS13)]
+        .into_iter()
+        .filter(|(v, _)| (min..=max).contains(v))
+        .map(|(_, p)| p)
+        .collect();
+    Ok((min, versions))
 }
 
 /// `RequestClientCert` / `RequireAnyClientCert`: a certificate is asked for (required or not)

@@ -11,6 +11,7 @@
 
 use super::experts::ExpertTotals;
 use super::layers::LayerTotals;
+pub(crate) use crate::export::Bind;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::Phase;
 use crate::worker::attrs::rank_attr;
@@ -820,35 +821,6 @@ fn with_layer(kv: &[KeyValue], layer: u32, f: impl FnOnce(&[KeyValue])) {
     let n = kv.len().min(4);
     let all: [KeyValue; 5] = std::array::from_fn(|i| if i < n { kv[i].clone() } else { l.clone() });
     f(&all[..=n]);
-}
-
-/// Whether a meter's instruments may be recorded through bound handles.
-///
-/// `Histogram::bind` is the API's: a `MeterProvider` that is not the SDK's inherits its
-/// default, a handle that drops every measurement. Bound only where the provider is known to
-/// be an `opentelemetry_sdk::metrics::SdkMeterProvider` (phasetrace's own, or the engine's
-/// when its type says so); any other provider, the globals included, is recorded by
-/// attributes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Bind {
-    /// Record through handles bound once per series.
-    Bound,
-    /// Record by attributes (`Histogram::record(value, attrs)`), every time.
-    #[default]
-    Unbound,
-}
-
-impl Bind {
-    /// [`Bind::Bound`] exactly when `P` is the SDK's meter provider.
-    pub(crate) fn of<P: 'static>() -> Bind {
-        if std::any::TypeId::of::<P>()
-            == std::any::TypeId::of::<opentelemetry_sdk::metrics::SdkMeterProvider>()
-        {
-            Bind::Bound
-        } else {
-            Bind::Unbound
-        }
-    }
 }
 
 /// Layers whose distribution a series keeps a bound handle for; higher layer indices (no

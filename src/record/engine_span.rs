@@ -1,4 +1,4 @@
-//! The bridge to `tracing`: the lookup that makes a sampled step a child of the engine's current
+//! The bridge to `tracing` on the hot path: the lookup that makes a sampled step a child of the engine's current
 //! `tracing` span, read through the engine's own `tracing-opentelemetry` layer (phasetrace
 //! installs no layer of its own).
 
