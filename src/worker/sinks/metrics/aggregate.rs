@@ -128,41 +128,21 @@ pub(crate) struct Instruments {
 #[cfg(test)]
 pub(crate) type Measurement = (&'static str, Vec<(String, String)>, f64);
 
-impl Instruments {
-    #[cfg(test)]
-    fn note(&self, name: &'static str, kv: &[KeyValue], v: f64) {
-        let attrs = kv
-            .iter()
-            .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
-            .collect();
-        self.log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((name, attrs, v));
-    }
+/// The observable instruments of one meter provider: the per-layer time and call counters and
+/// the open-step gauge, whose callbacks read the worker's tables while `attachment` holds.
+struct Observed {
+    layer_counters: [ObservableCounter<f64>; 2],
+    layer_calls: [ObservableCounter<u64>; 2],
+    open_duration: ObservableGauge<f64>,
+}
 
-    #[cfg(not(test))]
-    #[inline]
-    fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
-
-    /// The instruments of one meter provider; the per-layer counters read `layers`, which the
-    /// worker sums once for all providers, and the open-duration gauge reads `open`.
-    pub(crate) fn new(
+impl Observed {
+    fn new(
         meter: &Meter,
         layers: &Arc<LayerTotals>,
         open: &Arc<OpenSteps>,
-        k_max: u32,
         attachment: &Attachment,
-    ) -> Instruments {
-        let dur = |(name, desc): (&'static str, &'static str)| {
-            meter
-                .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
-                .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
-                .build()
-        };
-        let group = layers.group().clone();
+    ) -> Observed {
         let time = |name: &'static str, desc: &'static str, waits: bool| {
             let a = attachment.clone();
             let l = a.hold(layers);
@@ -244,6 +224,54 @@ impl Instruments {
                 })
                 .build()
         };
+        Observed {
+            layer_counters,
+            layer_calls,
+            open_duration,
+        }
+    }
+}
+
+impl Instruments {
+    #[cfg(test)]
+    fn note(&self, name: &'static str, kv: &[KeyValue], v: f64) {
+        let attrs = kv
+            .iter()
+            .map(|k| (k.key.as_str().to_owned(), k.value.to_string()))
+            .collect();
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name, attrs, v));
+    }
+
+    #[cfg(not(test))]
+    #[inline]
+    fn note(&self, _name: &'static str, _kv: &[KeyValue], _v: f64) {}
+
+    /// The instruments of one meter provider; the per-layer counters read `layers`, which the
+    /// worker sums once for all providers, and the open-duration gauge reads `open`.
+    pub(crate) fn new(
+        meter: &Meter,
+        layers: &Arc<LayerTotals>,
+        open: &Arc<OpenSteps>,
+        k_max: u32,
+        attachment: &Attachment,
+    ) -> Instruments {
+        let dur = |(name, desc): (&'static str, &'static str)| {
+            meter
+                .f64_histogram(name)
+                .with_unit(metric::UNIT_SECONDS)
+                .with_description(desc)
+                .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
+                .build()
+        };
+        let group = layers.group().clone();
+        let Observed {
+            layer_counters,
+            layer_calls,
+            open_duration,
+        } = Observed::new(meter, layers, open, attachment);
         let dropped = meter
             .u64_counter(metric::RECORDS_DROPPED)
             .with_unit(metric::UNIT_RECORDS)
