@@ -193,23 +193,34 @@ mod tests {
                 pool.check(users.clone(), Some(right.as_bytes())).await,
                 Verdict::Allowed
             );
-            // Block the pool's threads and fill its queue.
+            // Block the pool's threads and fill its queue. The queue is filled only once every
+            // thread holds its blocking job: filled before, a thread's taking its job would
+            // free a slot, the wrong password below would queue instead of being refused, and
+            // the test would wait for it forever.
             let gate = Arc::new(std::sync::Barrier::new(
                 default::PROMETHEUS_AUTH_THREADS + 1,
             ));
+            let (entered, inside) = std::sync::mpsc::channel();
             for _ in 0..default::PROMETHEUS_AUTH_THREADS {
                 let g = gate.clone();
+                let entered = entered.clone();
                 pool.queue
                     .try_send(Box::new(move || {
+                        let _ = entered.send(());
                         g.wait();
                     }))
                     .unwrap();
+            }
+            for _ in 0..default::PROMETHEUS_AUTH_THREADS {
+                inside
+                    .recv_timeout(std::time::Duration::from_secs(60))
+                    .expect("a pool thread takes its blocking job");
             }
             let mut filled = 0;
             while pool.queue.try_send(Box::new(|| ())).is_ok() {
                 filled += 1;
             }
-            assert!(filled >= default::PROMETHEUS_AUTH_QUEUE - default::PROMETHEUS_AUTH_THREADS);
+            assert_eq!(filled, default::PROMETHEUS_AUTH_QUEUE);
             let wrong = header("nope");
             assert_eq!(
                 pool.check(users.clone(), Some(wrong.as_bytes())).await,
