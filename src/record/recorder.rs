@@ -107,23 +107,47 @@ impl Drop for Recorder {
     }
 }
 
+/// The next lane id that no lane the worker still holds uses (a live recorder's, or a dropped
+/// one's whose marks are not all processed), skipping 0: ids are 16 bits and name rounds
+/// ([`RoundRef`]) and requests' home lanes, so after 65,535 recorders they come back, and a
+/// reused id must not be a live one. Called under the lanes' lock. With 65,535 lanes held at
+/// once no id is free: the id is then shared (said once on stderr); rounds and requests of the
+/// two recorders may then mix, nothing else does.
+fn free_lane_id(next: &std::sync::atomic::AtomicU16, lanes: &[Arc<Lane>]) -> u16 {
+    let mut id = 0;
+    for _ in 0..=u16::MAX {
+        id = next.fetch_add(1, Relaxed);
+        if id != 0 && !lanes.iter().any(|l| l.id == id) {
+            return id;
+        }
+    }
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, Relaxed) {
+        crate::diag::warning!(
+            "65,535 recorders are alive at once: recorder lane ids (16 bits) are shared from now on, \
+         so speculative rounds and requests of two recorders may mix (said once)"
+        );
+    }
+    id.max(1)
+}
+
 impl Recorder {
     pub(crate) fn new(shared: Arc<Shared>, opts: RecorderOptions) -> Recorder {
         let clock = opts.clock.unwrap_or_else(|| shared.clock.clone());
         // The host clock is read inline (a raw reading) rather than through the trait object.
         let host_clock = crate::timing::is_host(clock.as_ref());
-        let id = shared.next_lane.fetch_add(1, Relaxed);
-        let lane = Arc::new(Lane::new(
-            id,
-            opts.rank.unwrap_or(shared.rank),
-            clock,
-            shared.queue,
-        ));
-        shared
-            .lanes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(lane.clone());
+        let lane = {
+            let mut lanes = shared.lanes.lock().unwrap_or_else(|p| p.into_inner());
+            let id = free_lane_id(&shared.next_lane, &lanes);
+            let lane = Arc::new(Lane::new(
+                id,
+                opts.rank.unwrap_or(shared.rank),
+                clock,
+                shared.queue,
+            ));
+            lanes.push(lane.clone());
+            lane
+        };
         Recorder {
             shared,
             lane,
