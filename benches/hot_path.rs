@@ -26,6 +26,9 @@
 //!   path (a `HashMap` entry per served token, as engines that keep request stats inline do);
 //!   one `request_begin` + `request_end` pair off and on.
 //!
+//! - `recorder/create`: one `Profiler::recorder()` created and dropped (8 others live, drained
+//!   every 64 creations), against the allocation of its ring alone.
+//!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -696,9 +699,46 @@ fn request(c: &mut Criterion) {
     on.shutdown();
 }
 
+/// Creations between two drains in `recorder/create`: the worker forgets dropped lanes as it
+/// drains (every drain interval in an engine), so only a few are ever held at once.
+const CREATE_BATCH: u64 = 64;
+
+fn recorder(c: &mut Criterion) {
+    let mut g = c.benchmark_group("recorder");
+    g.throughput(Throughput::Elements(1));
+    let p = profiler(SectionLevel::Full, SpecLevel::Off);
+    // An engine's other threads keep theirs.
+    let live: Vec<_> = (0..8).map(|_| p.recorder()).collect();
+    g.bench_function("create", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            while left > 0 {
+                let n = left.min(CREATE_BATCH);
+                let t = Instant::now();
+                for _ in 0..n {
+                    drop(black_box(p.recorder()));
+                }
+                total += t.elapsed();
+                p.drain();
+                left -= n;
+            }
+            total
+        })
+    });
+    // The floor: the allocation of a recorder's ring alone (the default 65,536 marks of 24 bytes).
+    g.bench_function("baseline_ring_alloc", |b| {
+        b.iter(|| black_box(Box::<[[u64; 3]]>::new_uninit_slice(65_536)))
+    });
+    drop(live);
+    g.finish();
+    p.shutdown();
+}
+
 criterion_group!(
     benches,
     request,
+    recorder,
     section,
     step,
     spec,
