@@ -34,15 +34,6 @@ fn not_compiled(signal: &'static str, o: &OtlpConfig) -> ExportError {
     )
 }
 
-/// A blocking HTTP client for `o` (see [`phasetrace_transport::http_client`]).
-#[cfg(feature = "otlp-http")]
-pub(crate) fn http_client(
-    signal: &'static str,
-    o: &OtlpConfig,
-) -> Result<reqwest::blocking::Client, ExportError> {
-    transport::http_client(&o.target()).map_err(|e| transport::export_err(signal, o, e))
-}
-
 pub(super) fn span_exporter(
     o: &OtlpConfig,
     rt: Option<&tokio::runtime::Runtime>,
@@ -73,7 +64,7 @@ pub(super) fn span_exporter(
         Protocol::HttpProtobuf => {
             let mut b = SpanExporter::builder()
                 .with_http()
-                .with_http_client(http_client("traces", o)?)
+                .with_http_client(transport::client("traces", o)?)
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
@@ -117,7 +108,7 @@ pub(super) fn metric_exporter(
         Protocol::HttpProtobuf => {
             let mut b = MetricExporter::builder()
                 .with_http()
-                .with_http_client(http_client("metrics", o)?)
+                .with_http_client(transport::client("metrics", o)?)
                 .with_endpoint(o.endpoint.clone())
                 .with_timeout(o.timeout)
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)

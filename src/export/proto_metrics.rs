@@ -110,7 +110,7 @@ impl ProtoMetricExporter {
             (Protocol::Grpc, None) => return Err(err(o, "no runtime for the gRPC channel")),
             #[cfg(feature = "otlp-http")]
             (Protocol::HttpProtobuf, _) => Transport::Http {
-                client: super::otlp::http_client("metrics", o)?,
+                client: super::transport::client("metrics", o)?,
                 url: o.endpoint.clone(),
                 otlp: o.clone(),
             },

@@ -29,6 +29,15 @@ pub(crate) fn export_err(signal: &'static str, o: &OtlpConfig, e: Error) -> Expo
     }
 }
 
+/// A blocking HTTP client for `o` (see [`phasetrace_transport::http_client`]).
+#[cfg(feature = "otlp-http")]
+pub(crate) fn client(
+    signal: &'static str,
+    o: &OtlpConfig,
+) -> Result<reqwest::blocking::Client, ExportError> {
+    http_client(&o.target()).map_err(|e| export_err(signal, o, e))
+}
+
 /// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`).
 #[cfg(feature = "otlp-grpc")]
 pub(crate) fn tls(
