@@ -64,9 +64,16 @@ impl Lane {
         if unsafe { self.queue.push(m) } {
             true
         } else {
-            self.count_drop(DropReason::QueueFull);
-            false
+            self.queue_full()
         }
+    }
+
+    /// A push found the queue full: counts the drop, off the inlined hot path.
+    #[cold]
+    #[inline(never)]
+    fn queue_full(&self) -> bool {
+        self.count_drop(DropReason::QueueFull);
+        false
     }
 
     /// Counts one record dropped on the hot path.

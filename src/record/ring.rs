@@ -77,9 +77,10 @@ impl Ring {
                 return false;
             }
         }
-        // SAFETY: the slot at `tail` is free (fewer than `capacity` marks are unconsumed) and only
-        // this producer writes it until the release store below publishes it.
-        unsafe { (*self.slots[tail & self.mask].get()).write(m) };
+        // SAFETY: `tail & mask` is below `mask + 1`, the number of slots (`new`), so the index
+        // needs no bounds check; the slot at `tail` is free (fewer than `capacity` marks are
+        // unconsumed) and only this producer writes it until the release store below publishes it.
+        unsafe { (*self.slots.get_unchecked(tail & self.mask).get()).write(m) };
         self.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         true
     }
