@@ -5,9 +5,8 @@
 //! `--exact` the case) whose stderr the parent reads.
 
 use std::process::Command;
-use std::time::Duration;
 
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
@@ -15,15 +14,7 @@ const CHILD: &str = "PHASETRACE_TEST_VIEW_WARNING_CHILD";
 const WARNING: &str = "has no phasetrace::view()";
 
 fn provider(view: bool) -> SdkMeterProvider {
-    let mut b = SdkMeterProvider::builder().with_reader(
-        PeriodicReader::builder(InMemoryMetricExporter::default())
-            .with_interval(Duration::from_secs(3600))
-            .build(),
-    );
-    if view {
-        b = b.with_view(phasetrace::view(false));
-    }
-    b.build()
+    crate::engine_meter::engine_provider(view.then_some(false)).0
 }
 
 fn record(profiler: &Profiler) {
@@ -82,15 +73,7 @@ fn scenario() {
     // The globals are read when `build()` runs: set after `with_global_providers()` and before
     // `build()`, they get every record, and nothing is said.
     eprintln!("-- globals --");
-    let exporter = InMemoryMetricExporter::default();
-    let global = SdkMeterProvider::builder()
-        .with_reader(
-            PeriodicReader::builder(exporter.clone())
-                .with_interval(Duration::from_secs(3600))
-                .build(),
-        )
-        .with_view(phasetrace::view(false))
-        .build();
+    let (global, exporter) = crate::engine_meter::engine_provider(Some(false));
     let b = Profiler::builder()
         .without_env()
         .with_level(SectionLevel::Full)

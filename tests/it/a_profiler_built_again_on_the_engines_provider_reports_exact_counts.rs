@@ -5,10 +5,8 @@
 //! callback; a dropped profiler's observe nothing), even for a section only the first profiler
 //! timed, and after the last drop nothing of phasetrace's observable instruments is reported.
 
-use std::time::Duration;
-
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
@@ -41,15 +39,7 @@ fn collect(provider: &SdkMeterProvider, exporter: &InMemoryMetricExporter) -> Re
 
 #[test]
 fn three_build_drop_cycles_on_one_provider_give_exact_counts() {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(
-            PeriodicReader::builder(exporter.clone())
-                .with_interval(Duration::from_secs(3600))
-                .build(),
-        )
-        .with_view(phasetrace::view(false))
-        .build();
+    let (provider, exporter) = crate::engine_meter::engine_provider(Some(false));
     let mut steps_so_far = 0;
     let mut sections_so_far = 0;
     for cycle in 1..=3u64 {

@@ -4,10 +4,7 @@
 //! B + 3 series per layer), where the per-layer counters carry the totals as before. Read back
 //! through the SDK's in-memory exporter.
 
-use std::time::Duration;
-
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::metric;
 
@@ -17,15 +14,7 @@ const LAYERS: u32 = 3;
 /// What the engine's provider exported after a profiler recorded `STEPS` steps of `LAYERS`
 /// layers into it, with `phasetrace::view(exponential)` registered.
 fn exported(exponential: bool) -> ResourceMetrics {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(
-            PeriodicReader::builder(exporter.clone())
-                .with_interval(Duration::from_secs(3600))
-                .build(),
-        )
-        .with_view(phasetrace::view(exponential))
-        .build();
+    let (provider, exporter) = crate::engine_meter::engine_provider(Some(exponential));
     let profiler = Profiler::builder()
         .without_env()
         .with_level(SectionLevel::Full)

@@ -3,7 +3,8 @@
 
 use phasetrace_testkit as support;
 
-/// Test support shared by modules below (not a test).
+/// Test support shared by modules below (not tests).
+mod engine_meter;
 mod manual_clock;
 
 mod a_changed_web_config_applies_without_a_restart;

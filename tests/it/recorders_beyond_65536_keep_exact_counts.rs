@@ -7,10 +7,7 @@
 //! wrapping 16-bit counter gave the same id: the two rounds then had one key, and the second
 //! round's verify part went to the first), each with its own verify part; nothing dropped.
 
-use std::time::Duration;
-
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use phasetrace::{Phase, Profiler, Section, SectionLevel, Site, SpecLevel, VerifyPart};
 use phasetrace_names::metric;
 
@@ -19,15 +16,7 @@ const DROPPED: u64 = 70_000;
 
 #[test]
 fn recorders_beyond_the_lane_id_range_keep_exact_counts() {
-    let exporter = InMemoryMetricExporter::default();
-    let provider = SdkMeterProvider::builder()
-        .with_reader(
-            PeriodicReader::builder(exporter.clone())
-                .with_interval(Duration::from_secs(3600))
-                .build(),
-        )
-        .with_view(phasetrace::view(false))
-        .build();
+    let (provider, exporter) = crate::engine_meter::engine_provider(Some(false));
     let profiler = Profiler::builder()
         .without_env()
         .with_meter_provider(provider.clone())

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
-use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, SdkMeterProvider};
 use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::env;
 use phasetrace_names::{metric, span};
@@ -21,16 +21,7 @@ const STEPS: u64 = 5;
 const LAYERS: u32 = 3;
 
 fn engine_provider(view: bool) -> (SdkMeterProvider, InMemoryMetricExporter) {
-    let exporter = InMemoryMetricExporter::default();
-    let mut b = SdkMeterProvider::builder().with_reader(
-        PeriodicReader::builder(exporter.clone())
-            .with_interval(Duration::from_secs(3600))
-            .build(),
-    );
-    if view {
-        b = b.with_view(phasetrace::view(false));
-    }
-    (b.build(), exporter)
+    crate::engine_meter::engine_provider(view.then_some(false))
 }
 
 fn drive(profiler: &Profiler) {
