@@ -671,9 +671,9 @@ pub mod attr {
         REQUEST_DRAFTED_TOKENS = "phasetrace.request.drafted_tokens";
         /// Accepted drafted tokens of the request (request span attribute).
         REQUEST_ACCEPTED_TOKENS = "phasetrace.request.accepted_tokens";
-        /// Steps of the request whose `request.step` span was not built: beyond the bound of
-        /// spans per request, or served before the request was found slow (request span
-        /// attribute).
+        /// Steps of the request, on any rank, whose `request.step` span was not built: beyond
+        /// the bound of spans per request, served before the request was found slow, or
+        /// drained before the request's begin (request span attribute).
         REQUEST_STEPS_UNTRACED = "phasetrace.request.steps_untraced";
         /// The request's tokens computed in one step (`request.step` span attribute).
         REQUEST_STEP_TOKENS = "phasetrace.request.step.tokens";

@@ -181,6 +181,12 @@ impl Pairing {
             requests: &mut self.requests,
         };
         self.awaiting_replay = false;
+        // Every lane's queue is taken first, then processed: lanes are then read at nearly one
+        // instant, so a rank's step is seldom seen before the request begin another rank
+        // recorded before it (and the requests' settling below reads one consistent pass).
+        for lane in &mut self.lanes {
+            lane.fill();
+        }
         for lane in &mut self.lanes {
             lane.drain(&mut cx);
             lane.collect_drops(&mut cx);
@@ -198,7 +204,13 @@ impl Pairing {
         }
         self.finalize_ended(out);
         self.ended_prev = std::mem::take(&mut self.ended_now);
-        self.requests.pass_done(out);
+        let settled = self
+            .lanes
+            .iter()
+            .map(LaneState::complete_before)
+            .min()
+            .unwrap_or(u64::MAX);
+        self.requests.pass_done(settled, out);
         if self.parts.len() > PARTS_MAX {
             let n = self.parts.len() as u64;
             self.parts.clear();
@@ -264,6 +276,12 @@ impl Pairing {
     /// Whether a lane waits for the end fence of a graph replay.
     pub(crate) fn awaiting_replay(&self) -> bool {
         self.awaiting_replay
+    }
+
+    /// Sets how long an ended request waits for the other ranks' steps (tests).
+    #[cfg(test)]
+    pub(crate) fn set_settle_max(&mut self, max: std::time::Duration) {
+        self.requests.set_settle_max(max);
     }
 
     #[cfg(test)]
@@ -417,8 +435,9 @@ impl LaneState {
         self.awaiting_replay
     }
 
-    /// Drains the lane and processes marks in order until one is not resolvable yet, then
-    /// publishes since when the lane's step has been open (or its oldest mark pending).
+    /// Processes the lane's backlog ([`LaneState::fill`]) in order until a mark is not
+    /// resolvable yet, then publishes since when the lane's step has been open (or its oldest
+    /// mark pending).
     pub(crate) fn drain<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
         self.drain_marks(s);
         self.close_step_whose_end_was_lost(s);
@@ -459,8 +478,8 @@ impl LaneState {
         }
     }
 
-    fn drain_marks<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
-        self.awaiting_replay = false;
+    /// Takes the lane's queued marks into its backlog, for [`LaneState::drain`].
+    pub(crate) fn fill(&mut self) {
         // The backlog holds marks a deferred clock has not resolved yet; it never outgrows the
         // lane, so a lane costs at most twice its capacity in memory.
         let max = self.lane.queue.capacity();
@@ -470,6 +489,25 @@ impl LaneState {
                 None => break,
             }
         }
+    }
+
+    /// The time before which this lane has nothing more to deliver after its last drain:
+    /// the start of its open step, or its last resolved mark while marks wait for a deferred
+    /// clock (`u64::MAX` when neither). A request that ended earlier has every step of this
+    /// lane that served it.
+    pub(crate) fn complete_before(&self) -> u64 {
+        let mut t = u64::MAX;
+        if let Some(step) = &self.step {
+            t = t.min(step.start);
+        }
+        if !self.backlog.is_empty() {
+            t = t.min(self.last_ns);
+        }
+        t
+    }
+
+    fn drain_marks<S: Sink>(&mut self, s: &mut Cx<'_, S>) {
+        self.awaiting_replay = false;
         if self.backlog.is_empty() {
             return;
         }

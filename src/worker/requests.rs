@@ -6,8 +6,9 @@
 //! StepEnd + the lane's Serve marks ──> Requests::step: queue time ends, first token, shares of
 //!     the step's time and waits (by tokens), tail decisions (TTFT at the first token, TPOT
 //!     after TPOT_DECIDE_AFTER output tokens) ──> Event::RequestTraced, then the step's batch
-//! RequestEnd ──> Requests::end ──(one pass later, so every rank's last steps are in)──>
-//!     Event::Request
+//! RequestEnd ──> Requests::end ──(settled: a pass later, once no lane has a step begun
+//!     before the end still open or unresolved, so every rank's last steps are in; or after
+//!     SETTLE_MAX)──> Event::Request
 //! ```
 //!
 //! A request is keyed by the engine's id alone. Its share of a step is the step's duration
@@ -32,6 +33,10 @@ pub(crate) const BATCH_MAX: usize = 4096;
 pub(crate) const TRACED_MAX: usize = 1024;
 /// The time per output token is judged for the tail after this many output tokens.
 pub(crate) const TPOT_DECIDE_AFTER: u64 = 8;
+/// Longest an ended request waits for the other ranks' steps that served it (a rank stuck in
+/// a step longer than this is a hang, shown by `phasetrace.step.open_duration`); its steps
+/// that end later are counted under `reason="unbalanced"`.
+pub(crate) const SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One `Serve` mark of a lane, gathered until its step ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,7 +100,8 @@ pub(crate) struct Request {
     pub(crate) wait_share_ns: u64,
     /// Each rank that served it, with its share of that rank's steps' waits (ns).
     pub(crate) wait_by_rank: Vec<(u32, u64)>,
-    /// Steps served before it was traced (no `request.step` span).
+    /// Steps, on any rank, that served it without a `request.step` span: before it was traced,
+    /// or before its begin was seen.
     pub(crate) steps_untraced: u64,
 }
 
@@ -162,10 +168,15 @@ struct Open {
     wait_by_rank: Vec<(u32, u64)>,
     traced: Option<TracedWhy>,
     steps_untraced: u64,
-    /// Ended at this time, finalized at the end of the next pass.
+    /// Ended at this time, finalized once settled ([`Requests::pass_done`]).
     ended: Option<(u64, Finish)>,
+    /// When its end was processed, by [`crate::timing::now_ns`] (bounds the settling).
+    ended_seen: u64,
     /// The pass in which it was first seen without its begin.
     orphan_since: Option<u64>,
+    /// The lane that served it before its begin was seen: its figures stand for the home
+    /// lane's only until the begin names another.
+    orphan_lane: Option<u16>,
 }
 
 impl Open {
@@ -187,7 +198,9 @@ impl Open {
             traced: None,
             steps_untraced: 0,
             ended: None,
+            ended_seen: 0,
             orphan_since: None,
+            orphan_lane: None,
         }
     }
 }
@@ -196,7 +209,7 @@ impl Open {
 pub(crate) struct Requests {
     shared: Arc<Shared>,
     open: HashMap<u64, Open>,
-    /// Ids ended in the previous pass, finalized in this one; and in this pass.
+    /// Ids ended in an earlier pass, finalized once settled; and in this pass.
     ended_prev: Vec<u64>,
     ended_now: Vec<u64>,
     /// Requests seen served before their begin, by pass.
@@ -210,6 +223,8 @@ pub(crate) struct Requests {
     gauges: Arc<RequestGauges>,
     waiting: u64,
     running: u64,
+    /// [`SETTLE_MAX`], shorter in tests.
+    settle_max_ns: u64,
 }
 
 impl Requests {
@@ -234,7 +249,14 @@ impl Requests {
             gauges,
             waiting: 0,
             running: 0,
+            settle_max_ns: SETTLE_MAX.as_nanos() as u64,
         }
+    }
+
+    /// Another bound on settling (tests).
+    #[cfg(test)]
+    pub(crate) fn set_settle_max(&mut self, max: std::time::Duration) {
+        self.settle_max_ns = max.as_nanos() as u64;
     }
 
     /// The requests of a test pipeline: no tail rules.
@@ -313,6 +335,18 @@ impl Requests {
                 r.class = class;
                 r.begin = t;
                 r.orphan_since = None;
+                if r.orphan_lane.take().is_some_and(|l| l != lane) {
+                    // Another rank's steps were counted as the home lane's: the home lane
+                    // counts its own (the shares and tokens once, not once per rank).
+                    r.steps = 0;
+                    r.share_ns = 0;
+                    r.wait_share_ns = 0;
+                    r.input_tokens = 0;
+                    r.outputs = 0;
+                    r.drafted = 0;
+                    r.accepted = 0;
+                    r.first_token = None;
+                }
             }
             None => {
                 self.insert(id, Open::new(class, Some(lane), t), out);
@@ -390,6 +424,7 @@ impl Requests {
                 // Perhaps begun on a lane not drained yet: kept one pass for its begin.
                 let mut r = Open::new(0, None, start);
                 r.orphan_since = Some(self.pass);
+                r.orphan_lane = Some(lane);
                 if !self.insert(s.id, r, out) {
                     continue;
                 }
@@ -457,10 +492,12 @@ impl Requests {
         for (id, why) in newly {
             self.trace(id, why, out);
         }
+        // Counted on every rank: a step of another rank that served it before its begin was
+        // seen (drained later) has no `request.step` span either.
         for b in batch.iter_mut() {
             if let Some(r) = self.open.get_mut(&b.id) {
                 b.traced = r.traced.is_some();
-                if !b.traced && r.home.is_none_or(|h| h == lane) {
+                if !b.traced {
                     r.steps_untraced += 1;
                 }
             }
@@ -491,6 +528,7 @@ impl Requests {
             return;
         }
         r.ended = Some((t, finish));
+        r.ended_seen = crate::timing::now_ns();
         if r.first_step.is_some() {
             self.running = self.running.saturating_sub(1);
         } else {
@@ -500,12 +538,26 @@ impl Requests {
         self.publish();
     }
 
-    /// The end of a pass: the requests ended in the previous pass are delivered, and those
-    /// served without a begin since the previous pass are given up (counted).
-    pub(crate) fn pass_done<S: Sink>(&mut self, out: &mut S) {
-        let ready = std::mem::take(&mut self.ended_prev);
+    /// The end of a pass in which every lane was drained: the requests ended in an earlier
+    /// pass are delivered once settled, that is when they ended before `settled` (no lane has
+    /// a step begun earlier still open, or marks from earlier unresolved: every rank's steps
+    /// that served them are in) or [`SETTLE_MAX`] ago; those served without a begin since the
+    /// previous pass are given up (counted).
+    pub(crate) fn pass_done<S: Sink>(&mut self, settled: u64, out: &mut S) {
+        let now = crate::timing::now_ns();
+        let max = self.settle_max_ns;
+        let (ready, wait): (Vec<u64>, Vec<u64>) = std::mem::take(&mut self.ended_prev)
+            .into_iter()
+            .partition(|id| match self.open.get(id) {
+                Some(r) => match r.ended {
+                    Some((end, _)) => end < settled || now.saturating_sub(r.ended_seen) >= max,
+                    None => true,
+                },
+                None => true,
+            });
         self.finalize(ready, out);
-        self.ended_prev = std::mem::take(&mut self.ended_now);
+        self.ended_prev = wait;
+        self.ended_prev.append(&mut self.ended_now);
         let pass = self.pass;
         let mut gone = 0;
         let orphans = std::mem::take(&mut self.orphans);

@@ -1743,3 +1743,171 @@ fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured
     assert_eq!(batch, [2.0, 2.0, 1.0]);
     assert_eq!(p.stats().dropped.total(), 0, "{:?}", p.stats().dropped);
 }
+
+/// The spans of a request-settling test: the request spans named `text_completion m`, the
+/// `request.step` spans, and one attribute of a span as an i64.
+fn request_spans(
+    t: &[opentelemetry_sdk::trace::SpanData],
+) -> (
+    Vec<&opentelemetry_sdk::trace::SpanData>,
+    Vec<&opentelemetry_sdk::trace::SpanData>,
+) {
+    let named = |n: &str| t.iter().filter(|s| s.name == n).collect::<Vec<_>>();
+    (
+        named("text_completion m"),
+        named(crate::names::span::REQUEST_STEP),
+    )
+}
+
+fn int_attr(s: &opentelemetry_sdk::trace::SpanData, k: &str) -> Option<i64> {
+    s.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == k)
+        .and_then(|kv| match kv.value {
+            opentelemetry::Value::I64(v) => Some(v),
+            _ => None,
+        })
+}
+
+/// Two ranks serve a traced request; the rank that ends it is ahead of the other, whose step
+/// is still open (a slow or descheduled rank). The request waits for that step however many
+/// passes run, then has both ranks' `request.step` spans.
+#[test]
+fn an_ended_request_waits_for_every_rank_step_that_served_it() {
+    use crate::config::TraceSlowerThan;
+    use crate::names::attr;
+    use crate::{Finish, RequestKind};
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        1,
+        TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
+        .unwrap();
+    let (r0, r1) = (rec(&t.shared), rec(&t.shared));
+    let mut p = t.p;
+    r0.request_begin(7, class);
+    p.pass();
+    let late = r1.step();
+    r1.serve(7, 1, 1);
+    {
+        let _step = r0.step();
+        r0.serve(7, 1, 1);
+    }
+    r0.request_end(7, Finish::Stop);
+    for _ in 0..4 {
+        p.pass();
+    }
+    {
+        let spans = t.capture.spans.lock().unwrap();
+        let (req, _) = request_spans(&spans);
+        assert!(req.is_empty(), "ended before the late rank's step: {req:?}");
+    }
+    drop(late);
+    p.pass();
+    p.pass();
+    let spans = t.capture.spans.lock().unwrap();
+    let (req, parts) = request_spans(&spans);
+    assert_eq!(
+        req.len(),
+        1,
+        "the request ended once both ranks' steps were in"
+    );
+    assert_eq!(parts.len(), 2, "one request.step span per rank");
+    assert_eq!(int_attr(req[0], attr::REQUEST_STEPS_UNTRACED), Some(0));
+    assert_eq!(p.stats().dropped.total(), 0, "{:?}", p.stats().dropped);
+}
+
+/// A rank stuck in its step does not hold a request back for ever: after the settling bound
+/// the request ends without that rank's step, which is counted when it comes.
+#[test]
+fn a_stuck_rank_holds_an_ended_request_only_up_to_the_settling_bound() {
+    use crate::config::TraceSlowerThan;
+    use crate::{Finish, RequestKind};
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        1,
+        TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
+        .unwrap();
+    let (r0, r1) = (rec(&t.shared), rec(&t.shared));
+    let mut p = t.p;
+    p.pairing
+        .set_settle_max(std::time::Duration::from_millis(50));
+    r0.request_begin(7, class);
+    p.pass();
+    let stuck = r1.step();
+    r1.serve(7, 1, 1);
+    {
+        let _step = r0.step();
+        r0.serve(7, 1, 1);
+    }
+    r0.request_end(7, Finish::Stop);
+    p.pass();
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    p.pass();
+    {
+        let spans = t.capture.spans.lock().unwrap();
+        let (req, parts) = request_spans(&spans);
+        assert_eq!(req.len(), 1, "ended after the bound");
+        assert_eq!(parts.len(), 1, "the stuck rank's step is not in");
+    }
+    drop(stuck);
+    p.pass();
+    p.pass();
+    assert_eq!(
+        p.stats().dropped.get(DropReason::Unbalanced),
+        1,
+        "the late step is counted: {:?}",
+        p.stats().dropped
+    );
+}
+
+/// A rank's step drained before the request's begin (recorded on another rank, drained a pass
+/// later) has no `request.step` span: the request's span says so.
+#[test]
+fn a_step_drained_before_its_request_begin_is_counted_untraced() {
+    use crate::config::TraceSlowerThan;
+    use crate::names::attr;
+    use crate::{Finish, RequestKind};
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        1,
+        TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
+        .unwrap();
+    let (r1, r0) = (rec(&t.shared), rec(&t.shared));
+    let mut p = t.p;
+    {
+        let _step = r1.step();
+        r1.serve(7, 1, 1);
+    }
+    p.pass();
+    r0.request_begin(7, class);
+    {
+        let _step = r0.step();
+        r0.serve(7, 1, 1);
+    }
+    r0.request_end(7, Finish::Stop);
+    p.flush();
+    let spans = t.capture.spans.lock().unwrap();
+    let (req, parts) = request_spans(&spans);
+    assert_eq!(req.len(), 1);
+    assert_eq!(parts.len(), 1);
+    assert_eq!(int_attr(req[0], attr::REQUEST_STEPS_UNTRACED), Some(1));
+    assert_eq!(int_attr(req[0], attr::REQUEST_STEPS), Some(1));
+}

@@ -71,9 +71,6 @@ fn genai_histograms() -> [(&'static str, &'static [f64]); 3] {
 }
 
 #[test]
-#[ignore = "known race (issue 31, the request link race): with 2 ranks a traced request's \
-            request.step spans sometimes miss one step of one rank (seen: rank 0 10, rank 1 9); \
-            passes most runs; run with --ignored"]
 fn the_genai_histograms_and_request_traces_reach_a_collector_over_otlp() {
     support::require_tools!(Rotel);
     let rotel = Rotel::start();
@@ -152,13 +149,19 @@ fn the_genai_histograms_and_request_traces_reach_a_collector_over_otlp() {
         .filter(|r| r.attr(attr::REQUEST_STEPS).is_some_and(|s| s != "0"))
         .collect();
     assert!(!finished.is_empty(), "no traced request ran to its end");
-    // A request whose steps were all traced has every one in its trace (the span counts the
-    // steps it could not link in phasetrace.request.steps_untraced; some requests still show
-    // a few, which is why this asserts on most requests rather than all).
+    // A request whose steps were all traced has every one in its trace, on every rank (an
+    // ended request waits for the other rank's last step). The span counts the steps it could
+    // not link in phasetrace.request.steps_untraced: a rank's step drained before the request's
+    // begin, which a busy machine can make happen now and then, hence most rather than all.
     let complete: Vec<_> = finished
         .iter()
         .filter(|r| r.attr(attr::REQUEST_STEPS_UNTRACED) == Some("0"))
         .collect();
+    eprintln!(
+        "traced requests with every step linked: {} of {}",
+        complete.len(),
+        finished.len()
+    );
     assert!(
         complete.len() * 2 >= finished.len(),
         "most traced requests have every step traced: {} of {}",
