@@ -455,6 +455,17 @@ pub mod metric {
             unit: UNIT_SECONDS,
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
+        /// Histogram of a request's share of each speculative phase of the rounds that served
+        /// it, in seconds: each round's phase times the request's tokens in the step the round
+        /// overlaps over that step's tokens, summed over its rounds on the rank that began it
+        /// (`phasetrace_request_phase_share_seconds`), attribute `phase` beside the GenAI ones,
+        /// requests that a round served only; boundaries [`GEN_AI_REQUEST_DURATION_BOUNDARIES`].
+        /// Also on the request's span ([`attr::REQUEST_PHASE_SHARE`]).
+        REQUEST_PHASE_SHARE = "phasetrace.request.phase_share" {
+            instrument: Histogram,
+            unit: UNIT_SECONDS,
+            attributes: [attr::PHASE, attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
+        }
         /// Histogram of the drafted tokens accepted per request under speculative decoding
         /// (`Recorder::serve_speculative`), requests with a drafted token only
         /// (`phasetrace_request_accepted_tokens`); boundaries [`REQUEST_TOKEN_BOUNDARIES`].
@@ -664,6 +675,13 @@ pub mod attr {
         /// Each rank's share of its steps' rendezvous waits for the request, seconds (request
         /// span attribute, an array beside [`REQUEST_RANKS`]).
         REQUEST_WAIT_BY_RANK = "phasetrace.request.collective_wait_share_by_rank";
+        /// The speculative phases, in the order of [`REQUEST_PHASE_SHARE`] (request span
+        /// attribute, an array; requests that a round served only).
+        REQUEST_PHASES = "phasetrace.request.phases";
+        /// The request's share of each phase of the rounds that served it, seconds, on the
+        /// rank that began it (request span attribute, an array beside [`REQUEST_PHASES`]; see
+        /// `metric::REQUEST_PHASE_SHARE`).
+        REQUEST_PHASE_SHARE = "phasetrace.request.phase_share";
         /// The rank that waited least for the request's steps, the one the others waited for
         /// (request span attribute; with more than one rank).
         REQUEST_WAITED_FOR_RANK = "phasetrace.request.waited_for_rank";

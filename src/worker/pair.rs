@@ -79,6 +79,9 @@ pub(crate) struct OpenRound {
     pub(crate) sampled: bool,
     /// Held while the round may be traced (sampled, or tail sampling is on).
     pub(crate) trace: Option<RoundTrace>,
+    /// The requests (id, tokens) of the step it overlaps, whose shares of its phases are
+    /// counted when it is finalized.
+    pub(crate) batch: Vec<(u64, u32)>,
 }
 
 /// A round that ended; finalized one drain pass later so verify parts recorded on other
@@ -204,10 +207,12 @@ impl Pairing {
         }
         self.finalize_ended(out);
         self.ended_prev = std::mem::take(&mut self.ended_now);
+        // Rounds still to be finalized hold phase shares of the requests they served.
         let settled = self
             .lanes
             .iter()
             .map(LaneState::complete_before)
+            .chain(self.ended_prev.iter().map(|r| r.round.start))
             .min()
             .unwrap_or(u64::MAX);
         self.requests.pass_done(settled, out);
@@ -246,6 +251,8 @@ impl Pairing {
             )
         });
         self.counts.rounds += 1;
+        self.requests
+            .round(r.round.round.round.lane, &r.round.batch, &r.round.phases);
         let mut intervals = Vec::new();
         if r.round.trace.is_some() {
             intervals = parts.map(|p| p.intervals).unwrap_or_default();
@@ -353,6 +360,15 @@ pub(crate) struct LaneState {
     served: Vec<Served>,
     /// The batch of the step being delivered, reused.
     batch: Vec<BatchEntry>,
+}
+
+/// Gives `round` the batch of the step it overlaps, unless it has one.
+fn take_batch(round: &mut OpenRound, served: &[Served]) {
+    if round.batch.is_empty() {
+        round
+            .batch
+            .extend(served.iter().take(BATCH_MAX).map(|s| (s.id, s.tokens)));
+    }
 }
 
 /// A graph launch whose begin fence has resolved.
@@ -492,13 +508,16 @@ impl LaneState {
     }
 
     /// The time before which this lane has nothing more to deliver after its last drain:
-    /// the start of its open step, or its last resolved mark while marks wait for a deferred
-    /// clock (`u64::MAX` when neither). A request that ended earlier has every step of this
+    /// the start of its open step or round, or its last resolved mark while marks wait for a
+    /// deferred clock (`u64::MAX` when none). A request that ended earlier has every step of this
     /// lane that served it.
     pub(crate) fn complete_before(&self) -> u64 {
         let mut t = u64::MAX;
         if let Some(step) = &self.step {
             t = t.min(step.start);
+        }
+        if let Some(round) = &self.round {
+            t = t.min(round.start);
         }
         if !self.backlog.is_empty() {
             t = t.min(self.last_ns);
@@ -725,6 +744,9 @@ impl LaneState {
             &mut self.batch,
             s.out,
         );
+        if let Some(round) = self.round.as_mut() {
+            take_batch(round, &self.served);
+        }
         self.served.clear();
         s.emit(&Event::Step(Step {
             rank,
@@ -911,6 +933,7 @@ impl LaneState {
                 phases: Vec::new(),
                 parent,
             }),
+            batch: Vec::new(),
         });
     }
 
@@ -934,10 +957,12 @@ impl LaneState {
 
     fn round_end<S: Sink>(&mut self, m: Mark, t: u64, s: &mut Cx<'_, S>) {
         let rank = self.lane.rank;
-        let Some(round) = self.round.take() else {
+        let Some(mut round) = self.round.take() else {
             Self::unbalanced(s, 1);
             return;
         };
+        // A round inside a step: the step's batch so far.
+        take_batch(&mut round, &self.served);
         let accepted = m.accepted();
         if accepted.is_none() {
             Self::unbalanced(s, 1);

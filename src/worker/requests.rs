@@ -21,6 +21,7 @@ use super::event::{Event, Sink};
 use super::sinks::spans::tail::{Kind, Tail, Verdict};
 use crate::names::DropReason;
 use crate::record::{Finish, RequestKind, Shared};
+use crate::vocab::Phase;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -103,6 +104,9 @@ pub(crate) struct Request {
     /// Steps, on any rank, that served it without a `request.step` span: before it was traced,
     /// or before its begin was seen.
     pub(crate) steps_untraced: u64,
+    /// Its share of the speculative phases of the rounds that served it, ns by [`Phase`], on
+    /// the rank that began it (`None`: no round served it).
+    pub(crate) phase_share_ns: Option<[u64; Phase::ALL.len()]>,
 }
 
 impl Request {
@@ -168,6 +172,7 @@ struct Open {
     wait_by_rank: Vec<(u32, u64)>,
     traced: Option<TracedWhy>,
     steps_untraced: u64,
+    phase_share_ns: Option<[u64; Phase::ALL.len()]>,
     /// Ended at this time, finalized once settled ([`Requests::pass_done`]).
     ended: Option<(u64, Finish)>,
     /// When its end was processed, by [`crate::timing::now_ns`] (bounds the settling).
@@ -197,6 +202,7 @@ impl Open {
             wait_by_rank: Vec::new(),
             traced: None,
             steps_untraced: 0,
+            phase_share_ns: None,
             ended: None,
             ended_seen: 0,
             orphan_since: None,
@@ -346,6 +352,7 @@ impl Requests {
                     r.drafted = 0;
                     r.accepted = 0;
                     r.first_token = None;
+                    r.phase_share_ns = None;
                 }
             }
             None => {
@@ -511,6 +518,32 @@ impl Requests {
         self.publish();
     }
 
+    /// A round of `lane` that overlapped a step serving `batch` (id, tokens) ended with
+    /// `phases`: each request begun on that lane gets its share of every phase, by its tokens.
+    pub(crate) fn round(
+        &mut self,
+        lane: u16,
+        batch: &[(u64, u32)],
+        phases: &[u64; Phase::ALL.len()],
+    ) {
+        let total: u64 = batch.iter().map(|(_, t)| u64::from((*t).max(1))).sum();
+        if total == 0 {
+            return;
+        }
+        for (id, tokens) in batch {
+            let Some(r) = self.open.get_mut(id) else {
+                continue;
+            };
+            if !r.home.is_none_or(|h| h == lane) {
+                continue;
+            }
+            let share = r.phase_share_ns.get_or_insert([0; Phase::ALL.len()]);
+            for (acc, ns) in share.iter_mut().zip(phases) {
+                *acc += (u128::from(*ns) * u128::from((*tokens).max(1)) / u128::from(total)) as u64;
+            }
+        }
+    }
+
     /// Request `id` ended at `t`: finalized at the end of the next pass.
     pub(crate) fn end<S: Sink>(&mut self, id: u64, t: u64, finish: Finish, out: &mut S) {
         let Some(r) = self.open.get_mut(&id) else {
@@ -619,6 +652,7 @@ impl Requests {
                 wait_share_ns: r.wait_share_ns,
                 wait_by_rank: r.wait_by_rank,
                 steps_untraced: r.steps_untraced,
+                phase_share_ns: r.phase_share_ns,
             };
             if let Some(tpot) = req.tpot_ns()
                 && req.outputs < TPOT_DECIDE_AFTER

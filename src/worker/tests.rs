@@ -1911,3 +1911,99 @@ fn a_step_drained_before_its_request_begin_is_counted_untraced() {
     assert_eq!(int_attr(req[0], attr::REQUEST_STEPS_UNTRACED), Some(1));
     assert_eq!(int_attr(req[0], attr::REQUEST_STEPS), Some(1));
 }
+
+/// A speculative round serving two requests (3 tokens and 1 in its step) gives each its share
+/// of every phase by its tokens: on the request's span and in the per-phase histogram.
+#[test]
+fn a_round_gives_each_request_its_share_of_every_phase_by_its_tokens() {
+    use crate::config::TraceSlowerThan;
+    use crate::names::{attr, metric};
+    use crate::{Finish, RequestKind};
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        1,
+        TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
+        .unwrap();
+    t.shared.spec_level.store(SpecLevel::Phases);
+    let r = rec(&t.shared);
+    r.request_begin(1, class);
+    r.request_begin(2, class);
+    let pause = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+    let round = r.round(4);
+    pause(2);
+    round.phase(Phase::Draft);
+    {
+        let _step = r.step();
+        r.serve_speculative(1, 4, 2);
+        r.serve(2, 1, 1);
+        pause(4);
+    }
+    round.phase(Phase::Verify);
+    pause(1);
+    round.phase(Phase::Accept);
+    round.end(2);
+    r.request_end(1, Finish::Stop);
+    r.request_end(2, Finish::Stop);
+    let mut p = t.p;
+    p.pass();
+    p.pass();
+    p.pass();
+    let spans = t.capture.spans.lock().unwrap();
+    let (req, _) = request_spans(&spans);
+    assert_eq!(req.len(), 2);
+    let shares = |s: &opentelemetry_sdk::trace::SpanData| -> Vec<f64> {
+        let get = |k: &str| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.clone())
+        };
+        let phases = get(attr::REQUEST_PHASES).map(|v| v.to_string());
+        assert_eq!(
+            phases.as_deref(),
+            Some(r#"["draft","verify","accept","rollback","maint"]"#),
+            "{:?}",
+            s.attributes
+        );
+        match get(attr::REQUEST_PHASE_SHARE) {
+            Some(opentelemetry::Value::Array(opentelemetry::Array::F64(v))) => v,
+            other => panic!("{other:?}"),
+        }
+    };
+    let id = |s: &opentelemetry_sdk::trace::SpanData| {
+        s.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == attr::GEN_AI_RESPONSE_ID)
+            .map(|kv| kv.value.to_string())
+    };
+    let (a, b) = if id(req[0]).as_deref() == Some("1") {
+        (shares(req[0]), shares(req[1]))
+    } else {
+        (shares(req[1]), shares(req[0]))
+    };
+    // Request 1 has 4 drafted tokens verified (5 tokens in the step), request 2 one token.
+    assert!(a[0] >= 0.002 * 5.0 / 6.0 * 0.99, "draft: {a:?}");
+    assert!(a[1] >= 0.004 * 5.0 / 6.0 * 0.99, "verify: {a:?}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - 5.0 * y).abs() < 1e-8, "shares by tokens: {a:?} {b:?}");
+    }
+    assert_eq!(a[3], 0.0, "no rollback");
+    let by_phase = values(&p, metric::REQUEST_PHASE_SHARE);
+    assert_eq!(by_phase.len(), 2 * Phase::ALL.len(), "{by_phase:?}");
+    let verify: Vec<f64> = by_phase
+        .iter()
+        .filter(|(_, kv)| kv.contains(&(attr::PHASE.to_owned(), "verify".to_owned())))
+        .map(|v| v.0)
+        .collect();
+    assert_eq!(verify.len(), 2);
+    assert!(
+        verify.iter().any(|v| (v - a[1]).abs() < 1e-9),
+        "{verify:?} {a:?}"
+    );
+}

@@ -633,6 +633,11 @@ impl Instruments {
                 "A request's share of the collective rendezvous waits of the steps that served it",
                 &metric::GEN_AI_TTFT_BOUNDARIES,
             ),
+            phase_share: hist(
+                metric::REQUEST_PHASE_SHARE,
+                "A request's share of each speculative phase of the rounds that served it",
+                &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
+            ),
             accepted: meter
                 .u64_histogram(metric::REQUEST_ACCEPTED_TOKENS)
                 .with_unit(metric::UNIT_TOKENS)
@@ -697,6 +702,16 @@ impl Instruments {
         }
         if let Some(d) = r.decode_ns() {
             i.decode.record(secs(d), kv);
+        }
+        if let Some(shares) = &r.phase_share_ns {
+            let mut with_phase = Vec::with_capacity(kv.len() + 1);
+            for (phase, ns) in crate::vocab::Phase::ALL.iter().zip(shares) {
+                with_phase.clear();
+                with_phase.push(KeyValue::new(attr::PHASE, phase.as_str()));
+                with_phase.extend_from_slice(kv);
+                self.note(metric::REQUEST_PHASE_SHARE, &with_phase, secs(*ns));
+                i.phase_share.record(secs(*ns), &with_phase);
+            }
         }
         if r.drafted > 0 {
             self.note(metric::REQUEST_ACCEPTED_TOKENS, kv, r.accepted as f64);
@@ -773,6 +788,7 @@ struct RequestInstruments {
     decode: Histogram<f64>,
     step_share: Histogram<f64>,
     wait_share: Histogram<f64>,
+    phase_share: Histogram<f64>,
     accepted: Histogram<u64>,
     batch: Histogram<u64>,
     _gauges: [ObservableGauge<u64>; 2],

@@ -369,6 +369,23 @@ impl SpanSink {
                 )),
             ));
         }
+        if let Some(shares) = &r.phase_share_ns {
+            kv.push(KeyValue::new(
+                attr::REQUEST_PHASES,
+                opentelemetry::Value::Array(opentelemetry::Array::String(
+                    crate::vocab::Phase::ALL
+                        .iter()
+                        .map(|p| p.as_str().into())
+                        .collect(),
+                )),
+            ));
+            kv.push(KeyValue::new(
+                attr::REQUEST_PHASE_SHARE,
+                opentelemetry::Value::Array(opentelemetry::Array::F64(
+                    shares.iter().map(|ns| secs(*ns)).collect(),
+                )),
+            ));
+        }
         if let Some(rank) = r.waited_for_rank() {
             kv.push(KeyValue::new(
                 attr::REQUEST_WAITED_FOR_RANK,
