@@ -6,7 +6,10 @@
 //! (`phasetrace-names`, `phasetrace-testkit`, ...). Each program is an example of that crate,
 //! checked with `cargo check --offline --examples`, versions pinned by this workspace's
 //! `Cargo.lock`, in a target directory of its own under `target/tmp` that later runs reuse.
-//! A `rust` block must be a complete program (`fn main`); fragments are marked `rust,ignore`.
+//! A `rust` block must be a complete program (`fn main`); a fragment is marked `rust,ignore`
+//! and preceded by a line that says where it builds (`<!-- snippet: builds in
+//! tests/snippets/NAME.rs -->`, a program whose `// {snippet}` line it replaces) or why it
+//! cannot (`<!-- snippet: not built: REASON -->`); every doc is read (the README and `docs/`).
 //!
 //! And a provider of another `opentelemetry` version (to the compiler, a type that does not
 //! implement this version's provider traits) is refused at compile time with a message that
@@ -18,29 +21,88 @@ use std::process::Command;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The docs whose `rust` blocks are programs a user copies.
-const DOCS: [(&str, &str); 2] = [
-    ("readme", "README.md"),
-    ("integrating", "docs/integrating.md"),
-];
+/// The docs a user reads: (program name prefix, path), the README and every page of `docs/`.
+fn docs() -> Vec<(String, PathBuf)> {
+    let mut docs = vec![("readme".to_owned(), Path::new(ROOT).join("README.md"))];
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("an entry of docs/").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    for p in pages {
+        let stem = p.file_stem().expect("a file name").to_string_lossy();
+        docs.push((stem.replace('-', "_"), p));
+    }
+    docs
+}
 
-/// The `rust` blocks of `markdown` (fences spelled exactly ```` ```rust ````).
-fn rust_blocks(markdown: &str) -> Vec<String> {
+/// A code block of a doc: a program (```` ```rust ````) or a fragment (```` ```rust,ignore ````)
+/// with the line before its fence.
+struct Block {
+    fragment: bool,
+    before: String,
+    code: String,
+}
+
+/// The `rust` and `rust,ignore` blocks of `markdown` (fences may be indented, in a list).
+fn rust_blocks(markdown: &str) -> Vec<Block> {
     let mut blocks = Vec::new();
-    let mut open: Option<String> = None;
+    let mut open: Option<Block> = None;
+    let mut before = "";
     for line in markdown.lines() {
+        let fence = line.trim();
         match open.as_mut() {
-            None if line.trim_end() == "```rust" => open = Some(String::new()),
+            None if fence == "```rust" || fence == "```rust,ignore" => {
+                open = Some(Block {
+                    fragment: fence.ends_with("ignore"),
+                    before: before.trim().to_owned(),
+                    code: String::new(),
+                });
+            }
             None => {}
-            Some(_) if line.trim_end() == "```" => blocks.extend(open.take()),
+            Some(_) if fence == "```" => blocks.extend(open.take()),
             Some(block) => {
-                block.push_str(line);
-                block.push('\n');
+                block.code.push_str(line);
+                block.code.push('\n');
             }
         }
+        before = line;
     }
     assert!(open.is_none(), "an unclosed rust block");
     blocks
+}
+
+/// A fragment inside the program its marker names, or `None` with the reason it is not built.
+fn in_context(doc: &Path, i: usize, b: &Block) -> Result<String, String> {
+    let at = || format!("{}, rust block {i}", doc.display());
+    let marker = b
+        .before
+        .strip_prefix("<!-- snippet: ")
+        .and_then(|m| m.strip_suffix(" -->"))
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: a fragment without a marker on the line before it; say where it builds \
+                 (<!-- snippet: builds in tests/snippets/NAME.rs -->) or why not \
+                 (<!-- snippet: not built: REASON -->)",
+                at()
+            )
+        });
+    if let Some(reason) = marker.strip_prefix("not built: ") {
+        assert!(reason.len() > 10, "{}: say why it is not built", at());
+        return Err(reason.to_owned());
+    }
+    let file = marker
+        .strip_prefix("builds in ")
+        .unwrap_or_else(|| panic!("{}: unknown marker {marker:?}", at()));
+    let context = std::fs::read_to_string(Path::new(ROOT).join(file))
+        .unwrap_or_else(|e| panic!("{}: {file}: {e}", at()));
+    assert!(
+        context.contains("// {snippet}"),
+        "{file}: no `// {{snippet}}` line"
+    );
+    let indented: String = b.code.lines().map(|l| format!("    {l}\n")).collect();
+    Ok(context.replace("    // {snippet}\n", &indented))
 }
 
 /// (example name, source) for every program to build.
@@ -61,17 +123,21 @@ fn programs() -> Vec<(String, String)> {
         let text = std::fs::read_to_string(&path).expect("an example");
         out.push((name.into_owned(), text));
     }
-    for (prefix, doc) in DOCS {
-        let text = std::fs::read_to_string(Path::new(ROOT).join(doc)).expect("a doc");
-        let blocks = rust_blocks(&text);
-        assert!(!blocks.is_empty(), "{doc}: no rust block found");
-        for (i, block) in blocks.into_iter().enumerate() {
-            assert!(
-                block.contains("fn main"),
-                "{doc}, rust block {}: not a complete program; mark a fragment `rust,ignore`",
-                i + 1
-            );
-            out.push((format!("{prefix}_{}", i + 1), block));
+    for (prefix, doc) in docs() {
+        let text = std::fs::read_to_string(&doc).expect("a doc");
+        for (i, block) in rust_blocks(&text).into_iter().enumerate() {
+            let name = format!("{prefix}_{}", i + 1);
+            if !block.fragment {
+                assert!(
+                    block.code.contains("fn main"),
+                    "{}, rust block {}: not a complete program; mark a fragment `rust,ignore`",
+                    doc.display(),
+                    i + 1
+                );
+                out.push((name, block.code));
+            } else if let Ok(program) = in_context(&doc, i + 1, &block) {
+                out.push((name, program));
+            }
         }
     }
     out
@@ -145,7 +211,15 @@ fn every_example_and_docs_snippet_builds_as_an_outside_crate() {
         !stderr.contains("`phasetrace-outside`"),
         "{names:?}: warnings:\n{stderr}"
     );
-    for name in ["minimal", "own_providers", "readme_1", "integrating_1"] {
+    for name in [
+        "minimal",
+        "own_providers",
+        "readme_1",
+        "integrating_1",
+        "integrating_2",
+        "moe_1",
+        "moe_2",
+    ] {
         assert!(names.contains(&name), "{name} was not built: {names:?}");
     }
 }
