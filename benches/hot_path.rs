@@ -241,7 +241,38 @@ fn step(c: &mut Criterion) {
         });
     });
     every.shutdown();
+    // The tail rule on: every step reads the engine's current span (its parent if it is kept),
+    // not only the head-sampled ones. None is sampled here: what is timed is the parent read.
+    let tail = || {
+        Profiler::builder()
+            .without_env()
+            .with_level(SectionLevel::Full)
+            .without_prometheus()
+            .with_trace_every(0)
+            .with_text("PHASETRACE_TRACE_SLOWER_THAN", "p99")
+            .expect("a valid setting")
+            .with_queue(1 << 20)
+            .with_drain_interval(Duration::from_secs(3600))
+            .build()
+            .expect("profiler")
+    };
+    let outside = tail();
+    g.bench_function("tail_rule_outside_a_span", |b| {
+        b.iter_custom(|n| steps(&outside, n))
+    });
+    outside.shutdown();
+    let inside = tail();
+    let (provider_tail, subscriber_tail) = engine_tracing();
+    tracing::subscriber::with_default(subscriber_tail, || {
+        let request = tracing::info_span!("request");
+        let _entered = request.enter();
+        g.bench_function("tail_rule_in_a_tracing_span", |b| {
+            b.iter_custom(|n| steps(&inside, n))
+        });
+    });
+    inside.shutdown();
     let _ = provider.shutdown();
+    let _ = provider_tail.shutdown();
     g.finish();
 }
 

@@ -7,9 +7,13 @@
 //! - `full`: level `full` on the host clock, no spans (`PHASETRACE_TRACE_EVERY=0`);
 //! - `full_sampled`: level `full`, one step in 100 traced as spans (the default).
 //!
-//! The variants run in one process, interleaved: first a pass of `ROUNDS` rounds, each timing
-//! `TOKENS` tokens of every variant in turn (its medians and ratios are printed: the figure in
-//! BENCHMARKS.md), then criterion's own groups with stable ids (`candle_decode/<variant>`).
+//! The variants run in one process, interleaved: first a pass of `ROUNDS` rounds (or
+//! `PHASETRACE_BENCH_ROUNDS`), each timing `TOKENS` tokens of every variant in turn, the order
+//! rotating from round to round so that no variant always runs first. Printed: each variant's
+//! median tokens/s, and its ratio to `off` and to `none` paired within each round (the noise of
+//! a shared machine moves every variant of a round alike), as the median of the rounds' ratios
+//! with a 95 % bootstrap interval of that median: the figure in BENCHMARKS.md. Then criterion's
+//! own groups with stable ids (`candle_decode/<variant>`).
 //! The model: `BENCH_MODEL` (the demo's default shapes with 4 layers: 1 dense and 3 MoE with 64
 //! experts, top-8), whose step takes 1-10 ms on the development machine.
 //!
@@ -81,6 +85,29 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The median of `v` with a 95 % bootstrap interval of it (2,000 resamples, a fixed seed).
+fn median_with_interval(v: &[f64]) -> (f64, f64, f64) {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        // xorshift64*: enough to resample indices.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let mut s: Vec<f64> = (0..v.len())
+                .map(|_| v[(next() % v.len() as u64) as usize])
+                .collect();
+            median(&mut s)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    let mut all = v.to_vec();
+    (median(&mut all), medians[50], medians[1949])
+}
+
 fn benches(c: &mut Criterion) {
     let cfg = bench_model();
     let tensors = weights::random(&cfg, 7).expect("random weights");
@@ -106,10 +133,18 @@ fn benches(c: &mut Criterion) {
             step(&model, v);
         }
     }
-    // The interleaved pass.
-    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); vs.len()];
-    for _ in 0..ROUNDS {
-        for (i, v) in vs.iter_mut().enumerate() {
+    // The interleaved pass, the order rotating.
+    let rounds = std::env::var("PHASETRACE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse::<usize>().ok())
+        .filter(|r| *r > 0)
+        .unwrap_or(ROUNDS);
+    let n = vs.len();
+    let mut tps: Vec<Vec<f64>> = vec![Vec::new(); n];
+    for round in 0..rounds {
+        for k in 0..n {
+            let i = (round + k) % n;
+            let v = &mut vs[i];
             let t = Instant::now();
             for _ in 0..TOKENS {
                 step(&model, v);
@@ -117,19 +152,22 @@ fn benches(c: &mut Criterion) {
             tps[i].push(TOKENS as f64 / t.elapsed().as_secs_f64());
         }
     }
-    let medians: Vec<f64> = tps.iter_mut().map(|s| median(s)).collect();
-    let off = medians[1];
     eprintln!(
-        "interleaved: {ROUNDS} rounds x {TOKENS} tokens per variant; {} layers, width {}, {} experts top-{}",
+        "interleaved: {rounds} rounds x {TOKENS} tokens per variant, order rotating; {} layers, width {}, {} experts top-{}",
         cfg.layers, cfg.hidden, cfg.experts, cfg.top_k
     );
-    for (v, m) in vs.iter().zip(&medians) {
+    let ratios = |to: usize, i: usize| -> Vec<f64> {
+        tps[i].iter().zip(&tps[to]).map(|(a, b)| a / b).collect()
+    };
+    for (i, v) in vs.iter().enumerate() {
+        let m = median(&mut tps[i].clone());
+        let (off, off_lo, off_hi) = median_with_interval(&ratios(1, i));
+        let (none, none_lo, none_hi) = median_with_interval(&ratios(0, i));
         eprintln!(
-            "  {:<13} {:>8.1} tokens/s  {:>6.3} ms/step  {:.4}x of off",
+            "  {:<13} {:>8.1} tokens/s  {:>6.3} ms/step  {off:.4}x of off [{off_lo:.4}, {off_hi:.4}]  {none:.4}x of none [{none_lo:.4}, {none_hi:.4}]",
             v.name,
             m,
             1e3 / m,
-            m / off
         );
     }
     for v in &vs {
