@@ -534,7 +534,7 @@ impl Requests {
             let Some(r) = self.open.get_mut(id) else {
                 continue;
             };
-            if !r.home.is_none_or(|h| h == lane) {
+            if r.home.is_some_and(|h| h != lane) {
                 continue;
             }
             let share = r.phase_share_ns.get_or_insert([0; Phase::ALL.len()]);
