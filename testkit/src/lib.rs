@@ -3,8 +3,9 @@
 //!
 //! - [`Rotel`]: an OTLP collector (gRPC + HTTP) whose debug output [`otlp_debug`] parses
 //!   into [`ReceivedSpan`]s and [`ReceivedMetric`]s.
-//! - [`OtlpReceiver`]: an in-process OTLP/HTTP receiver that decodes what it is sent into
-//!   `opentelemetry-proto` messages, for the tests whose subject is not the collector.
+//! - [`OtlpReceiver`]: an in-process OTLP receiver (HTTP or gRPC) that decodes what it is sent
+//!   into `opentelemetry-proto` messages (re-exported as [`opentelemetry_proto`]), for the tests
+//!   whose subject is not the collector.
 //! - [`Prometheus`]: a Prometheus 3 server scraping given targets, with PromQL queries.
 //! - [`Otelcol`]: the OpenTelemetry Collector built from tools/otelcol, running the bundled
 //!   `otel-config/collector.yaml`; [`Jaeger`]: Jaeger v2 running `otel-config/jaeger.yaml`,
@@ -27,6 +28,8 @@ pub mod tls;
 pub mod tools;
 
 pub use jaeger::{Jaeger, JaegerSpan, bundled_jaeger_config, jaeger_binary};
+/// The OTLP messages [`OtlpReceiver`] decodes into, at the version it was built with.
+pub use opentelemetry_proto;
 pub use otelcol::{Otelcol, bundled_collector_config, otelcol_binary};
 pub use otlp_debug::{
     MetricKind, ParsedOutput, Point, ReceivedEvent, ReceivedExemplar, ReceivedLink, ReceivedMetric,

@@ -1,23 +1,31 @@
-//! An in-process OTLP/HTTP (protobuf) receiver for the unit-level tests: it decodes each export
-//! request into its `opentelemetry-proto` message, so a test asserts on what was sent (span
-//! names, attributes, data points) instead of parsing a collector's debug log
+//! An in-process OTLP receiver for the unit-level tests, over OTLP/HTTP (protobuf) or OTLP/gRPC:
+//! it decodes each export request into its `opentelemetry-proto` message, so a test asserts on
+//! what was sent (span names, attributes, data points) instead of parsing a collector's debug log
 //! ([`crate::otlp_debug`]). The live tests keep their real collectors ([`crate::Rotel`],
 //! [`crate::Otelcol`]); this stands in where the collector itself is not under test.
 //!
 //! ```text
-//! exporter ──POST /v1/traces | /v1/metrics (gzip or not)──> hyper on 127.0.0.1:port
-//!          ──prost decode──> Export{Trace,Metrics}ServiceRequest kept in order ──> the test
+//! start():      exporter ──POST /v1/traces | /v1/metrics (gzip or not)──> hyper HTTP/1.1
+//!                        ──prost decode──┐
+//! start_grpc(): exporter ──TraceService/Export | MetricsService/Export──> hyper HTTP/2
+//!                        ──tonic's generated servers (gzip accepted)──┤
+//!                                                                     └─> Export{Trace,Metrics}
+//!                                        ServiceRequest kept in arrival order ──> the test
 //! ```
 //!
-//! gRPC is not served (tonic's server is not in the tree); tests of the gRPC transport keep the
-//! real collector.
+//! One receiver speaks one transport, so a test of the gRPC exporter fails if it sends HTTP.
+//! The gRPC side uses the generated `*_service_server` modules of `opentelemetry-proto` (feature
+//! `gen-tonic`) on hyper's HTTP/2 server directly, routed by path here: tonic's own server and
+//! router (and axum under it) are not compiled. A request refused (undecodable body, unknown
+//! path or method) is answered with an error (HTTP 400/404, or a non-OK `grpc-status`) and
+//! recorded in [`OtlpReceiver::refused`]; nothing in the receiver panics on what it is sent.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
@@ -50,9 +58,29 @@ pub struct OtlpReceiver {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The transport one receiver serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// OTLP/HTTP with protobuf bodies, on HTTP/1.1.
+    Http,
+    /// OTLP/gRPC, on HTTP/2 with prior knowledge (what the tonic exporter speaks).
+    Grpc,
+}
+
 impl OtlpReceiver {
-    /// Starts a receiver on a free port of 127.0.0.1, serving on a thread of its own.
+    /// Starts an OTLP/HTTP (protobuf) receiver on a free port of 127.0.0.1, serving on a thread
+    /// of its own.
     pub fn start() -> OtlpReceiver {
+        OtlpReceiver::start_serving(Transport::Http)
+    }
+
+    /// Starts an OTLP/gRPC receiver (the trace and metrics services, gzip accepted) on a free
+    /// port of 127.0.0.1, serving on a thread of its own.
+    pub fn start_grpc() -> OtlpReceiver {
+        OtlpReceiver::start_serving(Transport::Grpc)
+    }
+
+    fn start_serving(transport: Transport) -> OtlpReceiver {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
         listener
             .set_nonblocking(true)
@@ -76,14 +104,24 @@ impl OtlpReceiver {
                             _ = &mut stopped => break,
                             accepted = listener.accept() => {
                                 let Ok((stream, _)) = accepted else { continue };
+                                let io = TokioIo::new(stream);
                                 let shared = shared.clone();
-                                tokio::spawn(async move {
-                                    let service =
-                                        service_fn(move |req| answer(req, shared.clone()));
-                                    let _ = hyper::server::conn::http1::Builder::new()
-                                        .serve_connection(TokioIo::new(stream), service)
+                                match transport {
+                                    Transport::Http => tokio::spawn(async move {
+                                        let service =
+                                            service_fn(move |req| answer(req, shared.clone()));
+                                        let _ = hyper::server::conn::http1::Builder::new()
+                                            .serve_connection(io, service)
+                                            .await;
+                                    }),
+                                    Transport::Grpc => tokio::spawn(async move {
+                                        let _ = hyper::server::conn::http2::Builder::new(
+                                            TokioExecutor::new(),
+                                        )
+                                        .serve_connection(io, grpc::service(shared))
                                         .await;
-                                });
+                                    }),
+                                };
                             }
                         }
                     }
@@ -99,7 +137,8 @@ impl OtlpReceiver {
     }
 
     /// The base URL (`http://127.0.0.1:PORT`): `OTEL_EXPORTER_OTLP_ENDPOINT` with
-    /// `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf`.
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf` for a receiver from [`OtlpReceiver::start`],
+    /// with `grpc` for one from [`OtlpReceiver::start_grpc`].
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -125,7 +164,8 @@ impl OtlpReceiver {
             .collect()
     }
 
-    /// The requests refused (unknown path, undecodable body), each with why.
+    /// The requests refused (unknown path or method, undecodable body), each with why: for gRPC
+    /// the path, the status code and its message.
     pub fn refused(&self) -> Vec<String> {
         self.lock().refused.clone()
     }
@@ -236,6 +276,121 @@ async fn answer(
                 .refused
                 .push(format!("{other}: no such OTLP path"));
             Ok(reply(StatusCode::NOT_FOUND, Vec::new()))
+        }
+    }
+}
+
+/// The gRPC side: the generated trace and metrics servers, routed by path on one HTTP/2
+/// connection; every answer whose headers carry a non-OK `grpc-status` (a trailers-only
+/// response, which is how tonic answers a request it could not decode or route) is recorded as
+/// refused.
+mod grpc {
+    use super::Received;
+    use hyper::body::Incoming;
+    use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+        MetricsService, MetricsServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::metrics::v1::{
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use std::convert::Infallible;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use tonic::codec::CompressionEncoding;
+    use tonic::codegen::Service as _;
+
+    const TRACE_SERVICE: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/";
+    const METRICS_SERVICE: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/";
+
+    /// What the generated servers store decoded requests into.
+    #[derive(Debug, Clone)]
+    struct Sink(Arc<Mutex<Received>>);
+
+    impl Sink {
+        fn lock(&self) -> std::sync::MutexGuard<'_, Received> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner())
+        }
+    }
+
+    #[tonic::async_trait]
+    impl TraceService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            self.lock().traces.push(request.into_inner());
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    #[tonic::async_trait]
+    impl MetricsService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportMetricsServiceRequest>,
+        ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+            self.lock().metrics.push(request.into_inner());
+            Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+        }
+    }
+
+    type Answer = hyper::Response<tonic::body::Body>;
+
+    /// The per-connection service: routes a request to the trace or metrics server by its path
+    /// and records a refusal.
+    #[derive(Debug, Clone)]
+    pub(super) struct Routes {
+        sink: Sink,
+        traces: TraceServiceServer<Sink>,
+        metrics: MetricsServiceServer<Sink>,
+    }
+
+    pub(super) fn service(received: Arc<Mutex<Received>>) -> Routes {
+        let sink = Sink(received);
+        Routes {
+            traces: TraceServiceServer::new(sink.clone())
+                .accept_compressed(CompressionEncoding::Gzip),
+            metrics: MetricsServiceServer::new(sink.clone())
+                .accept_compressed(CompressionEncoding::Gzip),
+            sink,
+        }
+    }
+
+    impl hyper::service::Service<hyper::Request<Incoming>> for Routes {
+        type Response = Answer;
+        type Error = Infallible;
+        type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
+
+        fn call(&self, req: hyper::Request<Incoming>) -> Self::Future {
+            let routes = self.clone();
+            Box::pin(async move {
+                let path = req.uri().path().to_owned();
+                let answer = if path.starts_with(TRACE_SERVICE) {
+                    routes.traces.clone().call(req).await?
+                } else if path.starts_with(METRICS_SERVICE) {
+                    routes.metrics.clone().call(req).await?
+                } else {
+                    tonic::Status::unimplemented(format!("{path}: no such OTLP service"))
+                        .into_http()
+                };
+                if let Some(status) = tonic::Status::from_header_map(answer.headers())
+                    && status.code() != tonic::Code::Ok
+                {
+                    routes.sink.lock().refused.push(format!(
+                        "{path}: gRPC status {:?}: {}",
+                        status.code(),
+                        status.message()
+                    ));
+                }
+                Ok(answer)
+            })
         }
     }
 }

@@ -2,15 +2,18 @@
 //! either flavour, with OTLP over gRPC and over HTTP/protobuf (the SDK's metrics exporter and
 //! phasetrace's own with exemplars), the Prometheus endpoint and console spans, nothing panics
 //! ("Cannot drop a runtime in a context where blocking is not allowed" was the blocking HTTP
-//! client's) and what was recorded is seen. The OTLP endpoint is a real collector (rotel) when
-//! one is installed, else a closed port (exports then fail and are counted, never a panic).
+//! client's) and what was recorded is seen, both in the profiler's stats and at the endpoints:
+//! in-process OTLP receivers (one gRPC, one HTTP, their own threads and runtimes) decode the spans
+//! and metrics each transport sent.
 
 use crate::support;
+use support::OtlpReceiver;
 
 use std::time::Duration;
 
 use phasetrace::config::TracesExporter;
 use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
+use phasetrace_names::{metric, span};
 
 /// What one case turns on.
 #[derive(Clone, Copy, Debug)]
@@ -72,33 +75,59 @@ fn every_case(grpc: &str, http: &str) {
     }
 }
 
-/// A collector's gRPC and HTTP endpoints, and the process that keeps them (if any).
-fn endpoints() -> (Option<support::Rotel>, String, String) {
-    if support::Tool::Rotel.find().is_some() {
-        let r = support::Rotel::start();
-        let (g, h) = (r.grpc_endpoint(), r.http_endpoint());
-        (Some(r), g, h)
-    } else {
-        let closed = format!("http://127.0.0.1:{}", support::free_port());
-        (None, closed.clone(), closed)
+/// A gRPC and an HTTP receiver.
+fn endpoints() -> (OtlpReceiver, OtlpReceiver) {
+    (OtlpReceiver::start_grpc(), OtlpReceiver::start())
+}
+
+/// Both receivers decoded step spans and the step-duration metric: each transport delivered.
+/// `flush()` returned before this, so a short wait covers only the receiver's own thread.
+fn both_delivered(grpc: &OtlpReceiver, http: &OtlpReceiver) {
+    for (name, receiver) in [("gRPC", grpc), ("HTTP", http)] {
+        let seen = receiver.wait_for(Duration::from_secs(5), |r| {
+            let step = r.spans().iter().any(|s| s.name == span::STEP);
+            let duration = r
+                .metrics()
+                .iter()
+                .flat_map(|m| &m.resource_metrics)
+                .flat_map(|rm| &rm.scope_metrics)
+                .flat_map(|sm| &sm.metrics)
+                .any(|m| m.name == metric::STEP_DURATION);
+            (step && duration).then_some(())
+        });
+        assert!(
+            seen.is_some(),
+            "{name}: spans {:?}, metrics {} requests, refused {:?}",
+            receiver.spans().iter().map(|s| &s.name).collect::<Vec<_>>(),
+            receiver.metrics().len(),
+            receiver.refused()
+        );
+        assert!(
+            receiver.refused().is_empty(),
+            "{name}: {:?}",
+            receiver.refused()
+        );
     }
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn every_exporter_builds_flushes_and_shuts_down_on_a_current_thread_runtime() {
-    let (_rotel, grpc, http) = endpoints();
-    every_case(&grpc, &http);
+    let (grpc, http) = endpoints();
+    every_case(&grpc.endpoint(), &http.endpoint());
+    both_delivered(&grpc, &http);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_exporter_builds_flushes_and_shuts_down_on_a_multi_thread_runtime() {
-    let (_rotel, grpc, http) = endpoints();
-    every_case(&grpc, &http);
+    let (grpc, http) = endpoints();
+    every_case(&grpc.endpoint(), &http.endpoint());
+    both_delivered(&grpc, &http);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profiler_dropped_inside_a_spawned_task_shuts_down_without_a_panic() {
-    let (_rotel, _grpc, http) = endpoints();
+    let (_grpc, receiver) = endpoints();
+    let http = receiver.endpoint();
     tokio::spawn(async move {
         let profiler = Profiler::builder()
             .without_env()

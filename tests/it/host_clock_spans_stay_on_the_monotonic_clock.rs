@@ -1,8 +1,8 @@
 //! Span timestamps made from host-clock marks (raw TSC readings where the CPU has an invariant
-//! TSC, converted on the worker) stay within 10 µs of the OS monotonic clock over a 60 s run, as a
-//! real collector receives them; the source is a resource attribute. And a step's spans from
-//! different clocks (host sections inside synchronized ones) nest, because every clock resolves
-//! to one timeline.
+//! TSC, converted on the worker) stay within 10 µs of the OS monotonic clock over a 60 s run, as
+//! they go over OTLP/gRPC (decoded by the in-process receiver); the source is a resource
+//! attribute. And a step's spans from different clocks (host sections inside synchronized ones)
+//! nest, because every clock resolves to one timeline.
 
 use crate::support;
 
@@ -12,7 +12,10 @@ use phasetrace_names::{attr, span};
 use phasetrace_sim::SimStream;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, UNIX_EPOCH};
-use support::Rotel;
+use support::OtlpReceiver;
+use support::opentelemetry_proto::tonic::common::v1::KeyValue;
+use support::opentelemetry_proto::tonic::common::v1::any_value::Value;
+use support::opentelemetry_proto::tonic::trace::v1::Span;
 
 const RUN: Duration = Duration::from_secs(60);
 const EVERY: Duration = Duration::from_millis(500);
@@ -29,6 +32,36 @@ fn outside(t: u64, (lo, hi): (u64, u64)) -> u64 {
     lo.saturating_sub(t).max(t.saturating_sub(hi))
 }
 
+/// The value of attribute `key` in an OTLP attribute list.
+fn otlp_attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+/// Every span received, each with the resource attributes it was sent under.
+fn spans_with_resource(receiver: &OtlpReceiver) -> Vec<(Vec<KeyValue>, Span)> {
+    let mut out = Vec::new();
+    for request in receiver.traces() {
+        for rs in request.resource_spans {
+            let resource = rs.resource.map(|r| r.attributes).unwrap_or_default();
+            for ss in rs.scope_spans {
+                out.extend(ss.spans.into_iter().map(|s| (resource.clone(), s)));
+            }
+        }
+    }
+    out
+}
+
+/// The resource's `key` as a string.
+fn resource_str<'a>(resource: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    match otlp_attr(resource, key)? {
+        Value::StringValue(v) => Some(v.as_str()),
+        _ => None,
+    }
+}
+
 /// Monotonic-clock brackets (unix ns) of one step's begin, its section's begin and end, and its
 /// end: each boundary lies between the two monotonic reads around it.
 struct Brackets {
@@ -40,14 +73,15 @@ struct Brackets {
 
 #[test]
 fn host_clock_span_timestamps_stay_within_10us_of_the_monotonic_clock_for_60s() {
-    let rotel = Rotel::start();
+    let receiver = OtlpReceiver::start_grpc();
     let profiler = Profiler::builder()
         .without_env()
         .with_level(SectionLevel::Full)
         .with_trace_every(1)
         .with_service_name("host-clock-drift")
         .without_prometheus()
-        .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
+        .with_otlp_endpoint(Some(&receiver.endpoint()))
+        .with_otlp_protocol(phasetrace::Protocol::Grpc)
         .build()
         .expect("building the profiler");
     let rec = profiler.recorder();
@@ -78,34 +112,48 @@ fn host_clock_span_timestamps_stay_within_10us_of_the_monotonic_clock_for_60s() 
     profiler.flush();
 
     let n = steps.len();
-    let p = rotel.wait_for(
-        |p| p.spans_named(span::STEP).len() >= n,
-        Duration::from_secs(30),
-    );
-    let by_step: HashMap<u64, _> = p
-        .spans_named(span::STEP)
-        .into_iter()
-        .filter_map(|s| Some((s.attr(attr::STEP)?.parse::<u64>().ok()?, s)))
+    let received = receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            let all = spans_with_resource(r);
+            (all.iter().filter(|(_, s)| s.name == span::STEP).count() >= n).then_some(all)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "fewer than {n} step spans; refused: {:?}",
+                receiver.refused()
+            )
+        });
+    let by_step: HashMap<u64, &(Vec<KeyValue>, Span)> = received
+        .iter()
+        .filter(|(_, s)| s.name == span::STEP)
+        .filter_map(|rs| match otlp_attr(&rs.1.attributes, attr::STEP)? {
+            Value::IntValue(i) => Some((u64::try_from(*i).ok()?, rs)),
+            _ => None,
+        })
         .collect();
     let source = host_source().source;
     let mut worst = 0u64;
     for (i, b) in steps.iter().enumerate() {
-        let s = by_step
+        let (resource, s) = by_step
             .get(&(i as u64))
             .unwrap_or_else(|| panic!("no span for step {i}"));
         assert_eq!(
-            s.resource.get(attr::HOST_CLOCK).map(String::as_str),
+            resource_str(resource, attr::HOST_CLOCK),
             Some(source.as_str()),
             "the host clock's source is a resource attribute"
         );
-        let sections = p.children_of(s);
+        let sections: Vec<&Span> = received
+            .iter()
+            .map(|(_, c)| c)
+            .filter(|c| c.trace_id == s.trace_id && c.parent_span_id == s.span_id)
+            .collect();
         assert_eq!(sections.len(), 1, "step {i}: {sections:#?}");
         let sec = sections[0];
         for (what, t, br) in [
-            ("step start", s.start_unix_nanos, b.step_begin),
-            ("section start", sec.start_unix_nanos, b.section_begin),
-            ("section end", sec.end_unix_nanos, b.section_end),
-            ("step end", s.end_unix_nanos, b.step_end),
+            ("step start", s.start_time_unix_nano, b.step_begin),
+            ("section start", sec.start_time_unix_nano, b.section_begin),
+            ("section end", sec.end_time_unix_nano, b.section_end),
+            ("step end", s.end_time_unix_nano, b.step_end),
         ] {
             let off = outside(t, br);
             worst = worst.max(off);
@@ -129,7 +177,7 @@ fn host_clock_span_timestamps_stay_within_10us_of_the_monotonic_clock_for_60s() 
 
 #[test]
 fn host_sections_inside_synchronized_sections_nest_in_time() {
-    let rotel = Rotel::start();
+    let receiver = OtlpReceiver::start_grpc();
     let stream = SimStream::new();
     let profiler = Profiler::builder()
         .without_env()
@@ -137,7 +185,8 @@ fn host_sections_inside_synchronized_sections_nest_in_time() {
         .with_trace_every(1)
         .with_service_name("mixed-clocks")
         .without_prometheus()
-        .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
+        .with_otlp_endpoint(Some(&receiver.endpoint()))
+        .with_otlp_protocol(phasetrace::Protocol::Grpc)
         .with_timing(Timing::Sync)
         .with_stream(stream.clone())
         .build()
@@ -156,29 +205,45 @@ fn host_sections_inside_synchronized_sections_nest_in_time() {
     }
     drop(rec);
     profiler.flush();
-    let p = rotel.wait_for(
-        |p| p.spans_named(Section::KDA_FRONT.as_str()).len() >= steps as usize,
-        Duration::from_secs(30),
-    );
-    let mut checked = 0;
-    for child in p
-        .spans
+    let received = receiver
+        .wait_for(Duration::from_secs(30), |r| {
+            let all = spans_with_resource(r);
+            let fronts = all
+                .iter()
+                .filter(|(_, s)| s.name == Section::KDA_FRONT.as_str())
+                .count();
+            (fronts >= steps as usize).then_some(all)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "fewer than {steps} front spans; refused: {:?}",
+                receiver.refused()
+            )
+        });
+    let mine: Vec<&Span> = received
         .iter()
-        .filter(|s| s.resource.get("service.name").map(String::as_str) == Some("mixed-clocks"))
-    {
-        let Some(parent) = p.parent_of(child) else {
+        .filter(|(r, _)| resource_str(r, "service.name") == Some("mixed-clocks"))
+        .map(|(_, s)| s)
+        .collect();
+    let mut checked = 0;
+    for child in &mine {
+        let Some(parent) = mine.iter().find(|p| {
+            !child.parent_span_id.is_empty()
+                && p.trace_id == child.trace_id
+                && p.span_id == child.parent_span_id
+        }) else {
             continue;
         };
         assert!(
-            parent.start_unix_nanos <= child.start_unix_nanos
-                && child.end_unix_nanos <= parent.end_unix_nanos,
+            parent.start_time_unix_nano <= child.start_time_unix_nano
+                && child.end_time_unix_nano <= parent.end_time_unix_nano,
             "{} [{}, {}] does not lie inside its parent {} [{}, {}]",
             child.name,
-            child.start_unix_nanos,
-            child.end_unix_nanos,
+            child.start_time_unix_nano,
+            child.end_time_unix_nano,
             parent.name,
-            parent.start_unix_nanos,
-            parent.end_unix_nanos
+            parent.start_time_unix_nano,
+            parent.end_time_unix_nano
         );
         checked += 1;
     }

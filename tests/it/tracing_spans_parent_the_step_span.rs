@@ -2,7 +2,8 @@
 //! provider), a sampled decode step recorded inside an engine `tracing` span (`request`) becomes
 //! that span's child in the same trace, whatever tracer provider phasetrace builds its spans
 //! on: the engine's (both spans in one in-memory exporter of the engine's), or phasetrace's own
-//! OTLP pipeline (the step at a real collector, parented by the engine's span). A step recorded
+//! OTLP/gRPC pipeline (the step as decoded by the in-process receiver, parented by the engine's
+//! span). A step recorded
 //! outside any `tracing` span stays a root. phasetrace installs no layer of its own, so a
 //! registry holds exactly one and nothing panics.
 #![cfg(feature = "tracing")]
@@ -15,7 +16,9 @@ use opentelemetry::trace::{SpanId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use phasetrace::{Profiler, Section, SectionLevel, Site};
 use phasetrace_names::{attr, span};
-use support::Rotel;
+use support::OtlpReceiver;
+use support::opentelemetry_proto::tonic::common::v1::KeyValue;
+use support::opentelemetry_proto::tonic::common::v1::any_value::Value;
 use tracing_subscriber::layer::SubscriberExt as _;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -120,10 +123,17 @@ fn on_the_engines_tracer_provider_a_sampled_step_is_a_child_of_the_request_span(
         .expect("the engine shuts its provider down");
 }
 
+/// The value of attribute `key` in an OTLP attribute list.
+fn otlp_attr<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a Value> {
+    attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
 #[test]
-fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collector() {
-    support::require_tools!(Rotel);
-    let rotel = Rotel::start();
+fn on_phasetraces_own_grpc_pipeline_the_engines_span_parents_the_exported_step() {
+    let receiver = OtlpReceiver::start_grpc();
     let (provider, spans, subscriber) = engine();
     let profiler = Profiler::builder()
         .without_env()
@@ -131,41 +141,69 @@ fn on_phasetraces_own_pipeline_the_engines_span_parents_the_step_at_the_collecto
         .with_trace_every(1)
         .with_service_name("tracing-bridge")
         .without_prometheus()
-        .with_otlp_endpoint(Some(&rotel.grpc_endpoint()))
+        .with_otlp_endpoint(Some(&receiver.endpoint()))
+        .with_otlp_protocol(phasetrace::Protocol::Grpc)
         .build()
         .expect("building the profiler");
     record(&profiler, subscriber);
     profiler.flush();
-    let p = rotel.wait_for(|p| p.spans_named(span::STEP).len() == 2, WAIT);
+    let steps = receiver
+        .wait_for(WAIT, |r| {
+            let steps: Vec<_> = r
+                .spans()
+                .into_iter()
+                .filter(|s| s.name == span::STEP)
+                .collect();
+            (steps.len() == 2).then_some(steps)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "not two step spans: {:#?}; refused: {:?}",
+                receiver.spans(),
+                receiver.refused()
+            )
+        });
     let engine_spans = spans.get_finished_spans().expect("the engine's spans");
     let request = engine_spans
         .iter()
         .find(|s| s.name == "request")
         .expect("the request span, at the engine's exporter");
-    let steps = p.spans_named(span::STEP);
     let inside = steps
         .iter()
-        .find(|s| s.attr(attr::STEP) == Some("0"))
+        .find(|s| otlp_attr(&s.attributes, attr::STEP) == Some(&Value::IntValue(0)))
         .unwrap_or_else(|| panic!("no step 0: {steps:#?}"));
     let outside = steps
         .iter()
-        .find(|s| s.attr(attr::STEP) == Some("1"))
+        .find(|s| otlp_attr(&s.attributes, attr::STEP) == Some(&Value::IntValue(1)))
         .unwrap_or_else(|| panic!("no step 1: {steps:#?}"));
     assert_eq!(
         inside.trace_id,
-        request.span_context.trace_id().to_string(),
+        request.span_context.trace_id().to_bytes(),
         "{inside:#?}"
     );
     assert_eq!(
-        inside.parent_span_id.as_deref(),
-        Some(request.span_context.span_id().to_string().as_str()),
+        inside.parent_span_id,
+        request.span_context.span_id().to_bytes(),
         "{inside:#?}"
     );
-    assert_eq!(
-        inside.resource.get("service.name").map(String::as_str),
-        Some("tracing-bridge")
+    let traces = receiver.traces();
+    let services: Vec<Option<&Value>> = traces
+        .iter()
+        .flat_map(|t| &t.resource_spans)
+        .map(|rs| {
+            rs.resource
+                .as_ref()
+                .and_then(|r| otlp_attr(&r.attributes, "service.name"))
+        })
+        .collect();
+    assert!(
+        !services.is_empty()
+            && services
+                .iter()
+                .all(|s| *s == Some(&Value::StringValue("tracing-bridge".to_owned()))),
+        "service.name on every resource: {services:?}"
     );
-    assert!(outside.is_root(), "{outside:#?}");
+    assert!(outside.parent_span_id.is_empty(), "a root: {outside:#?}");
     profiler.shutdown();
     provider
         .shutdown()

@@ -6,3 +6,4 @@ use phasetrace_testkit as support;
 mod prometheus_harness_scrapes_a_target;
 mod rotel_harness_parses_what_the_sdk_sends;
 mod the_otlp_receiver_decodes_what_the_sdk_sends;
+mod the_otlp_receiver_decodes_what_the_sdk_sends_over_grpc;
