@@ -298,7 +298,6 @@ impl ProfilerBuilder {
             parent_always: cfg.trace_slower_than != crate::config::TraceSlowerThan::Off,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
-            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
             queue: cfg.queue,
             rank: cfg.rank,
             clock,
@@ -315,6 +314,7 @@ impl ProfilerBuilder {
             given,
             views_warned: Arc::new(AtomicBool::new(false)),
             attachment: Attachment::default(),
+            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -347,6 +347,9 @@ struct Start {
     /// This profiler's observable callbacks on every meter provider, detached when it drops
     /// (after `shutdown()` they still report its final totals).
     attachment: Attachment,
+    /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`): written by the metrics sink, read by
+    /// [`Profiler::expert_load`]; kept across restarts.
+    experts: Arc<ExpertTotals>,
 }
 
 impl Start {
@@ -364,7 +367,7 @@ impl Start {
                 let (m, bind, d, t) = (&pm.meter, pm.bind, &pm.distributions, &pm.twins);
                 let exponential_before = crate::export::views::exponential_views_applied();
                 let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
-                    .with_experts(m, &shared.experts)
+                    .with_experts(m, &self.experts)
                     .with_requests(m, &request_gauges)
                     .with_bind(bind);
                 // A provider whose histograms a `view(true)` made exponential (the engine's
@@ -429,7 +432,7 @@ impl Start {
                 exporters.exemplars.clone(),
                 layers.group().clone(),
             ),
-            metrics: MetricsSink::new(inst, layers, shared.experts.clone()),
+            metrics: MetricsSink::new(inst, layers, self.experts.clone()),
             console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
         };
         let requests = Requests::new(
@@ -503,30 +506,24 @@ struct Inner {
     stopped: Mutex<Option<Figures>>,
 }
 
-/// Where the worker's figures live: its pipeline and the span exporter's counts.
+/// Where the worker's figures live: its pipeline (whose `stats()` assembles [`Stats`]).
 #[derive(Clone)]
 struct Figures {
     pipeline: Arc<Mutex<Pipeline>>,
-    span_counts: Arc<crate::export::SpanCounts>,
 }
 
 impl Figures {
     fn of(r: &Running) -> Figures {
         Figures {
             pipeline: r.worker.pipeline.clone(),
-            span_counts: r.exporters.span_counts.clone(),
         }
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self
-            .pipeline
+        self.pipeline
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .stats();
-        s.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
-        s.spans_failed = self.span_counts.failed.load(Ordering::Relaxed);
-        s
+            .stats()
     }
 
     fn summary(&self) -> String {
@@ -808,7 +805,7 @@ impl Profiler {
     /// `moe/expert_load_snapshot_60x384`; figures in `docs/moe.md`): cheap enough to call every
     /// few seconds, not per token.
     pub fn expert_load(&self) -> crate::ExpertLoad {
-        self.inner.shared.experts.snapshot()
+        self.inner.start.experts.snapshot()
     }
 
     /// The console summary table of everything recorded so far; after
