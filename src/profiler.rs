@@ -359,27 +359,31 @@ impl Start {
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
         let open = OpenSteps::new(layers.group().clone());
         let request_gauges = Arc::new(RequestGauges::default());
-        let views_before = crate::export::views::layer_views_applied();
+        // What the engine's provider's views did with the instruments, learnt on it alone
+        // while they are created there (`ProviderMeter::create`).
+        let mut engine_view = None;
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
             .map(|pm| {
                 let (m, bind, d, t) = (&pm.meter, pm.bind, &pm.distributions, &pm.twins);
-                let exponential_before = crate::export::views::exponential_views_applied();
-                let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
-                    .with_experts(m, &self.experts)
-                    .with_requests(m, &request_gauges)
-                    .with_bind(bind);
+                let (i, seen) = pm.create(|m| {
+                    Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
+                        .with_experts(m, &self.experts)
+                        .with_requests(m, &request_gauges)
+                        .with_bind(bind)
+                });
+                if pm.given {
+                    engine_view = Some(seen);
+                }
                 // A provider whose histograms a `view(true)` made exponential (the engine's
                 // own, told so by its view) carries the per-layer distributions at one
                 // series each; explicit buckets would cost B + 3 series per layer.
-                let exponential =
-                    crate::export::views::exponential_views_applied() > exponential_before;
                 // The distributions' own meter is phasetrace's (an SDK provider); on the
                 // provider's meter they bind as its instruments do.
                 let d = match d {
                     Some(d) => Some((d, Bind::Bound)),
-                    None => exponential.then_some((m, bind)),
+                    None => seen.exponential.then_some((m, bind)),
                 };
                 // With twins, the distributions' meter is the endpoint's native provider, which
                 // only protobuf scrapes read: recorded from the first one on, as the twins.
@@ -388,37 +392,8 @@ impl Start {
                     .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
-        // The SDK consults a provider's views only for its readers: a view not consulted means
-        // no view, no reader, or a no-op provider, told apart where the type says enough.
-        if given.meter.is_some()
-            && cfg.layer_attr
-            && crate::export::views::layer_views_applied() == views_before
-            && !self.views_warned.swap(true, Ordering::Relaxed)
-        {
-            match (given.global, given.meter_readers) {
-                (true, _) => crate::diag::warning!(
-                    "with_global_providers: the global meter provider took none of phasetrace's \
-                     instruments through phasetrace::view(): it is still the API's no-op \
-                     default (call opentelemetry::global::set_meter_provider before build()), \
-                     has no reader, or has no phasetrace::view() (said once)"
-                ),
-                (false, Some(false)) => crate::diag::warning!(
-                    "the meter provider given to with_meter_provider has no reader: \
-                     phasetrace's instruments on it record nowhere; add the engine's reader \
-                     (SdkMeterProvider::builder().with_reader(..)) (said once)"
-                ),
-                (false, Some(true)) => crate::diag::warning!(
-                    "the meter provider given to with_meter_provider has no \
-                     phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's \
-                     2000 series each, and a model with more (section, layer) pairs folds the \
-                     rest into one otel.metric.overflow series; register it with \
-                     SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
-                    crate::names::metric::SECTION_LAYER_TIME,
-                    crate::names::metric::SECTION_LAYER_CALLS,
-                ),
-                // Another crate's provider: views are the SDK's, nothing to say.
-                (false, None) => {}
-            }
+        if let Some(seen) = engine_view {
+            crate::export::hint_missing_view(given, seen, cfg.layer_attr, &self.views_warned);
         }
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;

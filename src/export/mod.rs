@@ -35,7 +35,7 @@ pub(crate) mod views;
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
-pub(crate) use self::given::{Bind, Given};
+pub(crate) use self::given::{Bind, Given, hint_missing_view};
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
 #[cfg(feature = "prometheus")]
@@ -187,6 +187,18 @@ pub(crate) struct ProviderMeter {
     /// (the native halves of the protobuf scrape's histograms), if any: the native provider's,
     /// for the meter that serves the endpoint.
     pub(crate) twins: Option<Meter>,
+    /// The engine's provider (given, or the globals): the one whose views phasetrace cannot
+    /// know until its instruments are created there (see [`ProviderMeter::create`]); phasetrace's
+    /// own always carry [`view`].
+    pub(crate) given: bool,
+}
+
+impl ProviderMeter {
+    /// Runs `create` with this provider's meter (it creates the worker's instruments there) and
+    /// returns what the provider's views did with them ([`views::watch`]).
+    pub(crate) fn create<T>(&self, create: impl FnOnce(&Meter) -> T) -> (T, views::ViewSeen) {
+        views::watch(|| create(&self.meter))
+    }
 }
 
 /// The providers and servers behind one profiler: what the worker records into (meters and a
@@ -572,6 +584,7 @@ impl OwnMeters {
             twins: native,
             meter: m,
             bind: Bind::Bound,
+            given: false,
         });
         self.providers.push(p);
     }
