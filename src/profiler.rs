@@ -298,7 +298,6 @@ impl ProfilerBuilder {
             parent_always: cfg.trace_slower_than != crate::config::TraceSlowerThan::Off,
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
-            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
             queue: cfg.queue,
             rank: cfg.rank,
             clock,
@@ -315,6 +314,7 @@ impl ProfilerBuilder {
             given,
             views_warned: Arc::new(AtomicBool::new(false)),
             attachment: Attachment::default(),
+            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -347,6 +347,9 @@ struct Start {
     /// This profiler's observable callbacks on every meter provider, detached when it drops
     /// (after `shutdown()` they still report its final totals).
     attachment: Attachment,
+    /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`): written by the metrics sink, read by
+    /// [`Profiler::expert_load`]; kept across restarts.
+    experts: Arc<ExpertTotals>,
 }
 
 impl Start {
@@ -356,27 +359,31 @@ impl Start {
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
         let open = OpenSteps::new(layers.group().clone());
         let request_gauges = Arc::new(RequestGauges::default());
-        let views_before = crate::export::views::layer_views_applied();
+        // What the engine's provider's views did with the instruments, learnt on it alone
+        // while they are created there (`ProviderMeter::create`).
+        let mut engine_view = None;
         let inst: Vec<Instruments> = exporters
             .meters
             .iter()
             .map(|pm| {
                 let (m, bind, d, t) = (&pm.meter, pm.bind, &pm.distributions, &pm.twins);
-                let exponential_before = crate::export::views::exponential_views_applied();
-                let i = Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
-                    .with_experts(m, &shared.experts)
-                    .with_requests(m, &request_gauges)
-                    .with_bind(bind);
+                let (i, seen) = pm.create(|m| {
+                    Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
+                        .with_experts(m, &self.experts)
+                        .with_requests(m, &request_gauges)
+                        .with_bind(bind)
+                });
+                if pm.given {
+                    engine_view = Some(seen);
+                }
                 // A provider whose histograms a `view(true)` made exponential (the engine's
                 // own, told so by its view) carries the per-layer distributions at one
                 // series each; explicit buckets would cost B + 3 series per layer.
-                let exponential =
-                    crate::export::views::exponential_views_applied() > exponential_before;
                 // The distributions' own meter is phasetrace's (an SDK provider); on the
                 // provider's meter they bind as its instruments do.
                 let d = match d {
                     Some(d) => Some((d, Bind::Bound)),
-                    None => exponential.then_some((m, bind)),
+                    None => seen.exponential.then_some((m, bind)),
                 };
                 // With twins, the distributions' meter is the endpoint's native provider, which
                 // only protobuf scrapes read: recorded from the first one on, as the twins.
@@ -385,37 +392,8 @@ impl Start {
                     .with_native_twins(t.as_ref(), &exporters.native_wanted)
             })
             .collect();
-        // The SDK consults a provider's views only for its readers: a view not consulted means
-        // no view, no reader, or a no-op provider, told apart where the type says enough.
-        if given.meter.is_some()
-            && cfg.layer_attr
-            && crate::export::views::layer_views_applied() == views_before
-            && !self.views_warned.swap(true, Ordering::Relaxed)
-        {
-            match (given.global, given.meter_readers) {
-                (true, _) => crate::diag::warning!(
-                    "with_global_providers: the global meter provider took none of phasetrace's \
-                     instruments through phasetrace::view(): it is still the API's no-op \
-                     default (call opentelemetry::global::set_meter_provider before build()), \
-                     has no reader, or has no phasetrace::view() (said once)"
-                ),
-                (false, Some(false)) => crate::diag::warning!(
-                    "the meter provider given to with_meter_provider has no reader: \
-                     phasetrace's instruments on it record nowhere; add the engine's reader \
-                     (SdkMeterProvider::builder().with_reader(..)) (said once)"
-                ),
-                (false, Some(true)) => crate::diag::warning!(
-                    "the meter provider given to with_meter_provider has no \
-                     phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's \
-                     2000 series each, and a model with more (section, layer) pairs folds the \
-                     rest into one otel.metric.overflow series; register it with \
-                     SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
-                    crate::names::metric::SECTION_LAYER_TIME,
-                    crate::names::metric::SECTION_LAYER_CALLS,
-                ),
-                // Another crate's provider: views are the SDK's, nothing to say.
-                (false, None) => {}
-            }
+        if let Some(seen) = engine_view {
+            crate::export::hint_missing_view(given, seen, cfg.layer_attr, &self.views_warned);
         }
         let traces =
             cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
@@ -429,7 +407,7 @@ impl Start {
                 exporters.exemplars.clone(),
                 layers.group().clone(),
             ),
-            metrics: MetricsSink::new(inst, layers, shared.experts.clone()),
+            metrics: MetricsSink::new(inst, layers, self.experts.clone()),
             console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
         };
         let requests = Requests::new(
@@ -503,30 +481,24 @@ struct Inner {
     stopped: Mutex<Option<Figures>>,
 }
 
-/// Where the worker's figures live: its pipeline and the span exporter's counts.
+/// Where the worker's figures live: its pipeline (whose `stats()` assembles [`Stats`]).
 #[derive(Clone)]
 struct Figures {
     pipeline: Arc<Mutex<Pipeline>>,
-    span_counts: Arc<crate::export::SpanCounts>,
 }
 
 impl Figures {
     fn of(r: &Running) -> Figures {
         Figures {
             pipeline: r.worker.pipeline.clone(),
-            span_counts: r.exporters.span_counts.clone(),
         }
     }
 
     fn stats(&self) -> Stats {
-        let mut s = self
-            .pipeline
+        self.pipeline
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .stats();
-        s.spans_exported = self.span_counts.exported.load(Ordering::Relaxed);
-        s.spans_failed = self.span_counts.failed.load(Ordering::Relaxed);
-        s
+            .stats()
     }
 
     fn summary(&self) -> String {
@@ -808,7 +780,7 @@ impl Profiler {
     /// `moe/expert_load_snapshot_60x384`; figures in `docs/moe.md`): cheap enough to call every
     /// few seconds, not per token.
     pub fn expert_load(&self) -> crate::ExpertLoad {
-        self.inner.shared.experts.snapshot()
+        self.inner.start.experts.snapshot()
     }
 
     /// The console summary table of everything recorded so far; after

@@ -70,10 +70,51 @@ pub(super) fn install(x: &mut Install<'_>) -> Result<(), ExportError> {
         bind: given.meter_bind,
         distributions: None,
         twins: None,
+        given: true,
     }));
     x.tracer = given
         .tracer
         .as_ref()
         .map(|p| BoxedTracer::new(p.boxed_tracer(scope())));
     Ok(())
+}
+
+/// Says once per profiler (`warned`) when the engine's meter provider took none of phasetrace's
+/// per-layer instruments through [`crate::view`] (`seen`, learnt while they were created on it;
+/// `layer_attr`: they carry the layer). The SDK consults a provider's views only for its
+/// readers: a view not consulted means no view, no reader, or a no-op provider, told apart
+/// where the type says enough.
+pub(crate) fn hint_missing_view(
+    given: &Given,
+    seen: super::views::ViewSeen,
+    layer_attr: bool,
+    warned: &std::sync::atomic::AtomicBool,
+) {
+    if seen.layer || !layer_attr || warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    match (given.global, given.meter_readers) {
+        (true, _) => crate::diag::warning!(
+            "with_global_providers: the global meter provider took none of phasetrace's \
+             instruments through phasetrace::view(): it is still the API's no-op \
+             default (call opentelemetry::global::set_meter_provider before build()), \
+             has no reader, or has no phasetrace::view() (said once)"
+        ),
+        (false, Some(false)) => crate::diag::warning!(
+            "the meter provider given to with_meter_provider has no reader: \
+             phasetrace's instruments on it record nowhere; add the engine's reader \
+             (SdkMeterProvider::builder().with_reader(..)) (said once)"
+        ),
+        (false, Some(true)) => crate::diag::warning!(
+            "the meter provider given to with_meter_provider has no \
+             phasetrace::view(): its per-layer counters ({}, {}, ...) keep the SDK's \
+             2000 series each, and a model with more (section, layer) pairs folds the \
+             rest into one otel.metric.overflow series; register it with \
+             SdkMeterProvider::builder().with_view(phasetrace::view(false)) (said once)",
+            crate::names::metric::SECTION_LAYER_TIME,
+            crate::names::metric::SECTION_LAYER_CALLS,
+        ),
+        // Another crate's provider: views are the SDK's, nothing to say.
+        (false, None) => {}
+    }
 }

@@ -35,7 +35,7 @@ pub(crate) mod views;
 pub(crate) use self::counted::Counted;
 pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
-pub(crate) use self::given::{Bind, Given};
+pub(crate) use self::given::{Bind, Given, hint_missing_view};
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::web_config::WebConfigError;
 #[cfg(feature = "prometheus")]
@@ -43,7 +43,7 @@ pub(crate) use self::prometheus::{PrometheusServer, web_config};
 pub use self::views::view;
 
 use crate::config::Config;
-use crate::names::{Outcome, metric, resource};
+use crate::names::resource;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
@@ -187,6 +187,18 @@ pub(crate) struct ProviderMeter {
     /// (the native halves of the protobuf scrape's histograms), if any: the native provider's,
     /// for the meter that serves the endpoint.
     pub(crate) twins: Option<Meter>,
+    /// The engine's provider (given, or the globals): the one whose views phasetrace cannot
+    /// know until its instruments are created there (see [`ProviderMeter::create`]); phasetrace's
+    /// own always carry [`view`].
+    pub(crate) given: bool,
+}
+
+impl ProviderMeter {
+    /// Runs `create` with this provider's meter (it creates the worker's instruments there) and
+    /// returns what the provider's views did with them ([`views::watch`]).
+    pub(crate) fn create<T>(&self, create: impl FnOnce(&Meter) -> T) -> (T, views::ViewSeen) {
+        views::watch(|| create(&self.meter))
+    }
 }
 
 /// The providers and servers behind one profiler: what the worker records into (meters and a
@@ -211,11 +223,8 @@ pub(crate) struct Exporters {
     pub(crate) exemplars: Option<Arc<ExemplarStore>>,
     #[cfg(feature = "prometheus")]
     pub(crate) prometheus: Option<PrometheusServer>,
-    /// `phasetrace.prometheus.web_config.reloads` and `phasetrace.metric.exports`, one each per
-    /// meter (kept with them).
-    _outcome_counters: Vec<opentelemetry::metrics::ObservableCounter<u64>>,
-    /// `phasetrace.prometheus.web_config.last_reload_successful`, one per meter.
-    _state_gauges: Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+    /// The exporters' own metrics on every meter (see [`OwnMetrics`]), kept with them.
+    _own_metrics: Vec<OwnMetric>,
     /// Keeps the tonic channels' background tasks alive.
     #[cfg(feature = "otlp")]
     runtime: Option<tokio::runtime::Runtime>,
@@ -303,7 +312,8 @@ impl Wanted {
 /// The exporter seam: what every exporter's install step reads (the first group of fields)
 /// and what it adds (the second). One install function per exporter, in its own module, of
 /// the one signature [`Installer`]; [`build`] walks [`INSTALLERS`] in order, then builds the
-/// meter providers over the readers they added and the tracer over their tracer provider.
+/// meter providers over the readers they added, registers the exporters' own metrics
+/// ([`Install::own_metrics`]) on every meter, and builds the tracer over their tracer provider.
 struct Install<'a> {
     #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
     cfg: &'a Config,
@@ -322,10 +332,9 @@ struct Install<'a> {
     runtime: Option<&'a tokio::runtime::Runtime>,
 
     /// The OTLP metrics reader (which the endpoint's scrapes share when the aggregation is the
-    /// same), its export counts, and whether its histograms are exponential.
+    /// same), and whether its histograms are exponential.
     #[cfg(feature = "otlp")]
     otlp_reader: Option<OtlpMetricReader>,
-    export_counts: Option<Arc<counted::ExportCounts>>,
     exponential: bool,
     /// The endpoint's own reader (none when it shares the OTLP one), its server, and the
     /// native reader that only its protobuf scrapes read.
@@ -340,6 +349,23 @@ struct Install<'a> {
     tracer: Option<BoxedTracer>,
     /// phasetrace's own tracer provider (OTLP or console spans).
     tracer_provider: Option<SdkTracerProvider>,
+    /// The exporters' own metrics (OTLP metrics exports, the endpoint's reloads, closed
+    /// connections and refusals), registered on every meter once the meters exist.
+    own_metrics: Vec<OwnMetrics>,
+}
+
+/// What one exporter registers of its own metrics on a meter (each of phasetrace's and the
+/// engine's): instruments whose callbacks read the exporter's counts at each collection.
+type OwnMetrics = Box<dyn Fn(&Meter, &mut Vec<OwnMetric>)>;
+
+/// One of an exporter's own metrics, kept as long as the exporters.
+pub(crate) enum OwnMetric {
+    /// By result or by reason.
+    #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
+    Counter(opentelemetry::metrics::ObservableCounter<u64>),
+    /// A 0/1 state.
+    #[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
+    Gauge(opentelemetry::metrics::ObservableGauge<u64>),
 }
 
 /// One exporter's install step: reads what `cfg` asks of it and adds its reader, server or
@@ -392,7 +418,6 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         runtime: runtime.as_ref(),
         #[cfg(feature = "otlp")]
         otlp_reader: None,
-        export_counts: None,
         exponential: false,
         #[cfg(feature = "prometheus")]
         prometheus_reader: None,
@@ -403,6 +428,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         meters: Vec::new(),
         tracer: None,
         tracer_provider: None,
+        own_metrics: Vec::new(),
     };
     for install in INSTALLERS {
         install(&mut x)?;
@@ -410,7 +436,6 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     let Install {
         #[cfg(feature = "otlp")]
         otlp_reader,
-        export_counts,
         exponential,
         #[cfg(feature = "prometheus")]
         prometheus_reader,
@@ -421,6 +446,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         meters: engine_meters,
         tracer: engine_tracer,
         tracer_provider: own_tracer_provider,
+        own_metrics,
         ..
     } = x;
     #[cfg(not(feature = "otlp"))]
@@ -437,13 +463,13 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         prometheus_reader,
         exponential,
     );
-    let (outcome_counters, state_gauges) = self_metrics(
-        cfg,
-        &own_meters.meters,
-        #[cfg(feature = "prometheus")]
-        prometheus.as_ref(),
-        export_counts,
-    );
+    // On every meter (OTLP and Prometheus, the engine's too), in install order.
+    let mut kept = Vec::new();
+    for m in &own_meters.meters {
+        for register in &own_metrics {
+            register(&m.meter, &mut kept);
+        }
+    }
     // The engine's tracer, else phasetrace's own (never both: `Wanted`).
     let tracer = engine_tracer.or_else(|| {
         own_tracer_provider.as_ref().map(|p| {
@@ -466,8 +492,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         exemplars,
         #[cfg(feature = "prometheus")]
         prometheus,
-        _outcome_counters: outcome_counters,
-        _state_gauges: state_gauges,
+        _own_metrics: kept,
         #[cfg(feature = "otlp")]
         runtime,
     })
@@ -572,49 +597,10 @@ impl OwnMeters {
             twins: native,
             meter: m,
             bind: Bind::Bound,
+            given: false,
         });
         self.providers.push(p);
     }
-}
-
-/// The exporters' own metrics on every meter (OTLP and Prometheus, the engine's too): the
-/// endpoint's (see `prometheus::endpoint_metrics`) and the OTLP metrics exports.
-#[allow(clippy::type_complexity)]
-fn self_metrics(
-    cfg: &Config,
-    meters: &[ProviderMeter],
-    #[cfg(feature = "prometheus")] prometheus: Option<&PrometheusServer>,
-    export_counts: Option<Arc<counted::ExportCounts>>,
-) -> (
-    Vec<opentelemetry::metrics::ObservableCounter<u64>>,
-    Vec<opentelemetry::metrics::ObservableGauge<u64>>,
-) {
-    let mut outcome_counters = Vec::new();
-    #[cfg_attr(not(feature = "prometheus"), allow(unused_mut))]
-    let mut state_gauges = Vec::new();
-    for m in meters.iter().map(|p| &p.meter) {
-        #[cfg(feature = "prometheus")]
-        if let Some(server) = prometheus {
-            self::prometheus::endpoint_metrics(
-                cfg,
-                m,
-                server,
-                &mut outcome_counters,
-                &mut state_gauges,
-            );
-        }
-        if let Some(counts) = export_counts.clone() {
-            outcome_counters.push(outcome_counter(
-                m,
-                metric::METRIC_EXPORTS,
-                metric::UNIT_EXPORTS,
-                "OTLP metrics exports, by result",
-                &cfg.group,
-                move |r| counts.get(r),
-            ));
-        }
-    }
-    (outcome_counters, state_gauges)
 }
 
 type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
@@ -631,18 +617,19 @@ where
 #[cfg(not(all(feature = "otlp", feature = "prometheus")))]
 type SdkReaderStub = opentelemetry_sdk::metrics::ManualReader;
 
-/// A counter by [`Outcome`] (`result`) on `meter`, read by `get` at each collection; both
+/// A counter by [`Outcome`](crate::names::Outcome) (`result`) on `meter`, read by `get` at each collection; both
 /// results from the start.
+#[cfg(any(feature = "otlp", feature = "prometheus"))]
 fn outcome_counter(
     meter: &Meter,
     name: &'static str,
     unit: &'static str,
     description: &'static str,
     group: &str,
-    get: impl Fn(Outcome) -> u64 + Send + Sync + 'static,
+    get: impl Fn(crate::names::Outcome) -> u64 + Send + Sync + 'static,
 ) -> opentelemetry::metrics::ObservableCounter<u64> {
     use crate::names::attr;
-    let series = Outcome::ALL.map(|r| {
+    let series = crate::names::Outcome::ALL.map(|r| {
         (
             r,
             [

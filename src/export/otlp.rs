@@ -145,7 +145,7 @@ pub(super) fn runtime(
 
 /// Installs OTLP metrics (when wanted): the SDK's periodic reader over the counted exporter,
 /// the SDK's when traces are off, phasetrace's own (with the exemplars of delivered traces)
-/// when they are on.
+/// when they are on; and its exports, by result, as a metric of its own.
 pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportError> {
     use super::{MetricsExporter, counted, proto_metrics};
     let Some(o) = x
@@ -171,7 +171,19 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
             .with_interval(x.cfg.metric_export_interval)
             .build(),
     );
-    x.export_counts = Some(counts);
+    // `phasetrace.metric.exports`, by result, on every meter.
+    let group = x.cfg.group.clone();
+    x.own_metrics.push(Box::new(move |m, kept| {
+        let counts = counts.clone();
+        kept.push(super::OwnMetric::Counter(super::outcome_counter(
+            m,
+            crate::names::metric::METRIC_EXPORTS,
+            crate::names::metric::UNIT_EXPORTS,
+            "OTLP metrics exports, by result",
+            &group,
+            move |r| counts.get(r),
+        )));
+    }));
     // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
     x.exponential = o.histogram == crate::config::HistogramAggregation::Exponential;
     Ok(())

@@ -1,11 +1,11 @@
 //! What phasetrace needs from a meter provider: room for the per-layer series, and base-2
 //! exponential duration histograms where OTLP asks for them. phasetrace registers this view on
 //! the providers it builds; an engine that hands phasetrace its own provider registers it there
-//! ([`view`]), and a profiler built on a provider without it says so once at `build()`.
+//! ([`view`]), and a profiler built on a provider without it says so once at `build()`: what a
+//! provider's views did is learnt while the instruments are created on it ([`watch`]).
 
 use crate::names::{default, metric};
 use opentelemetry_sdk::metrics::{Aggregation, Instrument, InstrumentKind, Stream};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The per-layer instruments, whose cardinality limit is raised to
 /// [`default::LAYER_SERIES_LIMIT`] (the expert-load ones: room for rank threads of one process
@@ -21,15 +21,6 @@ const LAYER_INSTRUMENTS: [&str; 8] = [
     metric::MOE_HOT_EXPERT_SHARE,
 ];
 
-/// How many per-layer instruments a [`view`] has been asked about, process-wide: `build()`
-/// compares it before and after creating its instruments on a given provider to tell whether
-/// the view is registered there.
-static LAYER_VIEWS_APPLIED: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn layer_views_applied() -> u64 {
-    LAYER_VIEWS_APPLIED.load(Relaxed)
-}
-
 /// Whether `provider`, when it is an `SdkMeterProvider`, has at least one reader (`None` for
 /// any other type). The SDK has no accessor for it; its `Debug` shows the pipelines, one per
 /// reader, as `Pipelines([..])`. Should that shape change, the answer is "has readers", and the
@@ -40,16 +31,41 @@ pub(crate) fn sdk_has_readers<P: 'static>(provider: &P) -> Option<bool> {
     Some(!format!("{sdk:?}").contains("Pipelines([])"))
 }
 
-std::thread_local! {
-    /// How many duration histograms a `view(true)` made exponential on this thread. The SDK
-    /// asks the views while an instrument is built, on the building thread, so `build()`
-    /// reads it before and after creating its instruments on a given provider to learn that
-    /// the provider's histograms are exponential (its backend takes them), race-free.
-    static EXPONENTIAL_VIEWS_APPLIED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+/// What a provider's views did with phasetrace's instruments while they were created on it:
+/// learnt by [`watch`], per provider, and carried no further than the caller.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ViewSeen {
+    /// A [`view`] raised the cardinality limit of a per-layer instrument: the provider has it.
+    pub(crate) layer: bool,
+    /// A `view(true)` made a duration histogram exponential (the provider's backend takes them).
+    pub(crate) exponential: bool,
 }
 
-pub(crate) fn exponential_views_applied() -> u64 {
-    EXPONENTIAL_VIEWS_APPLIED.with(std::cell::Cell::get)
+std::thread_local! {
+    /// The [`watch`] under way on this thread, if any. The SDK asks a provider's views while an
+    /// instrument is built, on the building thread, so a watch sees its own provider's views
+    /// only; outside a watch [`view`] writes nothing.
+    static WATCH: std::cell::Cell<Option<ViewSeen>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `create`, which creates instruments on one provider, and returns what that provider's
+/// views did with them. The view is the engine's closure once registered on its provider, so
+/// this thread-scoped watch is its one way back to phasetrace.
+pub(crate) fn watch<T>(create: impl FnOnce() -> T) -> (T, ViewSeen) {
+    let outer = WATCH.with(|w| w.replace(Some(ViewSeen::default())));
+    let made = create();
+    let seen = WATCH.with(|w| w.replace(outer)).unwrap_or_default();
+    (made, seen)
+}
+
+/// Notes what a view did, when a [`watch`] is under way on this thread.
+fn saw(note: impl FnOnce(&mut ViewSeen)) {
+    WATCH.with(|w| {
+        if let Some(mut seen) = w.get() {
+            note(&mut seen);
+            w.set(Some(seen));
+        }
+    });
 }
 
 /// The view phasetrace's instruments need, for an engine that brings its own
@@ -89,7 +105,7 @@ pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send 
         // (section, layer) whatever the spread of the values, and only encoders that write a
         // histogram as one series (protobuf scrape, OTLP) export them.
         if metric::LAYER_DISTRIBUTIONS.contains(&i.name()) {
-            LAYER_VIEWS_APPLIED.fetch_add(1, Relaxed);
+            saw(|s| s.layer = true);
             return Stream::builder()
                 .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
                 .with_aggregation(Aggregation::Base2ExponentialHistogram {
@@ -101,7 +117,7 @@ pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send 
                 .ok();
         }
         if LAYER_INSTRUMENTS.contains(&i.name()) {
-            LAYER_VIEWS_APPLIED.fetch_add(1, Relaxed);
+            saw(|s| s.layer = true);
             return Stream::builder()
                 .with_cardinality_limit(default::LAYER_SERIES_LIMIT)
                 .build()
@@ -109,7 +125,7 @@ pub fn view(exponential: bool) -> impl Fn(&Instrument) -> Option<Stream> + Send 
         }
         (exponential && i.kind() == InstrumentKind::Histogram && i.unit() == metric::UNIT_SECONDS)
             .then(|| {
-                EXPONENTIAL_VIEWS_APPLIED.with(|n| n.set(n.get() + 1));
+                saw(|s| s.exponential = true);
                 Stream::builder()
                     .with_aggregation(Aggregation::Base2ExponentialHistogram {
                         max_size: 160,
@@ -138,5 +154,36 @@ mod tests {
         assert_eq!(sdk_has_readers(&one), Some(true));
         let noop = opentelemetry::metrics::noop::NoopMeterProvider::new();
         assert_eq!(sdk_has_readers(&noop), None);
+    }
+
+    #[test]
+    fn a_watch_sees_only_the_provider_it_watches() {
+        use opentelemetry::metrics::MeterProvider;
+        let with = SdkMeterProvider::builder()
+            .with_reader(ManualReader::builder().build())
+            .with_view(view(true))
+            .build();
+        let without = SdkMeterProvider::builder()
+            .with_reader(ManualReader::builder().build())
+            .build();
+        let layer = |p: &SdkMeterProvider| {
+            let m = p.meter("test");
+            let _c = m.u64_counter(metric::SECTION_LAYER_CALLS).build();
+            let _h = m.f64_histogram("d").with_unit(metric::UNIT_SECONDS).build();
+        };
+        let ((), seen) = watch(|| layer(&with));
+        assert_eq!(
+            seen,
+            ViewSeen {
+                layer: true,
+                exponential: true
+            }
+        );
+        let ((), seen) = watch(|| layer(&without));
+        assert_eq!(seen, ViewSeen::default());
+        // Outside a watch the view notes nothing, and the next watch starts clean.
+        layer(&with);
+        let ((), seen) = watch(|| ());
+        assert_eq!(seen, ViewSeen::default());
     }
 }

@@ -85,8 +85,6 @@ pub(crate) struct Shared {
     /// Every step and round reads the engine's current span, not only the head-sampled ones:
     /// the tail rule (`PHASETRACE_TRACE_SLOWER_THAN`) may keep any of them.
     pub(crate) parent_always: bool,
-    /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`), read by `Profiler::expert_load`.
-    pub(crate) experts: Arc<crate::worker::sinks::metrics::experts::ExpertTotals>,
     pub(crate) queue: usize,
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,

@@ -89,6 +89,8 @@ impl Pipeline {
         self.pairing.finalize_requests(&mut self.sinks);
     }
 
+    /// The one place [`Stats`] is assembled: pairing's counts, the span sink's figures (the
+    /// exporter's counts read live) and the metrics sink's drop counts.
     pub(crate) fn stats(&self) -> Stats {
         let c = self.pairing.counts();
         let spans = self.sinks.spans.figures();

@@ -169,13 +169,6 @@ fn setup(level: SectionLevel, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Sh
         spec_level: Gate::new(spec),
         trace_every: 0,
         parent_always: false,
-        experts: ExpertTotals::new(
-            ExpertSettings {
-                on: true,
-                ..ExpertSettings::off()
-            },
-            "tp0",
-        ),
         queue: 1024,
         rank: 3,
         clock,
@@ -186,14 +179,20 @@ fn setup(level: SectionLevel, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Sh
         kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
-    let p = untraced(&shared, true);
+    let experts = ExpertSettings {
+        on: true,
+        ..ExpertSettings::off()
+    };
+    let p = untraced(&shared, true, experts);
     (shared, p)
 }
 
-/// The pipeline of `shared` with one meter provider's instruments (read by [`values`]), and a
-/// tracer, its span counts, tail rule and exemplar store when given.
+/// The pipeline of `shared` with one meter provider's instruments (read by [`values`]), the
+/// expert load by `experts`, and a tracer, its span counts, tail rule and exemplar store when
+/// given.
 fn pipeline(
     shared: &Arc<Shared>,
+    experts: ExpertSettings,
     layer_attr: bool,
     tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
     counts: Arc<crate::export::SpanCounts>,
@@ -216,7 +215,7 @@ fn pipeline(
             store,
             layers.group().clone(),
         ),
-        metrics: MetricsSink::new(vec![inst], layers, shared.experts.clone()),
+        metrics: MetricsSink::new(vec![inst], layers, ExpertTotals::new(experts, "tp0")),
         console: ConsoleSink::new(0, 0),
     };
     let requests = super::requests::Requests::for_tests(shared.clone(), sinks.spans.hold().sampled);
@@ -224,9 +223,10 @@ fn pipeline(
 }
 
 /// [`pipeline`] without spans.
-fn untraced(shared: &Arc<Shared>, layer_attr: bool) -> Pipeline {
+fn untraced(shared: &Arc<Shared>, layer_attr: bool, experts: ExpertSettings) -> Pipeline {
     pipeline(
         shared,
+        experts,
         layer_attr,
         None,
         Default::default(),
@@ -577,7 +577,7 @@ fn routed_experts_are_counted_per_layer_and_expert_and_huge_ids_dropped() {
     let r = rec(&shared);
     r.moe_route(5u32, &[3, 17, 3, 70_000, 42, 9, 3]);
     p.flush();
-    let load = shared.experts.snapshot();
+    let load = p.sinks.metrics.experts().snapshot();
     let layer = load.layer(3, 5).expect("layer 5 routed at rank 3");
     assert_eq!(layer.tokens[3], 3);
     assert_eq!(layer.total(), 6, "six ids fit a record");
@@ -595,7 +595,6 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         spec_level: Gate::new(SpecLevel::Off),
         trace_every: 0,
         parent_always: false,
-        experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 64,
         rank: 0,
         clock: Script::new(&[0, 10, 20, 30]),
@@ -606,7 +605,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
     });
-    let mut p = untraced(&shared, false);
+    let mut p = untraced(&shared, false, ExpertSettings::off());
     let r = rec(&shared);
     {
         let _s = r.section(Section::REDUCE_ATTN_BAR, 7u32, Site::ATTN);
@@ -734,7 +733,7 @@ fn every_measurement_carries_the_group() {
     p.flush();
     // The expert-load series, read at collection.
     let mut expert_series = 0;
-    shared.experts.each_layer_tokens(|kv, _| {
+    p.sinks.metrics.experts().each_layer_tokens(|kv, _| {
         expert_series += 1;
         assert!(
             kv.contains(&opentelemetry::KeyValue::new("group", "tp0")),
@@ -800,7 +799,6 @@ fn traced(
         spec_level: Gate::new(SpecLevel::Off),
         trace_every,
         parent_always: rule != crate::config::TraceSlowerThan::Off,
-        experts: ExpertTotals::new(ExpertSettings::off(), "tp0"),
         queue: 1 << 16,
         rank: 3,
         clock,
@@ -823,6 +821,7 @@ fn traced(
         .build();
     let p = pipeline(
         &shared,
+        ExpertSettings::off(),
         true,
         Some(provider.tracer("test")),
         counts,

@@ -219,7 +219,8 @@ pub(super) fn start(
 
 /// Installs the Prometheus endpoint (when `cfg` names an address): its server, the reader its
 /// scrapes collect from when it has one of its own (the OTLP reader, when that has the same
-/// aggregation, otherwise), and the native reader.
+/// aggregation, otherwise), the native reader, and its own metrics (reloads, connections
+/// closed early, basic-auth refusals).
 ///
 /// The endpoint's native histograms (the per-layer distributions, and the exponential twins of
 /// the explicit-bucket histograms) live on a provider and reader of their own that only the
@@ -247,6 +248,15 @@ pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
     };
     match start(addr, web, x.exemplars.clone(), shared, native.clone()) {
         Ok((reader, server)) => {
+            let counts = EndpointCounts {
+                reloads: server.reloads(),
+                closed: server.connections(),
+                refused: server.auth(),
+            };
+            let group = cfg.group.clone();
+            x.own_metrics.push(Box::new(move |m, kept| {
+                endpoint_metrics(m, &group, &counts, kept)
+            }));
             x.prometheus_reader = reader;
             x.prometheus = Some(server);
             x.native = Some(native);
@@ -268,60 +278,69 @@ pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
     }
 }
 
+/// What the endpoint's own metrics read: its web configuration reloads, the connections it
+/// closed early, and its basic-auth refusals.
+#[derive(Clone)]
+struct EndpointCounts {
+    reloads: Option<Arc<ReloadCounts>>,
+    closed: Arc<ConnCounts>,
+    refused: Option<Arc<AuthCounts>>,
+}
+
 /// The Prometheus endpoint's own metrics on `m`.
-pub(super) fn endpoint_metrics(
-    cfg: &crate::config::Config,
+fn endpoint_metrics(
     m: &opentelemetry::metrics::Meter,
-    server: &PrometheusServer,
-    outcome_counters: &mut Vec<opentelemetry::metrics::ObservableCounter<u64>>,
-    state_gauges: &mut Vec<opentelemetry::metrics::ObservableGauge<u64>>,
+    group: &str,
+    counts: &EndpointCounts,
+    kept: &mut Vec<super::OwnMetric>,
 ) {
+    use super::OwnMetric::{Counter, Gauge};
     use crate::names::{AuthRefusal, ConnectionClose};
-    if let Some(counts) = server.reloads() {
+    if let Some(counts) = counts.reloads.clone() {
         let last = counts.clone();
-        outcome_counters.push(super::outcome_counter(
+        kept.push(Counter(super::outcome_counter(
             m,
             crate::names::metric::PROMETHEUS_WEB_CONFIG_RELOADS,
             crate::names::metric::UNIT_RELOADS,
             "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
-            &cfg.group,
+            group,
             move |r| counts.get(r),
-        ));
-        state_gauges.push(super::state_gauge(
+        )));
+        kept.push(Gauge(super::state_gauge(
             m,
             crate::names::metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
             "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
              0 after a change to it was refused (the configuration read before stays in force)",
-            &cfg.group,
+            group,
             move || last.last_successful(),
-        ));
+        )));
     }
-    let closed = server.connections();
-    outcome_counters.push(super::reason_counter(
+    let closed = counts.closed.clone();
+    kept.push(Counter(super::reason_counter(
         m,
         crate::names::metric::PROMETHEUS_CONNECTIONS_CLOSED,
         crate::names::metric::UNIT_CONNECTIONS,
         "Connections the Prometheus endpoint closed before their client was done, by reason",
-        &cfg.group,
+        group,
         ConnectionClose::ALL.len(),
         move |i| {
             let r = ConnectionClose::ALL[i];
             (r.as_str(), closed.get(r))
         },
-    ));
-    if let Some(refused) = server.auth() {
-        outcome_counters.push(super::reason_counter(
+    )));
+    if let Some(refused) = counts.refused.clone() {
+        kept.push(Counter(super::reason_counter(
             m,
             crate::names::metric::PROMETHEUS_AUTH_REFUSED,
             crate::names::metric::UNIT_REQUESTS,
             "Requests the Prometheus endpoint refused at basic auth, by reason",
-            &cfg.group,
+            group,
             AuthRefusal::ALL.len(),
             move |i| {
                 let r = AuthRefusal::ALL[i];
                 (r.as_str(), refused.get(r))
             },
-        ));
+        )));
     }
 }
 

@@ -306,6 +306,11 @@ impl ExpertWriter {
         self.totals.settings.on
     }
 
+    #[cfg(test)]
+    pub(crate) fn totals(&self) -> &ExpertTotals {
+        &self.totals
+    }
+
     fn writer(&mut self, rank: u32) -> &mut RankWriter {
         if self
             .ranks

@@ -158,6 +158,11 @@ impl MetricsSink {
     pub(crate) fn layers(&self) -> &LayerTotals {
         &self.layers
     }
+
+    #[cfg(test)]
+    pub(crate) fn experts(&self) -> &ExpertTotals {
+        self.experts.totals()
+    }
 }
 
 /// The GenAI attributes of a request's measurements: operation, provider, requested and

@@ -48,8 +48,7 @@ pub(crate) struct SpanSink {
     built: u64,
     /// Steps and rounds traced for being slow.
     tail_traces: u64,
-    /// The exporter's counts as of the last pass.
-    exported: u64,
+    /// Spans lost to failed exports as of the last pass (those since are counted at the next).
     failed: u64,
     /// The spans of the traced requests, open until they end.
     requests: HashMap<u64, OpenRequestSpan>,
@@ -95,7 +94,6 @@ impl SpanSink {
             group,
             built: 0,
             tail_traces: 0,
-            exported: 0,
             failed: 0,
             requests: HashMap::new(),
         }
@@ -494,7 +492,6 @@ impl SpanSink {
         let failed = self.counts.failed.load(Relaxed);
         let lost = failed.saturating_sub(self.failed);
         self.failed = failed;
-        self.exported = self.counts.exported.load(Relaxed);
         (lost > 0).then_some((DropReason::SpanExport, lost))
     }
 
@@ -502,8 +499,9 @@ impl SpanSink {
         SpanFigures {
             built: self.built,
             tail_traces: self.tail_traces,
-            exported: self.exported,
-            failed: self.failed,
+            // Live, as the exporter counts them (not as of the last pass).
+            exported: self.counts.exported.load(Relaxed),
+            failed: self.counts.failed.load(Relaxed),
         }
     }
 }
