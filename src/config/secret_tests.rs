@@ -2,9 +2,12 @@
 //! endpoint, through every way in (environment, `with_text`, typed setters), valid or not, is
 //! searched for in every output (errors, `Debug`, what `check` prints, warnings).
 
-use super::settings::SETTINGS;
+use super::settings::{AnySetting, SETTINGS};
 use super::*;
 use crate::Profiler;
+use crate::names::env;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 
 const MARKER: &str = "S3CRET-MARKER-7f3a";
 

@@ -22,7 +22,7 @@
 //!    `field: name` gives it a [`super::Config`] field holding its value as resolved (code,
 //!    else the environment, else the default), and `setter: fn with_name(v: T) => v` a typed
 //!    setter; `flag: "name"` a `--name` flag. A closed set of values is an enum with `FromStr`
-//!    and `Display` (`closed_set!` in `config.rs` writes both). `show` must print what `parse`
+//!    and `Display` (`closed_set!` in `config/values.rs` writes both). `show` must print what `parse`
 //!    reads back, and `example` is a valid non-default value that works with every other
 //!    example (the tests set them all at once).
 //! 3. Use the value (`cfg.name`), and regenerate `docs/configuration.md`

@@ -1,0 +1,382 @@
+//! The resolution: `ConfigBuilder` holds what code set; `resolve_with` reads every setting
+//! from code, else the environment (its variable, its fallbacks, legacy aliases), else its
+//! default, records where each came from, combines the OTLP (`otlp.rs`) and Prometheus
+//! settings, and assembles the [`Config`].
+//!
+//! ```text
+//! ConfigBuilder (code) + environment ──Sources::{get, value}──> table::Plain
+//!   + OtlpGeneral, SignalGiven (otlp.rs) + listen ──Config::assemble──> Config (+ origins)
+//! ```
+
+use super::error::invalid;
+use super::otlp::{METRICS, OtlpGeneral, Signal, TRACES, check_otlp};
+use super::settings::{self, AnySetting, Setting, SettingValue};
+use super::{
+    Config, ConfigError, Listen, MetricsExporters, Origin, SectionLevel, SignalGiven, SpecLevel,
+    TracesExporter, echoed, table,
+};
+use crate::names::env;
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::sync::Arc;
+
+impl Config {
+    /// Resolves defaults and the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        ConfigBuilder::default().resolve_with(|k| std::env::var_os(k))
+    }
+
+    /// Whether anything is recorded at all.
+    pub fn is_enabled(&self) -> bool {
+        !self.sdk_disabled && (self.level != SectionLevel::Off || self.spec_level != SpecLevel::Off)
+    }
+
+    /// Where the setting of variable `var` came from.
+    pub fn origin(&self, var: &str) -> Origin {
+        self.origins.get(var).copied().unwrap_or(Origin::Default)
+    }
+}
+
+/// A value set in code, type-erased; its [`Setting`] knows the type.
+type CodeValue = Arc<dyn Any + Send + Sync>;
+
+/// Settings made in code; they beat the environment. Built by [`crate::ProfilerBuilder`].
+#[derive(Clone, Default)]
+pub(crate) struct ConfigBuilder {
+    /// Values set in code, by variable.
+    pub(super) code: BTreeMap<&'static str, CodeValue>,
+    /// A value given in code that did not parse, reported by `resolve_with`.
+    pub(super) deferred: Option<ConfigError>,
+    /// (alias variable, the phasetrace variable it stands for)
+    pub(crate) aliases: Vec<(String, &'static str)>,
+    /// The engine gave a provider of its own (meter, tracer or both): the process's `OTEL_*`
+    /// variables are its SDK's, never read here, and no exporter of phasetrace's is on by
+    /// default (only code or a `PHASETRACE_*` setting starts one).
+    pub(crate) embedded: bool,
+}
+
+impl ConfigBuilder {
+    /// Sets `setting` in code.
+    pub(crate) fn set<T: SettingValue>(&mut self, setting: &Setting<T>, value: T) {
+        self.code.insert(setting.var, Arc::new(value));
+    }
+
+    /// Sets a setting in code from its text, as its variable would read it.
+    pub(crate) fn set_text(
+        &mut self,
+        setting: &'static dyn AnySetting,
+        text: &str,
+    ) -> Result<(), ConfigError> {
+        let v = setting.parse_any(text).map_err(|e| ConfigError::Invalid {
+            var: format!("{} set in code", setting.var()),
+            value: echoed(setting.secret(), text),
+            expected: e.0,
+        })?;
+        self.code.insert(setting.var(), v);
+        Ok(())
+    }
+
+    /// Keeps the first error of a value given in code for `resolve_with`.
+    pub(crate) fn defer(&mut self, e: ConfigError) {
+        self.deferred.get_or_insert(e);
+    }
+}
+
+impl fmt::Debug for ConfigBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for (var, v) in &self.code {
+            match settings::find(var) {
+                Some(s) => m.entry(var, &s.show_any(v.as_ref())),
+                None => m.entry(var, &"?"),
+            };
+        }
+        m.finish()
+    }
+}
+
+/// Where values come from while resolving: code, then the environment; records origins.
+pub(super) struct Sources<'a> {
+    env: &'a dyn Fn(&str) -> Option<OsString>,
+    /// `OTEL_*` variables are not read (see [`ConfigBuilder::embedded`]).
+    embedded: bool,
+    code: &'a BTreeMap<&'static str, CodeValue>,
+    aliases: &'a [(String, &'static str)],
+    pub(super) origins: BTreeMap<&'static str, Origin>,
+    alias_warnings: Vec<String>,
+}
+
+impl Sources<'_> {
+    /// The trimmed text of `var`, `None` when unset or empty.
+    fn text(&self, var: &str, expected: &str) -> Result<Option<String>, ConfigError> {
+        if self.embedded && var.starts_with("OTEL_") {
+            return Ok(None);
+        }
+        match (self.env)(var) {
+            None => Ok(None),
+            Some(v) => match v.into_string() {
+                Ok(s) if s.trim().is_empty() => Ok(None),
+                Ok(s) => Ok(Some(s.trim().to_owned())),
+                Err(_) => Err(ConfigError::NotUnicode {
+                    var: var.to_owned(),
+                    expected: expected.to_owned(),
+                }),
+            },
+        }
+    }
+
+    fn parse<T: SettingValue>(s: &Setting<T>, var: &str, text: &str) -> Result<T, ConfigError> {
+        s.parse(text).map_err(|e| ConfigError::Invalid {
+            var: var.to_owned(),
+            // Never echo secrets: header values carry API keys.
+            value: echoed(s.secret, text),
+            expected: e.0,
+        })
+    }
+
+    /// The environment's value of `s`: its variable, else its fallbacks in order; legacy
+    /// aliases are honored when the variable is unset, and a disagreement is noted.
+    fn env<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
+        let mut found = None;
+        for var in std::iter::once(&s.var).chain(s.fallbacks) {
+            if let Some(text) = self.text(var, s.expected)? {
+                found = Some((Self::parse(s, var, &text)?, text));
+                break;
+            }
+        }
+        for (alias, target) in self.aliases {
+            if *target != s.var {
+                continue;
+            }
+            let Some(raw) = self.text(alias, s.expected)? else {
+                continue;
+            };
+            let v = Self::parse(s, alias, &raw)?;
+            match &found {
+                None => found = Some((v, raw)),
+                Some((g, text)) if *g != v => self.alias_warnings.push(format!(
+                    "{target}={} overrides {alias}={} (the phasetrace name wins; unset one to silence this)",
+                    echoed(s.secret, text),
+                    echoed(s.secret, &raw),
+                )),
+                Some(_) => {}
+            }
+        }
+        Ok(found.map(|(v, _)| v))
+    }
+
+    /// The value of `s` set in code, else in the environment (parsed either way: a bad value
+    /// is an error even when code overrides it), `None` when neither sets it.
+    fn get<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
+        let env = self.env(s)?;
+        if let Some(v) = self.code.get(s.var).and_then(|v| v.downcast_ref::<T>()) {
+            s.check_code_value(v).map_err(|e| ConfigError::Invalid {
+                var: format!("{} set in code", s.var),
+                value: echoed(s.secret, &s.show(v)),
+                expected: e.0,
+            })?;
+            self.origins.insert(s.var, Origin::Code);
+            return Ok(Some(v.clone()));
+        }
+        // A value that stands for the variable unset (`(none)`: a per-signal header list with
+        // no entries) keeps the default's origin, as `check` prints it.
+        if env.as_ref().is_some_and(|v| (s.show)(v).is_some()) {
+            self.origins.insert(s.var, Origin::Env);
+        }
+        Ok(env)
+    }
+
+    /// The value of `s`: code, else the environment, else its default.
+    pub(super) fn value<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<T, ConfigError> {
+        Ok(self.get(s)?.unwrap_or_else(|| s.default_value()))
+    }
+
+    /// The per-signal OTLP settings of `sig` as given (unset: `None`).
+    fn signal_given(&mut self, sig: &Signal) -> Result<SignalGiven, ConfigError> {
+        Ok(SignalGiven {
+            endpoint: self.value(sig.endpoint)?,
+            protocol: self.value(sig.protocol)?,
+            headers: self.value(sig.headers)?,
+            timeout: self.value(sig.timeout)?,
+            compression: self.value(sig.compression)?,
+            certificate: self.value(sig.certificate)?,
+        })
+    }
+
+    /// The built-in Prometheus address: `127.0.0.1:9464`, the port offset by `LOCAL_RANK` when
+    /// a launcher set it, so that the ranks of one host each get their own without
+    /// configuration.
+    fn builtin_listen(&self) -> Result<Listen, ConfigError> {
+        let expected = "a whole number from 0 to 56071 (the launcher's rank on this host)";
+        let Some(text) = self.text(env::LOCAL_RANK, expected)? else {
+            return Ok(Listen::builtin());
+        };
+        let mut a = match Listen::builtin() {
+            Listen::At(a) => a,
+            other => return Ok(other),
+        };
+        let port = text
+            .parse::<u16>()
+            .ok()
+            .and_then(|n| a.port().checked_add(n))
+            .ok_or_else(|| invalid(env::LOCAL_RANK, &text, expected))?;
+        a.set_port(port);
+        Ok(Listen::At(a))
+    }
+}
+
+impl ConfigBuilder {
+    /// Resolves defaults, then `get` (the environment), then the settings in code.
+    pub(crate) fn resolve_with(
+        &self,
+        get: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Config, ConfigError> {
+        use settings as s;
+        if let Some(e) = &self.deferred {
+            return Err(e.clone());
+        }
+        for (alias, target) in &self.aliases {
+            if settings::find(target).is_none() {
+                return Err(ConfigError::Conflict(format!(
+                    "legacy alias {alias} stands for {target}, which is not a phasetrace variable"
+                )));
+            }
+        }
+        let mut src = Sources {
+            env: &get,
+            embedded: self.embedded,
+            code: &self.code,
+            aliases: &self.aliases,
+            origins: BTreeMap::new(),
+            alias_warnings: Vec::new(),
+        };
+
+        // Every setting with a `Config` field, in the table's order; then those combined here.
+        let plain = table::Plain::read(&mut src)?;
+        let summary_every = src.get(&s::SUMMARY_EVERY)?;
+        let prometheus = src.get(&s::PROMETHEUS)?;
+        let otlp = OtlpGeneral::read(&mut src)?;
+        let traces_exporter = src.get(&s::TRACES_EXPORTER)?;
+        let shutdown_timeout = src.value(&s::SHUTDOWN_TIMEOUT)?;
+        let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
+
+        let mut given_traces = src.signal_given(&TRACES)?;
+        let mut given_metrics = src.signal_given(&METRICS)?;
+        // `with_otlp_endpoint(None)` means no OTLP: a signal's endpoint from the environment
+        // does not bring it back (one set in code for that signal does).
+        if otlp.endpoint.is_none() && src.origins.get(s::OTLP_ENDPOINT.var) == Some(&Origin::Code) {
+            for (sig, given) in [(&TRACES, &mut given_traces), (&METRICS, &mut given_metrics)] {
+                if src.origins.get(sig.endpoint.var) == Some(&Origin::Env) {
+                    given.endpoint = None;
+                    src.origins.remove(sig.endpoint.var);
+                }
+            }
+        }
+        let traces_endpoint = otlp.for_signal(&TRACES, &given_traces);
+        let metrics_endpoint = otlp.for_signal(&METRICS, &given_metrics);
+
+        let metrics_explicit = metrics_exporters.is_some();
+        let metrics = metrics_exporters.unwrap_or(MetricsExporters {
+            otlp: metrics_endpoint.is_some(),
+            ..MetricsExporters::default()
+        });
+        let traces_on = match traces_exporter {
+            Some(t) => t == TracesExporter::Otlp,
+            None => traces_endpoint.is_some(),
+        };
+        for (on, sig, e, var) in [
+            (
+                traces_on,
+                &TRACES,
+                &traces_endpoint,
+                env::OTEL_TRACES_EXPORTER,
+            ),
+            (
+                metrics.otlp,
+                &METRICS,
+                &metrics_endpoint,
+                env::OTEL_METRICS_EXPORTER,
+            ),
+        ] {
+            if on && e.is_none() {
+                return Err(ConfigError::Conflict(format!(
+                    "OTLP export of {} is selected ({var}) but neither {} nor {} is set: set one, \
+                     or select another exporter",
+                    sig.name,
+                    sig.endpoint.var,
+                    env::OTEL_EXPORTER_OTLP_ENDPOINT
+                )));
+            }
+        }
+        let traces_otlp = traces_endpoint.filter(|_| traces_on);
+        let metrics_otlp = metrics_endpoint.filter(|_| metrics.otlp);
+        for (sig, given, o) in [
+            (&TRACES, &given_traces, &traces_otlp),
+            (&METRICS, &given_metrics, &metrics_otlp),
+        ] {
+            if let Some(o) = o {
+                check_otlp(&src, sig, given, o)?;
+            }
+        }
+
+        let listen = self.listen(
+            &src,
+            prometheus,
+            &metrics,
+            metrics_explicit,
+            metrics_otlp.is_some(),
+        )?;
+        let prometheus = listen
+            .for_rank(plain.rank)
+            .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
+
+        Ok(Config::assemble(
+            plain,
+            table::Derived {
+                summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
+                prometheus,
+                otlp: otlp.config(),
+                traces_otlp,
+                traces_console: traces_exporter == Some(TracesExporter::Console),
+                metrics_otlp,
+                given_traces,
+                given_metrics,
+                shutdown_timeout,
+                origins: src.origins,
+                alias_warnings: src.alias_warnings,
+            },
+        ))
+    }
+
+    /// Where the embedded Prometheus endpoint listens: `set` when given; otherwise the built-in
+    /// address when metrics are pushed nowhere, and off when the engine gave a provider.
+    fn listen(
+        &self,
+        src: &Sources<'_>,
+        set: Option<Listen>,
+        metrics: &MetricsExporters,
+        metrics_explicit: bool,
+        metrics_otlp: bool,
+    ) -> Result<Listen, ConfigError> {
+        Ok(match set {
+            Some(l) if l != Listen::Off && !cfg!(feature = "prometheus") => {
+                return Err(ConfigError::Conflict(format!(
+                    "{}={l}: this build of phasetrace has no Prometheus endpoint (its cargo \
+                     feature `prometheus` is off): enable the feature, or set it to off",
+                    env::PROMETHEUS
+                )));
+            }
+            Some(l) => l,
+            // The engine gave a provider: phasetrace starts no exporter it was not asked for,
+            // whatever features the build has.
+            None if self.embedded && !metrics.prometheus => Listen::Off,
+            None if !cfg!(feature = "prometheus") => Listen::Off,
+            None if metrics.prometheus || (!metrics_explicit && !metrics_otlp) => {
+                src.builtin_listen()?
+            }
+            None => Listen::Off,
+        })
+    }
+}

@@ -1,0 +1,479 @@
+//! What the settings accept, the first step of the flow: the closed sets of values
+//! (`SectionLevel`, `Protocol`, ...) written by `closed_set!`, the open ones
+//! (`TraceSlowerThan`, `MetricsExporters`, `Listen`), each with `FromStr` and `Display`, and
+//! [`Expected`], the error of parsing one value. `table.rs` declares each setting with one of
+//! these types; `resolve.rs` reads the environment and code through their parsers.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::str::FromStr;
+use std::time::Duration;
+use thiserror::Error;
+
+/// What a setting accepts: the error of parsing one value, without the variable's name, so that
+/// a flag's error and a variable's error say the same (`expected off, 0, full, 1, ...`).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("expected {0}")]
+pub struct Expected(pub String);
+
+/// The first of a list of literals.
+macro_rules! first {
+    ($a:literal $(, $rest:literal)*) => {
+        $a
+    };
+}
+
+/// `FromStr` (case-insensitive, every spelling listed), `Display` and `as_str` (the first
+/// spelling, which `FromStr` reads back), `ALL` and `EXPECTED` for a closed set of values.
+macro_rules! closed_set {
+    ($ty:ident, $expected:literal, { $($variant:ident => [$($spelling:literal),+]),+ $(,)? }) => {
+        impl $ty {
+            /// Every value.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// What the setting accepts, as errors and `--help` say it.
+            pub const EXPECTED: &'static str = $expected;
+
+            /// The spelling that `Display` writes, `check` prints and `FromStr` reads back.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => first!($($spelling),+)),+
+                }
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = Expected;
+
+            fn from_str(s: &str) -> Result<Self, Expected> {
+                let s = s.trim();
+                $(
+                    if [$($spelling),+].iter().any(|x| x.eq_ignore_ascii_case(s)) {
+                        return Ok($ty::$variant);
+                    }
+                )+
+                Err(Expected($expected.to_owned()))
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// Which sections are recorded (`PHASETRACE_LEVEL`).
+///
+/// Named `SectionLevel`, beside [`SpecLevel`], so that a file importing it and `tracing::Level`
+/// needs no rename:
+///
+/// ```
+/// use phasetrace::{Profiler, SectionLevel};
+/// use tracing::Level;
+///
+/// let profiler = Profiler::builder()
+///     .without_env()
+///     .without_prometheus()
+///     .with_level(SectionLevel::Collectives)
+///     .build()?;
+/// tracing::event!(Level::INFO, recording = profiler.is_enabled());
+/// profiler.shutdown();
+/// # Ok::<(), phasetrace::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SectionLevel {
+    /// Nothing is recorded: every hot-path call is one relaxed load.
+    #[default]
+    Off,
+    /// Every section.
+    Full,
+    /// Only collectives, their enqueue and their rendezvous probe.
+    Collectives,
+}
+
+impl SectionLevel {
+    pub(crate) const fn as_u8(self) -> u8 {
+        match self {
+            SectionLevel::Off => 0,
+            SectionLevel::Full => 1,
+            SectionLevel::Collectives => 2,
+        }
+    }
+
+    /// The inverse of [`SectionLevel::as_u8`]; values above 2 read as `Collectives`.
+    pub(crate) const fn from_u8(v: u8) -> SectionLevel {
+        match v {
+            0 => SectionLevel::Off,
+            1 => SectionLevel::Full,
+            _ => SectionLevel::Collectives,
+        }
+    }
+}
+
+closed_set!(SectionLevel, "off, 0, full, 1, collectives or 2", {
+    Off => ["off", "0"],
+    Full => ["full", "1"],
+    Collectives => ["collectives", "2"],
+});
+
+/// Speculative-decoding detail (`PHASETRACE_SPEC_LEVEL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SpecLevel {
+    /// No round telemetry.
+    #[default]
+    Off,
+    /// Rounds and phases.
+    Phases,
+    /// Rounds, phases and the verify sub-split.
+    VerifySplit,
+}
+
+impl SpecLevel {
+    pub(crate) const fn as_u8(self) -> u8 {
+        match self {
+            SpecLevel::Off => 0,
+            SpecLevel::Phases => 1,
+            SpecLevel::VerifySplit => 2,
+        }
+    }
+
+    /// The inverse of [`SpecLevel::as_u8`]; values above 2 read as `VerifySplit`.
+    pub(crate) const fn from_u8(v: u8) -> SpecLevel {
+        match v {
+            0 => SpecLevel::Off,
+            1 => SpecLevel::Phases,
+            _ => SpecLevel::VerifySplit,
+        }
+    }
+}
+
+closed_set!(SpecLevel, "off, 0, phases, 1, verify or 2 (phases and the verify sub-split)", {
+    Off => ["off", "0"],
+    Phases => ["phases", "1"],
+    VerifySplit => ["verify", "2"],
+});
+
+/// Where boundary times come from (`PHASETRACE_TIMING`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Timing {
+    /// The monotonic host clock.
+    #[default]
+    Host,
+    /// Synchronize the engine's stream, then read the host clock (the reference semantics).
+    Sync,
+    /// Record events on the engine's stream and resolve them off the hot path.
+    Events,
+}
+
+closed_set!(Timing, "host, sync or events", {
+    Host => ["host"],
+    Sync => ["sync"],
+    Events => ["events"],
+});
+
+/// Where host-clock boundaries are read from (`PHASETRACE_HOST_CLOCK`); see
+/// [`crate::timing::host_source`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HostSourceChoice {
+    /// The invariant TSC where the CPU and the kernel make it usable, else the monotonic clock.
+    #[default]
+    Auto,
+    /// The TSC, or the profiler fails to build, saying why the TSC cannot be used.
+    Tsc,
+    /// The OS monotonic clock, TSC or not (a VM whose TSC rate may change on live migration).
+    Monotonic,
+}
+
+closed_set!(HostSourceChoice, "auto, tsc or monotonic", {
+    Auto => ["auto"],
+    Tsc => ["tsc"],
+    Monotonic => ["monotonic"],
+});
+
+/// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP over gRPC (port 4317 by convention).
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (port 4318 by convention).
+    HttpProtobuf,
+}
+
+closed_set!(Protocol, "grpc or http/protobuf", {
+    Grpc => ["grpc"],
+    HttpProtobuf => ["http/protobuf"],
+});
+
+/// Histogram aggregation for OTLP metrics
+/// (`OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HistogramAggregation {
+    /// Explicit buckets, 1 µs to 10 s log-spaced.
+    #[default]
+    Explicit,
+    /// Base-2 exponential buckets.
+    Exponential,
+}
+
+closed_set!(HistogramAggregation, "explicit_bucket_histogram or base2_exponential_bucket_histogram", {
+    Explicit => ["explicit_bucket_histogram"],
+    Exponential => ["base2_exponential_bucket_histogram"],
+});
+
+/// Compression of OTLP request bodies (`OTEL_EXPORTER_OTLP_COMPRESSION`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Uncompressed.
+    #[default]
+    None,
+    /// gzip.
+    Gzip,
+}
+
+closed_set!(Compression, "gzip or none", {
+    None => ["none"],
+    Gzip => ["gzip"],
+});
+
+impl Compression {
+    pub(crate) fn from_gzip(gzip: bool) -> Compression {
+        if gzip {
+            Compression::Gzip
+        } else {
+            Compression::None
+        }
+    }
+}
+
+/// Where spans go (`OTEL_TRACES_EXPORTER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TracesExporter {
+    /// OTLP, to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    Otlp,
+    /// One line per span on stderr.
+    Console,
+    /// Nowhere: no spans are built.
+    None,
+}
+
+closed_set!(TracesExporter, "otlp, console or none", {
+    Otlp => ["otlp"],
+    Console => ["console"],
+    None => ["none"],
+});
+
+/// Which steps and rounds are traced besides one in `PHASETRACE_TRACE_EVERY`
+/// (`PHASETRACE_TRACE_SLOWER_THAN`): decided on the worker once the step has ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TraceSlowerThan {
+    /// No tail traces: only the head-sampled steps.
+    Off,
+    /// Steps (and rounds) that took longer than this.
+    Duration(Duration),
+    /// Steps slower than this percentile (above 0, below 100) of the rank's last
+    /// [`TraceSlowerThan::WINDOW`] steps (rounds: of its recent rounds); `p99` is the default.
+    Percentile(f64),
+}
+
+impl Default for TraceSlowerThan {
+    fn default() -> Self {
+        TraceSlowerThan::Percentile(crate::names::default::TRACE_SLOWER_THAN_PERCENTILE)
+    }
+}
+
+impl TraceSlowerThan {
+    /// What `PHASETRACE_TRACE_SLOWER_THAN` accepts.
+    pub const EXPECTED: &'static str = "a duration with a unit (25ms, 1.5s, 800us), a percentile of this rank's recent steps from p0.1 to p99.9 (p99), or off";
+
+    /// What the request thresholds (`PHASETRACE_TRACE_REQUESTS_TTFT_OVER`, `..._TPOT_OVER`)
+    /// accept.
+    pub const EXPECTED_REQUESTS: &'static str = "a duration with a unit (500ms, 1.5s), a percentile of recent requests from p0.1 to p99.9 (p99), or off";
+
+    /// How many recent steps (or rounds) of a rank a percentile is taken over.
+    pub const WINDOW: usize = 1000;
+}
+
+impl FromStr for TraceSlowerThan {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<TraceSlowerThan, Expected> {
+        let bad = || Expected(TraceSlowerThan::EXPECTED.to_owned());
+        let t = s.trim().to_ascii_lowercase();
+        if t == "off" {
+            return Ok(TraceSlowerThan::Off);
+        }
+        if let Some(q) = t.strip_prefix('p') {
+            let q: f64 = q.parse().map_err(|_| bad())?;
+            return if q.is_finite() && q > 0.0 && q < 100.0 {
+                Ok(TraceSlowerThan::Percentile(q))
+            } else {
+                Err(bad())
+            };
+        }
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (num, unit) = t.split_at(split);
+        let per_second = match unit {
+            "ns" => 1e9,
+            "us" | "µs" => 1e6,
+            "ms" => 1e3,
+            "s" => 1.0,
+            _ => return Err(bad()),
+        };
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let d = Duration::try_from_secs_f64(v / per_second).map_err(|_| bad())?;
+        if d.is_zero() {
+            return Err(bad());
+        }
+        Ok(TraceSlowerThan::Duration(d))
+    }
+}
+
+impl fmt::Display for TraceSlowerThan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceSlowerThan::Off => f.write_str("off"),
+            TraceSlowerThan::Duration(d) => write!(f, "{d:?}"),
+            TraceSlowerThan::Percentile(q) => write!(f, "p{q}"),
+        }
+    }
+}
+
+/// Where metrics go (`OTEL_METRICS_EXPORTER`): a comma list, `none` for the empty set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MetricsExporters {
+    /// Pushed over OTLP.
+    pub otlp: bool,
+    /// Served on the embedded Prometheus endpoint.
+    pub prometheus: bool,
+    /// The console summary table.
+    pub console: bool,
+}
+
+impl MetricsExporters {
+    /// What the setting accepts.
+    pub const EXPECTED: &'static str = "a comma list of otlp, prometheus, console, none";
+}
+
+impl FromStr for MetricsExporters {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<Self, Expected> {
+        let mut m = MetricsExporters::default();
+        for item in s.split(',') {
+            match item.trim().to_ascii_lowercase().as_str() {
+                "otlp" => m.otlp = true,
+                "prometheus" => m.prometheus = true,
+                "console" => m.console = true,
+                "none" => {}
+                _ => return Err(Expected(Self::EXPECTED.to_owned())),
+            }
+        }
+        Ok(m)
+    }
+}
+
+impl fmt::Display for MetricsExporters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<&str> = [
+            (self.otlp, "otlp"),
+            (self.prometheus, "prometheus"),
+            (self.console, "console"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        if v.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&v.join(","))
+        }
+    }
+}
+
+/// The embedded Prometheus endpoint's listen address (`PHASETRACE_PROMETHEUS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// No endpoint.
+    Off,
+    /// Listen on this address.
+    At(SocketAddr),
+    /// Listen on this address with the port offset by the rank (`host:port+rank`), so that
+    /// several ranks on one host each get their own endpoint.
+    PerRank(SocketAddr),
+}
+
+impl Listen {
+    /// What the setting accepts.
+    pub const EXPECTED: &'static str =
+        "a listen address host:port (127.0.0.1:9464), host:port+rank (one port per rank), or off";
+
+    /// The built-in default, `127.0.0.1:9464` (plus `LOCAL_RANK` when a launcher sets it), used
+    /// when metrics are pushed nowhere else.
+    pub const fn builtin() -> Listen {
+        Listen::At(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            crate::names::default::PROMETHEUS_PORT,
+        ))
+    }
+
+    /// The address for `rank`, `None` when off; `Err` when the port plus the rank overflows.
+    pub(super) fn for_rank(self, rank: u32) -> Result<Option<SocketAddr>, ()> {
+        match self {
+            Listen::Off => Ok(None),
+            Listen::At(a) => Ok(Some(a)),
+            Listen::PerRank(mut a) => {
+                let port = u32::from(a.port()).checked_add(rank).ok_or(())?;
+                a.set_port(u16::try_from(port).map_err(drop)?);
+                Ok(Some(a))
+            }
+        }
+    }
+}
+
+impl FromStr for Listen {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<Self, Expected> {
+        let s = s.trim();
+        let bad = || Expected(Self::EXPECTED.to_owned());
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Listen::Off);
+        }
+        match s.strip_suffix("+rank") {
+            Some(base) => parse_listen(base).map(Listen::PerRank).ok_or_else(bad),
+            None => parse_listen(s).map(Listen::At).ok_or_else(bad),
+        }
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Off => f.write_str("off"),
+            Listen::At(a) => write!(f, "{a}"),
+            Listen::PerRank(a) => write!(f, "{a}+rank"),
+        }
+    }
+}
+
+impl From<SocketAddr> for Listen {
+    fn from(a: SocketAddr) -> Listen {
+        Listen::At(a)
+    }
+}
+
+/// Parses `host:port` into one socket address (the first it resolves to).
+pub(crate) fn parse_listen(s: &str) -> Option<SocketAddr> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Some(a);
+    }
+    let (host, port) = s.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    if host.is_empty() {
+        return None;
+    }
+    (host, port).to_socket_addrs().ok()?.next()
+}
