@@ -12,6 +12,7 @@
 //!
 //! The files of `config/`, in the order of the flow: `config/values.rs` (what settings
 //! accept), `config/settings.rs` and `config/table.rs` (each setting declared once),
+//! `config/sources.rs` (where a value comes from: code, then the environment, with its origin),
 //! `config/resolve.rs` (code, then the environment, then defaults, into a [`Config`]),
 //! `config/otlp.rs` (the OTLP connections it combines), `config/error.rs` (what it reports),
 //! `config/transport.rs` (an OTLP connection as the transport reads it).
@@ -22,6 +23,7 @@ mod resolve;
 #[cfg(test)]
 mod secret_tests;
 pub mod settings;
+mod sources;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -34,7 +36,7 @@ pub use error::{ConfigError, Origin, redact_credentials};
 pub use otlp::{OtlpConfig, masked_headers};
 pub(crate) use otlp::{SignalGiven, parse_endpoint, parse_kv_list};
 pub(crate) use resolve::ConfigBuilder;
-use resolve::Sources;
+use sources::Sources;
 pub use table::Config;
 pub use values::{
     Compression, Expected, HistogramAggregation, HostSourceChoice, Listen, MetricsExporters,

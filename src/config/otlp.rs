@@ -5,12 +5,12 @@
 //!
 //! ```text
 //! OTEL_EXPORTER_OTLP_*                  ──OtlpGeneral::read────> OtlpGeneral ─┐
-//! OTEL_EXPORTER_OTLP_{TRACES,METRICS}_* ──Sources::signal_given──> SignalGiven ─┤
+//! OTEL_EXPORTER_OTLP_{TRACES,METRICS}_* ──Signal::given──────────> SignalGiven ─┤
 //!   ──OtlpGeneral::for_signal──> OtlpConfig ──check_otlp──> Config::traces_otlp, metrics_otlp
 //! ```
 
-use super::resolve::Sources;
 use super::settings;
+use super::sources::Sources;
 use super::{Compression, ConfigError, HistogramAggregation, Protocol};
 use crate::names::env;
 use std::fmt;
@@ -130,6 +130,20 @@ pub(super) struct Signal {
     pub(super) timeout: &'static settings::Setting<Option<Duration>>,
     pub(super) compression: &'static settings::Setting<Option<Compression>>,
     pub(super) certificate: &'static settings::Setting<Option<PathBuf>>,
+}
+
+impl Signal {
+    /// The per-signal OTLP settings of this signal as given (unset: `None`).
+    pub(super) fn given(&self, src: &mut Sources<'_>) -> Result<SignalGiven, ConfigError> {
+        Ok(SignalGiven {
+            endpoint: src.value(self.endpoint)?,
+            protocol: src.value(self.protocol)?,
+            headers: src.value(self.headers)?,
+            timeout: src.value(self.timeout)?,
+            compression: src.value(self.compression)?,
+            certificate: src.value(self.certificate)?,
+        })
+    }
 }
 
 pub(super) const TRACES: Signal = Signal {

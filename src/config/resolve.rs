@@ -4,19 +4,19 @@
 //! settings, and assembles the [`Config`].
 //!
 //! ```text
-//! ConfigBuilder (code) + environment ──Sources::{get, value}──> table::Plain
+//! ConfigBuilder (code) + environment ──Sources::{get, value} (sources.rs)──> table::Plain
 //!   + OtlpGeneral, SignalGiven (otlp.rs) + listen ──Config::assemble──> Config (+ origins)
 //! ```
 
 use super::error::invalid;
-use super::otlp::{METRICS, OtlpGeneral, Signal, TRACES, check_otlp};
+use super::otlp::{METRICS, OtlpGeneral, TRACES, check_otlp};
 use super::settings::{self, AnySetting, Setting, SettingValue};
+use super::sources::{CodeValue, Sources};
 use super::{
-    Config, ConfigError, Listen, MetricsExporters, Origin, SectionLevel, SignalGiven, SpecLevel,
-    TracesExporter, echoed, table,
+    Config, ConfigError, Listen, MetricsExporters, Origin, SectionLevel, SpecLevel, TracesExporter,
+    echoed, table,
 };
 use crate::names::env;
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
@@ -38,9 +38,6 @@ impl Config {
         self.origins.get(var).copied().unwrap_or(Origin::Default)
     }
 }
-
-/// A value set in code, type-erased; its [`Setting`] knows the type.
-type CodeValue = Arc<dyn Any + Send + Sync>;
 
 /// Settings made in code; they beat the environment. Built by [`crate::ProfilerBuilder`].
 #[derive(Clone, Default)]
@@ -97,136 +94,6 @@ impl fmt::Debug for ConfigBuilder {
     }
 }
 
-/// Where values come from while resolving: code, then the environment; records origins.
-pub(super) struct Sources<'a> {
-    env: &'a dyn Fn(&str) -> Option<OsString>,
-    /// `OTEL_*` variables are not read (see [`ConfigBuilder::embedded`]).
-    embedded: bool,
-    code: &'a BTreeMap<&'static str, CodeValue>,
-    aliases: &'a [(String, &'static str)],
-    pub(super) origins: BTreeMap<&'static str, Origin>,
-    alias_warnings: Vec<String>,
-}
-
-impl Sources<'_> {
-    /// The trimmed text of `var`, `None` when unset or empty.
-    fn text(&self, var: &str, expected: &str) -> Result<Option<String>, ConfigError> {
-        if self.embedded && var.starts_with("OTEL_") {
-            return Ok(None);
-        }
-        match (self.env)(var) {
-            None => Ok(None),
-            Some(v) => match v.into_string() {
-                Ok(s) if s.trim().is_empty() => Ok(None),
-                Ok(s) => Ok(Some(s.trim().to_owned())),
-                Err(_) => Err(ConfigError::NotUnicode {
-                    var: var.to_owned(),
-                    expected: expected.to_owned(),
-                }),
-            },
-        }
-    }
-
-    fn parse<T: SettingValue>(s: &Setting<T>, var: &str, text: &str) -> Result<T, ConfigError> {
-        s.parse(text).map_err(|e| ConfigError::Invalid {
-            var: var.to_owned(),
-            // Never echo secrets: header values carry API keys.
-            value: echoed(s.secret, text),
-            expected: e.0,
-        })
-    }
-
-    /// The environment's value of `s`: its variable, else its fallbacks in order; legacy
-    /// aliases are honored when the variable is unset, and a disagreement is noted.
-    fn env<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
-        let mut found = None;
-        for var in std::iter::once(&s.var).chain(s.fallbacks) {
-            if let Some(text) = self.text(var, s.expected)? {
-                found = Some((Self::parse(s, var, &text)?, text));
-                break;
-            }
-        }
-        for (alias, target) in self.aliases {
-            if *target != s.var {
-                continue;
-            }
-            let Some(raw) = self.text(alias, s.expected)? else {
-                continue;
-            };
-            let v = Self::parse(s, alias, &raw)?;
-            match &found {
-                None => found = Some((v, raw)),
-                Some((g, text)) if *g != v => self.alias_warnings.push(format!(
-                    "{target}={} overrides {alias}={} (the phasetrace name wins; unset one to silence this)",
-                    echoed(s.secret, text),
-                    echoed(s.secret, &raw),
-                )),
-                Some(_) => {}
-            }
-        }
-        Ok(found.map(|(v, _)| v))
-    }
-
-    /// The value of `s` set in code, else in the environment (parsed either way: a bad value
-    /// is an error even when code overrides it), `None` when neither sets it.
-    fn get<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
-        let env = self.env(s)?;
-        if let Some(v) = self.code.get(s.var).and_then(|v| v.downcast_ref::<T>()) {
-            s.check_code_value(v).map_err(|e| ConfigError::Invalid {
-                var: format!("{} set in code", s.var),
-                value: echoed(s.secret, &s.show(v)),
-                expected: e.0,
-            })?;
-            self.origins.insert(s.var, Origin::Code);
-            return Ok(Some(v.clone()));
-        }
-        // A value that stands for the variable unset (`(none)`: a per-signal header list with
-        // no entries) keeps the default's origin, as `check` prints it.
-        if env.as_ref().is_some_and(|v| (s.show)(v).is_some()) {
-            self.origins.insert(s.var, Origin::Env);
-        }
-        Ok(env)
-    }
-
-    /// The value of `s`: code, else the environment, else its default.
-    pub(super) fn value<T: SettingValue>(&mut self, s: &Setting<T>) -> Result<T, ConfigError> {
-        Ok(self.get(s)?.unwrap_or_else(|| s.default_value()))
-    }
-
-    /// The per-signal OTLP settings of `sig` as given (unset: `None`).
-    fn signal_given(&mut self, sig: &Signal) -> Result<SignalGiven, ConfigError> {
-        Ok(SignalGiven {
-            endpoint: self.value(sig.endpoint)?,
-            protocol: self.value(sig.protocol)?,
-            headers: self.value(sig.headers)?,
-            timeout: self.value(sig.timeout)?,
-            compression: self.value(sig.compression)?,
-            certificate: self.value(sig.certificate)?,
-        })
-    }
-
-    /// The built-in Prometheus address: `127.0.0.1:9464`, the port offset by `LOCAL_RANK` when
-    /// a launcher set it, so that the ranks of one host each get their own without
-    /// configuration.
-    fn builtin_listen(&self) -> Result<Listen, ConfigError> {
-        let expected = "a whole number from 0 to 56071 (the launcher's rank on this host)";
-        let Some(text) = self.text(env::LOCAL_RANK, expected)? else {
-            return Ok(Listen::builtin());
-        };
-        let mut a = match Listen::builtin() {
-            Listen::At(a) => a,
-            other => return Ok(other),
-        };
-        let port = text
-            .parse::<u16>()
-            .ok()
-            .and_then(|n| a.port().checked_add(n))
-            .ok_or_else(|| invalid(env::LOCAL_RANK, &text, expected))?;
-        a.set_port(port);
-        Ok(Listen::At(a))
-    }
-}
-
 impl ConfigBuilder {
     /// Resolves defaults, then `get` (the environment), then the settings in code.
     pub(crate) fn resolve_with(
@@ -262,8 +129,8 @@ impl ConfigBuilder {
         let shutdown_timeout = src.value(&s::SHUTDOWN_TIMEOUT)?;
         let metrics_exporters = src.get(&s::METRICS_EXPORTER)?;
 
-        let mut given_traces = src.signal_given(&TRACES)?;
-        let mut given_metrics = src.signal_given(&METRICS)?;
+        let mut given_traces = TRACES.given(&mut src)?;
+        let mut given_metrics = METRICS.given(&mut src)?;
         // `with_otlp_endpoint(None)` means no OTLP: a signal's endpoint from the environment
         // does not bring it back (one set in code for that signal does).
         if otlp.endpoint.is_none() && src.origins.get(s::OTLP_ENDPOINT.var) == Some(&Origin::Code) {
