@@ -10,13 +10,16 @@
 //! An event borrows what pairing holds (the held trace of a step or round, a route's ids), so
 //! delivering one allocates nothing. Pairing knows no instrument, tracer or table; a sink learns
 //! nothing but events, and tells pairing nothing back: which traces to hold is fixed when the
-//! pipeline is built ([`Hold`]).
+//! pipeline is built ([`Hold`]). The requests' payloads ([`BatchEntry`], [`TracedRequest`],
+//! [`Request`]) are defined here too: the open requests (`requests.rs`) fill them and the
+//! sinks read them, so this boundary imports neither.
 
-use super::requests::{BatchEntry, Request, TracedRequest};
 use super::trace::{Interval, StepTrace};
 use crate::config::Timing;
 use crate::names::DropReason;
+use crate::record::{Finish, RequestKind};
 use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use std::sync::Arc;
 
 /// One measured thing, in the order pairing found it.
 #[derive(Clone, Copy, Debug)]
@@ -208,5 +211,108 @@ impl VerifySplit {
         self.ffn += o.ffn;
         self.rest += o.rest;
         self.ran |= o.ran;
+    }
+}
+
+// The requests' payloads: what `requests.rs` delivers in `Event::Step`'s batch,
+// `Event::RequestTraced` and `Event::Request`.
+
+/// One request of a step's batch, as the step event carries it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct BatchEntry {
+    pub(crate) id: u64,
+    pub(crate) tokens: u32,
+    pub(crate) outputs: u32,
+    /// The request is traced: the step links to it, and it gets a `request.step` span.
+    pub(crate) traced: bool,
+    /// Its share of the step's time and of the step's rendezvous waits, ns.
+    pub(crate) share_ns: u64,
+    pub(crate) wait_share_ns: u64,
+}
+
+/// Why a request is traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TracedWhy {
+    /// One in `PHASETRACE_TRACE_EVERY`, decided on the hot path.
+    Head,
+    /// Its time to first token or per output token was over the threshold.
+    Tail,
+}
+
+/// A request that became traced: the span sink starts its span (at `begin`).
+#[derive(Clone, Debug)]
+pub(crate) struct TracedRequest {
+    pub(crate) id: u64,
+    pub(crate) kind: Arc<RequestKind>,
+    pub(crate) begin: u64,
+    pub(crate) why: TracedWhy,
+}
+
+/// A request that ended, with everything its metrics and span need.
+#[derive(Clone, Debug)]
+pub(crate) struct Request {
+    pub(crate) id: u64,
+    pub(crate) kind: Arc<RequestKind>,
+    pub(crate) finish: Finish,
+    pub(crate) begin: u64,
+    pub(crate) end: u64,
+    /// Start of the first step that served it.
+    pub(crate) first_step: Option<u64>,
+    /// End of the step that gave its first output token.
+    pub(crate) first_token: Option<u64>,
+    pub(crate) input_tokens: u64,
+    pub(crate) outputs: u64,
+    pub(crate) drafted: u64,
+    pub(crate) accepted: u64,
+    /// Steps that served it on the lane that began it.
+    pub(crate) steps: u64,
+    pub(crate) share_ns: u64,
+    pub(crate) wait_share_ns: u64,
+    /// Each rank that served it, with its share of that rank's steps' waits (ns).
+    pub(crate) wait_by_rank: Vec<(u32, u64)>,
+    /// Steps, on any rank, that served it without a `request.step` span: before it was traced,
+    /// or before its begin was seen.
+    pub(crate) steps_untraced: u64,
+    /// Its share of the speculative phases of the rounds that served it, ns by [`Phase`], on
+    /// the rank that began it (`None`: no round served it).
+    pub(crate) phase_share_ns: Option<[u64; Phase::ALL.len()]>,
+}
+
+impl Request {
+    pub(crate) fn duration_ns(&self) -> u64 {
+        self.end.saturating_sub(self.begin)
+    }
+
+    pub(crate) fn queue_ns(&self) -> Option<u64> {
+        self.first_step.map(|s| s.saturating_sub(self.begin))
+    }
+
+    pub(crate) fn ttft_ns(&self) -> Option<u64> {
+        self.first_token.map(|t| t.saturating_sub(self.begin))
+    }
+
+    pub(crate) fn prefill_ns(&self) -> Option<u64> {
+        Some(self.first_token?.saturating_sub(self.first_step?))
+    }
+
+    pub(crate) fn decode_ns(&self) -> Option<u64> {
+        self.first_token.map(|t| self.end.saturating_sub(t))
+    }
+
+    /// Time per output token after the first: with two output tokens or more.
+    pub(crate) fn tpot_ns(&self) -> Option<u64> {
+        let first = self.first_token?;
+        (self.outputs >= 2).then(|| self.end.saturating_sub(first) / (self.outputs - 1))
+    }
+
+    /// The rank the others waited for: the one that waited least (with two ranks or more).
+    pub(crate) fn waited_for_rank(&self) -> Option<u32> {
+        if self.wait_by_rank.len() < 2 {
+            return None;
+        }
+        self.wait_by_rank
+            .iter()
+            .min_by_key(|(_, w)| *w)
+            .map(|(r, _)| *r)
     }
 }

@@ -8,9 +8,10 @@
 //!       for them ──> Round
 //! ```
 
+use super::event::BatchEntry;
 use super::event::{Event, HeldRound, HeldStep, Hold, Round, Sink, Step, VerifySplit};
 use super::open::{OpenSlot, OpenSteps};
-use super::requests::{BATCH_MAX, BatchEntry, Requests, Served};
+use super::requests::{BATCH_MAX, Requests, Served};
 use super::trace::{Interval, Parent, RoundTrace, Route, SectionSpan, StepTrace, Wait};
 use crate::config::SpecLevel;
 use crate::names::DropReason;

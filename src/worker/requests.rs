@@ -6,9 +6,9 @@
 //! StepEnd + the lane's Serve marks ──> Requests::step: queue time ends, first token, shares of
 //!     the step's time and waits (by tokens), tail decisions (TTFT at the first token, TPOT
 //!     after TPOT_DECIDE_AFTER output tokens) ──> Event::RequestTraced, then the step's batch
-//! RequestEnd ──> Requests::end ──(settled: a pass later, once no lane has a step begun
-//!     before the end still open or unresolved, so every rank's last steps are in; or after
-//!     SETTLE_MAX)──> Event::Request
+//! RequestEnd ──> Requests::end ──(settled: a pass later, once no lane has a step or round
+//!     begun before the end still open or unresolved, so every rank's last steps are in; or
+//!     after SETTLE_MAX)──> Event::Request
 //! ```
 //!
 //! A request is keyed by the engine's id alone. Its share of a step is the step's duration
@@ -17,7 +17,7 @@
 //! [`OPEN_MAX`] open requests and [`BATCH_MAX`] requests a step; beyond, counted under
 //! `reason="request_bound"`.
 
-use super::event::{Event, Sink};
+use super::event::{BatchEntry, Event, Request, Sink, TracedRequest, TracedWhy};
 use super::sinks::spans::tail::{Kind, Tail, Verdict};
 use crate::names::DropReason;
 use crate::record::{Finish, RequestKind, Shared};
@@ -46,106 +46,6 @@ pub(crate) struct Served {
     pub(crate) tokens: u32,
     pub(crate) outputs: u32,
     pub(crate) drafted: u32,
-}
-
-/// One request of a step's batch, as the step event carries it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct BatchEntry {
-    pub(crate) id: u64,
-    pub(crate) tokens: u32,
-    pub(crate) outputs: u32,
-    /// The request is traced: the step links to it, and it gets a `request.step` span.
-    pub(crate) traced: bool,
-    /// Its share of the step's time and of the step's rendezvous waits, ns.
-    pub(crate) share_ns: u64,
-    pub(crate) wait_share_ns: u64,
-}
-
-/// Why a request is traced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TracedWhy {
-    /// One in `PHASETRACE_TRACE_EVERY`, decided on the hot path.
-    Head,
-    /// Its time to first token or per output token was over the threshold.
-    Tail,
-}
-
-/// A request that became traced: the span sink starts its span (at `begin`).
-#[derive(Clone, Debug)]
-pub(crate) struct TracedRequest {
-    pub(crate) id: u64,
-    pub(crate) kind: Arc<RequestKind>,
-    pub(crate) begin: u64,
-    pub(crate) why: TracedWhy,
-}
-
-/// A request that ended, with everything its metrics and span need.
-#[derive(Clone, Debug)]
-pub(crate) struct Request {
-    pub(crate) id: u64,
-    pub(crate) kind: Arc<RequestKind>,
-    pub(crate) finish: Finish,
-    pub(crate) begin: u64,
-    pub(crate) end: u64,
-    /// Start of the first step that served it.
-    pub(crate) first_step: Option<u64>,
-    /// End of the step that gave its first output token.
-    pub(crate) first_token: Option<u64>,
-    pub(crate) input_tokens: u64,
-    pub(crate) outputs: u64,
-    pub(crate) drafted: u64,
-    pub(crate) accepted: u64,
-    /// Steps that served it on the lane that began it.
-    pub(crate) steps: u64,
-    pub(crate) share_ns: u64,
-    pub(crate) wait_share_ns: u64,
-    /// Each rank that served it, with its share of that rank's steps' waits (ns).
-    pub(crate) wait_by_rank: Vec<(u32, u64)>,
-    /// Steps, on any rank, that served it without a `request.step` span: before it was traced,
-    /// or before its begin was seen.
-    pub(crate) steps_untraced: u64,
-    /// Its share of the speculative phases of the rounds that served it, ns by [`Phase`], on
-    /// the rank that began it (`None`: no round served it).
-    pub(crate) phase_share_ns: Option<[u64; Phase::ALL.len()]>,
-}
-
-impl Request {
-    pub(crate) fn duration_ns(&self) -> u64 {
-        self.end.saturating_sub(self.begin)
-    }
-
-    pub(crate) fn queue_ns(&self) -> Option<u64> {
-        self.first_step.map(|s| s.saturating_sub(self.begin))
-    }
-
-    pub(crate) fn ttft_ns(&self) -> Option<u64> {
-        self.first_token.map(|t| t.saturating_sub(self.begin))
-    }
-
-    pub(crate) fn prefill_ns(&self) -> Option<u64> {
-        Some(self.first_token?.saturating_sub(self.first_step?))
-    }
-
-    pub(crate) fn decode_ns(&self) -> Option<u64> {
-        self.first_token.map(|t| self.end.saturating_sub(t))
-    }
-
-    /// Time per output token after the first: with two output tokens or more.
-    pub(crate) fn tpot_ns(&self) -> Option<u64> {
-        let first = self.first_token?;
-        (self.outputs >= 2).then(|| self.end.saturating_sub(first) / (self.outputs - 1))
-    }
-
-    /// The rank the others waited for: the one that waited least (with two ranks or more).
-    pub(crate) fn waited_for_rank(&self) -> Option<u32> {
-        if self.wait_by_rank.len() < 2 {
-            return None;
-        }
-        self.wait_by_rank
-            .iter()
-            .min_by_key(|(_, w)| *w)
-            .map(|(r, _)| *r)
-    }
 }
 
 /// The queue and the running requests, for the gauges (read at each collection).

@@ -267,7 +267,7 @@ impl RequestTally {
         }
     }
 
-    pub(crate) fn add(&mut self, r: &crate::worker::requests::Request) {
+    pub(crate) fn add(&mut self, r: &crate::worker::event::Request) {
         self.done += 1;
         self.outputs += r.outputs;
         if r.finish.error_type().is_some() {

@@ -15,8 +15,9 @@ pub(crate) use crate::export::Bind;
 use crate::names::{DropReason, attr, metric};
 use crate::vocab::Phase;
 use crate::worker::attrs::rank_attr;
+use crate::worker::event::Request;
 use crate::worker::open::OpenSteps;
-use crate::worker::requests::{Request, RequestGauges};
+use crate::worker::requests::RequestGauges;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
     BoundHistogram, Counter, Histogram, Meter, ObservableCounter, ObservableGauge,

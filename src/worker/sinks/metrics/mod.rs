@@ -168,7 +168,7 @@ impl MetricsSink {
 /// The GenAI attributes of a request's measurements: operation, provider, requested and
 /// response model, `error.type` when it failed, and `group`.
 pub(crate) fn request_attrs(
-    r: &crate::worker::requests::Request,
+    r: &crate::worker::event::Request,
     group: &opentelemetry::KeyValue,
 ) -> Vec<opentelemetry::KeyValue> {
     use crate::names::attr;
