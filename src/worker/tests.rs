@@ -1743,6 +1743,27 @@ fn a_traced_request_links_every_step_that_served_it_and_each_request_is_measured
     assert_eq!(p.stats().dropped.total(), 0, "{:?}", p.stats().dropped);
 }
 
+/// A traced pipeline on the host clock where every request and step is head-sampled, with the
+/// request class `text_completion m` registered: the request tests' setup.
+fn traced_requests() -> (Traced, crate::RequestClass) {
+    let t = traced(
+        Arc::new(crate::timing::HostClock),
+        1,
+        crate::config::TraceSlowerThan::Off,
+        100,
+    );
+    let class = t
+        .shared
+        .kinds
+        .register(crate::RequestKind::new(
+            "phasetrace-test",
+            "text_completion",
+            "m",
+        ))
+        .unwrap();
+    (t, class)
+}
+
 /// The spans of a request-settling test: the request spans named `text_completion m`, the
 /// `request.step` spans, and one attribute of a span as an i64.
 fn request_spans(
@@ -1773,20 +1794,9 @@ fn int_attr(s: &opentelemetry_sdk::trace::SpanData, k: &str) -> Option<i64> {
 /// passes run, then has both ranks' `request.step` spans.
 #[test]
 fn an_ended_request_waits_for_every_rank_step_that_served_it() {
-    use crate::config::TraceSlowerThan;
+    use crate::Finish;
     use crate::names::attr;
-    use crate::{Finish, RequestKind};
-    let t = traced(
-        Arc::new(crate::timing::HostClock),
-        1,
-        TraceSlowerThan::Off,
-        100,
-    );
-    let class = t
-        .shared
-        .kinds
-        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
-        .unwrap();
+    let (t, class) = traced_requests();
     let (r0, r1) = (rec(&t.shared), rec(&t.shared));
     let mut p = t.p;
     r0.request_begin(7, class);
@@ -1825,19 +1835,8 @@ fn an_ended_request_waits_for_every_rank_step_that_served_it() {
 /// the request ends without that rank's step, which is counted when it comes.
 #[test]
 fn a_stuck_rank_holds_an_ended_request_only_up_to_the_settling_bound() {
-    use crate::config::TraceSlowerThan;
-    use crate::{Finish, RequestKind};
-    let t = traced(
-        Arc::new(crate::timing::HostClock),
-        1,
-        TraceSlowerThan::Off,
-        100,
-    );
-    let class = t
-        .shared
-        .kinds
-        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
-        .unwrap();
+    use crate::Finish;
+    let (t, class) = traced_requests();
     let (r0, r1) = (rec(&t.shared), rec(&t.shared));
     let mut p = t.p;
     p.pairing
@@ -1875,20 +1874,9 @@ fn a_stuck_rank_holds_an_ended_request_only_up_to_the_settling_bound() {
 /// later) has no `request.step` span: the request's span says so.
 #[test]
 fn a_step_drained_before_its_request_begin_is_counted_untraced() {
-    use crate::config::TraceSlowerThan;
+    use crate::Finish;
     use crate::names::attr;
-    use crate::{Finish, RequestKind};
-    let t = traced(
-        Arc::new(crate::timing::HostClock),
-        1,
-        TraceSlowerThan::Off,
-        100,
-    );
-    let class = t
-        .shared
-        .kinds
-        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
-        .unwrap();
+    let (t, class) = traced_requests();
     let (r1, r0) = (rec(&t.shared), rec(&t.shared));
     let mut p = t.p;
     {
@@ -1915,20 +1903,9 @@ fn a_step_drained_before_its_request_begin_is_counted_untraced() {
 /// of every phase by its tokens: on the request's span and in the per-phase histogram.
 #[test]
 fn a_round_gives_each_request_its_share_of_every_phase_by_its_tokens() {
-    use crate::config::TraceSlowerThan;
+    use crate::Finish;
     use crate::names::{attr, metric};
-    use crate::{Finish, RequestKind};
-    let t = traced(
-        Arc::new(crate::timing::HostClock),
-        1,
-        TraceSlowerThan::Off,
-        100,
-    );
-    let class = t
-        .shared
-        .kinds
-        .register(RequestKind::new("phasetrace-test", "text_completion", "m"))
-        .unwrap();
+    let (t, class) = traced_requests();
     t.shared.spec_level.store(SpecLevel::Phases);
     let r = rec(&t.shared);
     r.request_begin(1, class);
