@@ -11,7 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-section() { printf '\n==== %s ====\n' "$*" >&2; }
+section() { printf '\n==== %s ==== (disk: %s free)\n' "$*" "$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')" >&2; }
 
 section "installing test tools (scripts/install-tools.sh)"
 "$ROOT/scripts/install-tools.sh" >/dev/null
