@@ -169,7 +169,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 0.0)]
     linger: f64,
     #[command(flatten)]
-    requests: RequestArgs,
+    pub(crate) requests: RequestArgs,
     #[command(flatten)]
     flags: ProfilerFlags,
 }
@@ -921,7 +921,7 @@ fn setup_group(
     });
     // Requests are scheduled in this process unless it runs a rank other than 0 of a group
     // of processes (whose steps then serve no batch).
-    if a.requests.request_rate > 0.0 && a.rank.is_none_or(|r| r == 0) {
+    if a.requests.rate() > 0.0 && a.rank.is_none_or(|r| r == 0) {
         let spec = a.spec.map(|k| (k, a.acceptance));
         let s = Scheduler::new(&a.requests, profiler, a.seed, spec)?;
         *group
@@ -1100,7 +1100,7 @@ fn report(a: &DemoArgs, profiler: &Profiler, group: &Group, plan: &Plan) {
             r.begun,
             r.ended,
             r.cancelled + (r.waiting + r.running) as u64,
-            a.requests.request_rate,
+            a.requests.rate(),
             a.requests.max_batch,
         );
     }

@@ -24,10 +24,11 @@ use std::time::Instant;
 #[derive(Debug, Args)]
 pub(crate) struct RequestArgs {
     /// Requests arriving per second (a Poisson process); 0 serves none (steps without a batch).
-    /// The default keeps the default demo's 4 ranks x 12 layers below capacity (a short
-    /// queue); about 20 a second saturates it.
-    #[arg(long, default_value_t = 12.0)]
-    pub(crate) request_rate: f64,
+    /// Default 12: it keeps the default demo's 4 ranks x 12 layers below capacity (a short
+    /// queue); about 20 a second saturates it. The synthetic engine's (the candle engine's
+    /// arrivals are per step: --requests-per-step).
+    #[arg(long)]
+    pub(crate) request_rate: Option<f64>,
     /// Most requests in one step's batch (continuous batching: a finished request's place is
     /// taken at the next step).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
@@ -48,13 +49,21 @@ pub(crate) struct RequestArgs {
     pub(crate) model_name: String,
 }
 
+/// `--request-rate`'s default, requests a second.
+const REQUEST_RATE: f64 = 12.0;
+
 impl RequestArgs {
+    /// Requests a second: `--request-rate` or its default.
+    pub(crate) fn rate(&self) -> f64 {
+        self.request_rate.unwrap_or(REQUEST_RATE)
+    }
+
     /// Checks the flags that clap cannot.
     pub(crate) fn check(&self) -> Result<(), String> {
-        if !(self.request_rate.is_finite() && self.request_rate >= 0.0) {
+        let rate = self.rate();
+        if !(rate.is_finite() && rate >= 0.0) {
             return Err(format!(
-                "--request-rate {}: expected a non-negative number of requests a second",
-                self.request_rate
+                "--request-rate {rate}: expected a non-negative number of requests a second"
             ));
         }
         if self.model_name.trim().is_empty() {
@@ -163,9 +172,7 @@ impl Scheduler {
                 .response_model(a.model_name.clone()),
         )?;
         let mut rng = SmallRng::seed_from_u64(seed ^ 0x0005_EED0_F4E9);
-        let gap = (a.request_rate > 0.0)
-            .then(|| Exp::new(a.request_rate).ok())
-            .flatten();
+        let gap = (a.rate() > 0.0).then(|| Exp::new(a.rate()).ok()).flatten();
         let next_arrival = gap.as_ref().map_or(f64::INFINITY, |g| g.sample(&mut rng));
         Ok(Scheduler {
             class,

@@ -8,7 +8,7 @@ use crate::Failure;
 use candle_core::DType;
 use clap::{Args, ValueEnum};
 use phasetrace::{Profiler, SectionLevel, SpecLevel, Timing};
-use phasetrace_candle::{Draft, EngineError, ModelConfig, RunOptions, Spec, weights};
+use phasetrace_candle::{Draft, EngineError, ModelConfig, RunOptions, Spec, Workload, weights};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,9 +45,13 @@ pub(crate) struct CandleArgs {
     /// query heads, half as many key/value heads).
     #[arg(long, default_value_t = 256)]
     hidden: usize,
-    /// With --engine candle: prompt tokens (prefilled in step 0).
-    #[arg(long, default_value_t = 8)]
-    prompt_len: usize,
+    /// With --engine candle: requests arriving per step (a Poisson process in steps, so that
+    /// two runs batch alike and their checksums compare), served under continuous batching
+    /// with --max-batch, --prompt-tokens, --output-tokens, --max-output-tokens and
+    /// --model-name; 0: no requests, one sequence of --prompt-tokens prompt tokens decoded on
+    /// and restarted when its context (512 positions) is full.
+    #[arg(long, default_value_t = 0.25)]
+    requests_per_step: f64,
 }
 
 /// The model of the flags: a checkpoint's, or random weights shaped by the model flags.
@@ -96,6 +100,32 @@ fn engine_failure(e: EngineError) -> Failure {
     }
 }
 
+/// The requests of the flags (none with `--requests-per-step 0`).
+fn workload(a: &DemoArgs) -> Result<Option<Workload>, Failure> {
+    let rate = a.candle.requests_per_step;
+    if !(rate.is_finite() && rate >= 0.0) {
+        return Err(Failure::config(format!(
+            "--requests-per-step {rate}: expected a non-negative number of requests a step"
+        )));
+    }
+    a.requests.check().map_err(Failure::config)?;
+    if rate == 0.0 {
+        return Ok(None);
+    }
+    let r = &a.requests;
+    let w = Workload {
+        requests_per_step: rate,
+        max_batch: r.max_batch as usize,
+        prompt_tokens: r.prompt_tokens as usize,
+        output_tokens: r.output_tokens as usize,
+        max_output_tokens: r.max_output_tokens as usize,
+        model: r.model_name.clone(),
+        seed: a.seed,
+    };
+    w.validate().map_err(engine_failure)?;
+    Ok(Some(w))
+}
+
 /// Rejects the synthetic workload's flags that have no meaning for a real model.
 fn synthetic_only(a: &DemoArgs) -> Result<(), Failure> {
     let given = [
@@ -106,10 +136,11 @@ fn synthetic_only(a: &DemoArgs) -> Result<(), Failure> {
         ("--hang-rank", a.hang_rank.is_some()),
         ("--profile", a.profile.is_some()),
         ("--gpu-sim", a.gpu_sim),
+        ("--request-rate", a.requests.request_rate.is_some()),
     ];
     if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
         return Err(Failure::config(format!(
-            "{flag}: a flag of the synthetic engine; --engine candle runs a real model on rank threads for --steps steps, --duration seconds or --forever"
+            "{flag}: a flag of the synthetic engine; --engine candle runs a real model on rank threads for --steps steps, --duration seconds or --forever, its requests arriving per step (--requests-per-step)"
         )));
     }
     Ok(())
@@ -131,6 +162,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             a.ranks
         )));
     }
+    let serving = workload(&a)?;
     let (cfg, tensors, source) = model(&a)?;
     let spec = a.spec.map(|k| Spec {
         k: k as usize,
@@ -178,7 +210,8 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             a.steps as usize
         },
         stop: Some(stop.clone()),
-        prompt: phasetrace_candle::prompt(a.candle.prompt_len, cfg.vocab, a.seed),
+        prompt: phasetrace_candle::prompt(a.requests.prompt_tokens as usize, cfg.vocab, a.seed),
+        serving,
         spec,
         straggler: a.straggler_rank.map(|r| (r as usize, a.straggler_factor)),
         progress: Some(progress.clone()),
@@ -340,13 +373,25 @@ fn report(
     );
     if let Some(s) = spec {
         eprintln!(
-            "demo: speculative decoding with {}: {} rounds, {} of {} drafted tokens accepted ({:.1} %), {:.2} tokens per round",
+            "demo: speculative decoding with {}: {} rounds, {} of {} drafted tokens accepted ({:.1} %), {:.2} tokens per sequence and round",
             s.draft,
             out.rounds,
             out.accepted,
             out.drafted,
             100.0 * out.acceptance(),
-            out.tokens.len().saturating_sub(1) as f64 / out.rounds.max(1) as f64,
+            1.0 + out.accepted as f64 / (out.drafted as f64 / s.k as f64).max(1.0),
+        );
+    }
+    if let (Some(r), Some(w)) = (out.served, &opts.serving) {
+        eprintln!(
+            "demo: {} requests begun, {} finished, {} still open cancelled at the stop; --requests-per-step {}, --max-batch {}: {:.1} sequences a step on average, {} at most",
+            r.begun,
+            r.finished,
+            r.cancelled,
+            w.requests_per_step,
+            w.max_batch,
+            r.mean_batch(out.steps),
+            r.max_batch,
         );
     }
 }

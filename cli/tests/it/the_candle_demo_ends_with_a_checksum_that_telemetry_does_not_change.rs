@@ -1,8 +1,9 @@
 //! `phasetrace demo --engine candle` runs a real model (dense and MoE layers, two
 //! tensor-parallel ranks, speculative decoding with a shallow draft), prints the console
 //! summary with the engine's sections, and ends with a `checksum` line of the generated token
-//! ids that is the same with phasetrace off and at level full. The synthetic workload's own
-//! flags are refused with the engine named.
+//! ids that is the same with phasetrace off and at level full, serving requests under
+//! continuous batching as it does by default. The synthetic workload's own flags, and a bad
+//! `--requests-per-step`, are refused with the flag named.
 
 use crate::cli::command;
 
@@ -58,20 +59,34 @@ fn the_checksum_is_the_same_with_phasetrace_off_and_on() {
         assert!(stderr.contains(bucket), "summary names {bucket}:\n{stderr}");
     }
     assert!(stderr.contains("speculative decoding"), "{stderr}");
+    // The default workload: requests arrive, are batched, and the summary has their line.
+    assert!(
+        stderr.contains("requests begun") && stderr.contains("requests:"),
+        "{stderr}"
+    );
     let (off, _) = run(&["--level", "off"]);
     assert_eq!(on, off, "telemetry changed the generated tokens");
 }
 
 #[test]
 fn synthetic_flags_are_refused_naming_the_engine() {
-    let out = command()
-        .args(["demo", "--engine", "candle", "--gpu-sim"])
-        .output()
-        .expect("running the demo");
-    assert_eq!(out.status.code(), Some(3));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--gpu-sim") && stderr.contains("--engine candle"),
-        "{stderr}"
-    );
+    for (args, named) in [
+        (&["--gpu-sim"][..], "--engine candle"),
+        (&["--request-rate", "5"][..], "--requests-per-step"),
+        (&["--requests-per-step=-1"][..], "a non-negative number"),
+        (&["--requests-per-step", "NaN"][..], "a non-negative number"),
+    ] {
+        let out = command()
+            .args(["demo", "--engine", "candle"])
+            .args(args)
+            .output()
+            .expect("running the demo");
+        assert_eq!(out.status.code(), Some(3), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let flag = args[0].split('=').next().unwrap_or_default();
+        assert!(
+            stderr.contains(flag) && stderr.contains(named),
+            "{args:?}: {stderr}"
+        );
+    }
 }

@@ -17,9 +17,10 @@ use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::instrument::{Ctx, EngineSections, Straggle};
 use crate::model::{KvCache, Model, Shard};
+use crate::serve::{Served, Workload};
 use crate::weights::{Tensors, var_builder};
 use candle_core::{DType, Device};
-use phasetrace::{Phase, Profiler, Recorder, RecorderOptions};
+use phasetrace::{Phase, Profiler, Recorder, RecorderOptions, RequestClass, RequestKind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -81,6 +82,9 @@ pub struct RunOptions {
     /// Most positions a sequence holds: when the KV cache is full, a new sequence starts from
     /// the prompt (a prefill step), as a server starts its next request.
     pub context: usize,
+    /// Serve a workload of requests under continuous batching instead of one endless sequence
+    /// (`prompt` and `context` are then unused: each request has its own).
+    pub serving: Option<Workload>,
 }
 
 impl RunOptions {
@@ -98,6 +102,7 @@ impl RunOptions {
             progress: None,
             stop: None,
             context: 512,
+            serving: None,
         }
     }
 }
@@ -117,6 +122,11 @@ pub struct RunOutput {
     pub accepted: usize,
     /// Wall time of the decode loop (after loading).
     pub wall: Duration,
+    /// With [`RunOptions::serving`]: what happened to the requests.
+    pub served: Option<Served>,
+    /// With [`RunOptions::serving`]: each request's id and generated tokens, by id (`tokens`
+    /// is their concatenation); a request cancelled by the run's end has what it got.
+    pub requests: Vec<(u64, Vec<u32>)>,
 }
 
 impl RunOutput {
@@ -164,7 +174,10 @@ pub fn checksum(tokens: &[u32]) -> String {
 pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOutput, EngineError> {
     opts.cfg.validate()?;
     opts.cfg.check_ranks(opts.ranks)?;
-    if opts.prompt.is_empty() {
+    if let Some(w) = &opts.serving {
+        w.validate()?;
+    }
+    if opts.serving.is_none() && opts.prompt.is_empty() {
         return Err(EngineError::Config("the prompt is empty".into()));
     }
     if let Some(&t) = opts.prompt.iter().find(|&&t| t as usize >= opts.cfg.vocab) {
@@ -201,6 +214,16 @@ pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOut
         )));
     }
     EngineSections::get()?;
+    // The requests' kind (`gen_ai.*` attributes), registered once for the run.
+    let class = match (&opts.serving, profiler) {
+        (Some(w), Some(p)) => Some(
+            p.request_kind(
+                RequestKind::new("phasetrace-candle", "text_completion", w.model.clone())
+                    .response_model(w.model.clone()),
+            )?,
+        ),
+        _ => None,
+    };
     let group = Collective::new(opts.ranks);
     let results: Vec<Result<RunOutput, EngineError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..opts.ranks)
@@ -211,7 +234,7 @@ pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOut
                     .spawn_scoped(scope, move || {
                         let rec = profiler
                             .map(|p| p.recorder_with(RecorderOptions::new().rank(rank as u32)));
-                        rank_loop(opts, rank, group, rec.as_ref())
+                        rank_loop(opts, rank, group, rec.as_ref(), class)
                     })
             })
             .collect();
@@ -242,6 +265,7 @@ fn rank_loop(
     rank: usize,
     group: &Collective,
     rec: Option<&Recorder>,
+    class: Option<RequestClass>,
 ) -> Result<RunOutput, EngineError> {
     let cfg = &opts.cfg;
     let shard = Shard {
@@ -249,7 +273,10 @@ fn rank_loop(
         ranks: opts.ranks,
     };
     let k = opts.spec.map_or(0, |s| s.k);
-    let context = opts.context.max(opts.prompt.len() + k + 2);
+    let context = match &opts.serving {
+        Some(w) => w.max_positions(k),
+        None => opts.context.max(opts.prompt.len() + k + 2),
+    };
     let vb = var_builder(&opts.tensors, DType::F32, &opts.device);
     let target = Model::load(&vb, cfg, shard, context + k + 2)?;
     // The draft: the target's first layers (same tensors), or a lower-precision copy.
@@ -271,6 +298,18 @@ fn rank_loop(
         sections: EngineSections::get()?,
         straggle: Straggle::new(factor),
     };
+    if let Some(w) = &opts.serving {
+        let mut r = Rank {
+            rank,
+            rec,
+            ctx,
+            target: &target,
+            draft,
+            layers: cfg.layers,
+            depth,
+        };
+        return crate::serve::serve_loop(opts, w, &mut r, class);
+    }
     let mut cache = KvCache::new(cfg.layers);
     let mut dcache = KvCache::new(cfg.layers);
     let mut out = RunOutput::default();
@@ -390,7 +429,32 @@ fn rank_loop(
     Ok(out)
 }
 
-fn bump(opts: &RunOptions, rank: usize, out: &mut RunOutput) {
+/// One rank's part of a run: its recorder, its forward context, the models.
+#[derive(Debug)]
+pub(crate) struct Rank<'a, 'c, 'm> {
+    pub(crate) rank: usize,
+    pub(crate) rec: Option<&'a Recorder>,
+    pub(crate) ctx: Ctx<'a, 'c>,
+    pub(crate) target: &'m Model,
+    pub(crate) draft: &'m Model,
+    /// The target's layers, and the draft's.
+    pub(crate) layers: usize,
+    pub(crate) depth: usize,
+}
+
+impl Rank<'_, '_, '_> {
+    /// Whether the run stops here: rank 0's decision, taken by every rank at the same step
+    /// boundary.
+    pub(crate) fn stop_decided(&self, opts: &RunOptions) -> bool {
+        let Some(stop) = &opts.stop else {
+            return false;
+        };
+        let says = self.rank == 0 && stop.load(Ordering::Relaxed);
+        self.ctx.comm.as_deref().is_some_and(|c| c.decide(says))
+    }
+}
+
+pub(crate) fn bump(opts: &RunOptions, rank: usize, out: &mut RunOutput) {
     out.steps += 1;
     if rank == 0
         && let Some(p) = &opts.progress
@@ -399,7 +463,7 @@ fn bump(opts: &RunOptions, rank: usize, out: &mut RunOutput) {
     }
 }
 
-fn last(ids: Vec<u32>) -> Result<u32, EngineError> {
+pub(crate) fn last(ids: Vec<u32>) -> Result<u32, EngineError> {
     ids.last()
         .copied()
         .ok_or_else(|| EngineError::Config("a forward over no tokens".into()))

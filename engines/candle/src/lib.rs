@@ -21,11 +21,13 @@ pub mod config;
 mod engine;
 mod instrument;
 pub mod model;
+pub mod serve;
 pub mod weights;
 
 pub use config::{Layout, ModelConfig};
 pub use engine::{Draft, RunOptions, RunOutput, Spec, checksum, generate, prompt};
 pub use instrument::{Ctx, EngineSections};
+pub use serve::{Served, Workload};
 
 /// What can go wrong building or running the engine.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,9 @@ pub enum EngineError {
     /// A section name could not be registered.
     #[error("phasetrace: {0}")]
     Vocab(#[from] phasetrace::VocabError),
+    /// The profiler refused a registration (the requests' kind).
+    #[error("phasetrace: {0}")]
+    Profiler(#[from] phasetrace::Error),
     /// A rank thread panicked.
     #[error("rank {0} panicked")]
     RankPanicked(usize),

@@ -13,6 +13,10 @@
 //! gate/up, row-parallel down). Each block ends in a partial output that the all-reduce sums
 //! across ranks; the residual add happens inside the all-reduce section. The router, norms,
 //! embedding and LM head are replicated.
+//!
+//! A forward runs a batch of sequences ([`Seq`], continuous batching): their new tokens are
+//! the rows of one matrix through every row-wise operation, and RoPE and attention run per
+//! sequence, each at its own positions and over its own KV cache.
 
 use crate::config::ModelConfig;
 use crate::instrument::Ctx;
@@ -186,6 +190,25 @@ impl KvCache {
         self.len = len;
         Ok(())
     }
+}
+
+/// One sequence of a batched forward: its new tokens and its cache (which the forward grows).
+#[derive(Debug)]
+pub struct Seq<'s> {
+    /// The tokens to run, at the positions after the cache.
+    pub tokens: &'s [u32],
+    /// The sequence's KV cache.
+    pub cache: &'s mut KvCache,
+}
+
+/// Where a sequence sits in a batch: its first row, its new tokens, the positions cached
+/// before them, its causal mask.
+#[derive(Debug)]
+struct Rows {
+    row: usize,
+    t: usize,
+    pos: usize,
+    mask: Option<Tensor>,
 }
 
 impl Model {
@@ -372,10 +395,35 @@ impl Model {
         cache: &mut KvCache,
         depth: usize,
     ) -> Result<Vec<u32>> {
-        let logits = self.logits(ctx, tokens, cache, depth)?;
-        ctx.run(ctx.sections.sample, Layer::NONE, Site::NONE, || {
+        let mut one = [Seq { tokens, cache }];
+        let mut out = self.forward_batch(ctx, &mut one, depth)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// [`Model::forward`] over a batch (continuous batching): every sequence's new tokens
+    /// after its own cache, in one pass. The row-wise work (norms, projections, MLP and MoE,
+    /// all-reduces, LM head) runs on the batch's tokens as one matrix; RoPE and attention run
+    /// per sequence, each at its positions and over its cache. Returns each sequence's greedy
+    /// next tokens.
+    pub fn forward_batch(
+        &self,
+        ctx: &mut Ctx<'_, '_>,
+        seqs: &mut [Seq<'_>],
+        depth: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        let logits = self.logits_batch(ctx, seqs, depth)?;
+        let ids = ctx.run(ctx.sections.sample, Layer::NONE, Site::NONE, || {
             logits.argmax(D::Minus1)?.to_vec1::<u32>()
-        })
+        })?;
+        let mut rest = ids.as_slice();
+        Ok(seqs
+            .iter()
+            .map(|s| {
+                let (now, later) = rest.split_at(s.tokens.len().min(rest.len()));
+                rest = later;
+                now.to_vec()
+            })
+            .collect())
     }
 
     /// What [`Model::forward`] samples from: the logits after each position, `[t, vocab]` f32.
@@ -386,24 +434,55 @@ impl Model {
         cache: &mut KvCache,
         depth: usize,
     ) -> Result<Tensor> {
+        self.logits_batch(ctx, &mut [Seq { tokens, cache }], depth)
+    }
+
+    /// What [`Model::forward_batch`] samples from: the logits after each position of each
+    /// sequence, in order, `[tokens, vocab]` f32.
+    pub fn logits_batch(
+        &self,
+        ctx: &mut Ctx<'_, '_>,
+        seqs: &mut [Seq<'_>],
+        depth: usize,
+    ) -> Result<Tensor> {
         let s = ctx.sections;
-        let t = tokens.len();
-        let pos = cache.len;
+        if seqs.iter().any(|q| q.tokens.is_empty()) || seqs.is_empty() {
+            return Err(candle_core::Error::Msg(
+                "a forward over a sequence of no tokens".into(),
+            ));
+        }
         let mut x = ctx.run(s.embed, Layer::NONE, Site::NONE, || {
-            let ids = Tensor::new(tokens, self.device())?;
+            let ids: Vec<u32> = seqs.iter().flat_map(|q| q.tokens.iter().copied()).collect();
+            let ids = Tensor::new(ids.as_slice(), self.device())?;
             self.embed.index_select(&ids, 0)
         })?;
-        let mask = if t > 1 {
-            Some(causal_mask(t, pos, self.dtype, self.device())?)
-        } else {
-            None
-        };
+        // Each sequence's rows of the batch, its positions, and its causal mask (a sequence
+        // of one new token attends to everything cached).
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for q in seqs.iter() {
+            let t = q.tokens.len();
+            let mask = if t > 1 {
+                Some(causal_mask(t, q.cache.len, self.dtype, self.device())?)
+            } else {
+                None
+            };
+            spans.push(Rows {
+                row,
+                t,
+                pos: q.cache.len,
+                mask,
+            });
+            row += t;
+        }
         for (l, b) in self.blocks.iter().take(depth).enumerate() {
             let layer = Layer(l as u32);
-            x = self.attention_block(ctx, b, layer, &x, cache, mask.as_ref(), pos)?;
+            x = self.attention_block(ctx, b, layer, &x, seqs, &spans)?;
             x = self.ffn_block(ctx, b, layer, &x)?;
         }
-        cache.len = pos + t;
+        for (q, r) in seqs.iter_mut().zip(&spans) {
+            q.cache.len = r.pos + r.t;
+        }
         let x = ctx.run(Section::NORM, Layer::NONE, Site::NONE, || {
             candle_nn::ops::rms_norm(&x, &self.norm, self.cfg.rms_eps as f32)
         })?;
@@ -412,77 +491,71 @@ impl Model {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention_block(
         &self,
         ctx: &mut Ctx<'_, '_>,
         b: &Block,
         layer: Layer,
         x: &Tensor,
-        cache: &mut KvCache,
-        mask: Option<&Tensor>,
-        pos: usize,
+        seqs: &mut [Seq<'_>],
+        spans: &[Rows],
     ) -> Result<Tensor> {
         let s = ctx.sections;
         let a = &b.attn;
-        let t = x.dim(0)?;
         let part = ctx.verify_part(VerifyPart::Mla);
         let h = ctx.run(Section::NORM, layer, Site::NONE, || {
             candle_nn::ops::rms_norm(x, &b.ln1, self.cfg.rms_eps as f32)
         })?;
         let (q, k, v) = ctx.run(s.qkv, layer, Site::ATTN, || {
-            let heads = |p: &Proj2, n: usize| {
-                // [t, n * hd] -> [1, n, t, hd]
-                p.forward(&h)?
-                    .reshape((t, n, a.head_dim))?
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .unsqueeze(0)
-            };
-            Ok((
-                heads(&a.q, a.heads)?,
-                heads(&a.k, a.kv_heads)?,
-                heads(&a.v, a.kv_heads)?,
-            ))
+            Ok((a.q.forward(&h)?, a.k.forward(&h)?, a.v.forward(&h)?))
         })?;
-        let (q, k) = ctx.run(s.rope, layer, Site::ATTN, || {
-            let cos = self.cos.narrow(0, pos, t)?;
-            let sin = self.sin.narrow(0, pos, t)?;
-            Ok((
-                candle_nn::rotary_emb::rope(&q, &cos, &sin)?,
-                candle_nn::rotary_emb::rope(&k, &cos, &sin)?,
-            ))
+        // Per sequence: its rows as heads, `[1, n, t, hd]`, rotated at its positions.
+        let rotated = ctx.run(s.rope, layer, Site::ATTN, || {
+            spans
+                .iter()
+                .map(|r| {
+                    let heads = |m: &Tensor, n: usize| {
+                        m.narrow(0, r.row, r.t)?
+                            .reshape((r.t, n, a.head_dim))?
+                            .transpose(0, 1)?
+                            .contiguous()?
+                            .unsqueeze(0)
+                    };
+                    let cos = self.cos.narrow(0, r.pos, r.t)?;
+                    let sin = self.sin.narrow(0, r.pos, r.t)?;
+                    Ok((
+                        candle_nn::rotary_emb::rope(&heads(&q, a.heads)?, &cos, &sin)?,
+                        candle_nn::rotary_emb::rope(&heads(&k, a.kv_heads)?, &cos, &sin)?,
+                        heads(&v, a.kv_heads)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()
         })?;
-        let slot = &mut cache.kv[layer.0 as usize];
-        let (y, k_all, v_all) = ctx.run(s.attention, layer, Site::ATTN, || {
-            let (k, v) = (k.squeeze(0)?, v.squeeze(0)?);
-            let (k_all, v_all) = match slot.as_ref() {
-                Some((kc, vc)) => (Tensor::cat(&[kc, &k], 1)?, Tensor::cat(&[vc, &v], 1)?),
-                None => (k, v),
-            };
-            let rep = a.heads / a.kv_heads;
-            let total = k_all.dim(1)?;
-            // Grouped-query attention: the `rep` query heads of a key/value head attend as one
-            // matrix of `rep * t` rows.
-            let q = q.reshape((a.kv_heads, rep * t, a.head_dim))?;
-            let scale = 1.0 / (a.head_dim as f64).sqrt();
-            let mut att = (q.matmul(&k_all.t()?)? * scale)?;
-            if let Some(m) = mask {
-                att = att
-                    .reshape((a.kv_heads, rep, t, total))?
-                    .broadcast_add(m)?
-                    .reshape((a.kv_heads, rep * t, total))?;
+        let l = layer.0 as usize;
+        let attended = ctx.run(s.attention, layer, Site::ATTN, || {
+            rotated
+                .iter()
+                .zip(spans)
+                .zip(seqs.iter())
+                .map(|(((q, k, v), r), seq)| {
+                    let slot = seq.cache.kv.get(l).and_then(Option::as_ref);
+                    attend(a, q, k, v, slot, r.mask.as_ref(), r.t)
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
+        let mut ys = Vec::with_capacity(attended.len());
+        // The caches grow once, whatever a straggler repeats.
+        for ((y, k_all, v_all), seq) in attended.into_iter().zip(seqs.iter_mut()) {
+            if let Some(slot) = seq.cache.kv.get_mut(l) {
+                *slot = Some((k_all, v_all));
             }
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let y = att
-                .matmul(&v_all)?
-                .reshape((a.heads, t, a.head_dim))?
-                .transpose(0, 1)?
-                .reshape((t, a.heads * a.head_dim))?;
-            Ok((y, k_all, v_all))
-        })?;
-        // The cache grows once, whatever a straggler repeats.
-        *slot = Some((k_all, v_all));
+            ys.push(y);
+        }
+        // One sequence (plain decode): its rows as they are, no copy.
+        let y = match ys.as_slice() {
+            [one] => one.clone(),
+            _ => Tensor::cat(&ys, 0)?,
+        };
         let partial = ctx.run(s.o_proj, layer, Site::ATTN, || a.o.forward(&y))?;
         drop(part);
         all_reduce(ctx, layer, Site::ATTN, &partial, x)
@@ -506,6 +579,45 @@ impl Model {
         drop(part);
         all_reduce(ctx, layer, Site::MLP, &partial, x)
     }
+}
+
+/// One sequence's attention over its cache and its `t` new positions: the new keys and values
+/// appended, grouped-query scores, the causal mask, softmax and the weighted sum. Returns the
+/// output rows `[t, heads * hd]` and the grown keys and values.
+fn attend(
+    a: &Attention,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cached: Option<&(Tensor, Tensor)>,
+    mask: Option<&Tensor>,
+    t: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (k, v) = (k.squeeze(0)?, v.squeeze(0)?);
+    let (k_all, v_all) = match cached {
+        Some((kc, vc)) => (Tensor::cat(&[kc, &k], 1)?, Tensor::cat(&[vc, &v], 1)?),
+        None => (k, v),
+    };
+    let rep = a.heads / a.kv_heads;
+    let total = k_all.dim(1)?;
+    // Grouped-query attention: the `rep` query heads of a key/value head attend as one
+    // matrix of `rep * t` rows.
+    let q = q.reshape((a.kv_heads, rep * t, a.head_dim))?;
+    let scale = 1.0 / (a.head_dim as f64).sqrt();
+    let mut att = (q.matmul(&k_all.t()?)? * scale)?;
+    if let Some(m) = mask {
+        att = att
+            .reshape((a.kv_heads, rep, t, total))?
+            .broadcast_add(m)?
+            .reshape((a.kv_heads, rep * t, total))?;
+    }
+    let att = candle_nn::ops::softmax_last_dim(&att)?;
+    let y = att
+        .matmul(&v_all)?
+        .reshape((a.heads, t, a.head_dim))?
+        .transpose(0, 1)?
+        .reshape((t, a.heads * a.head_dim))?;
+    Ok((y, k_all, v_all))
 }
 
 /// The MoE block of one rank: the replicated router, the routed experts' shards, the shared

@@ -74,19 +74,31 @@ pub(crate) fn histogram_by(
     };
     for scope in rm.scope_metrics() {
         for m in scope.metrics().filter(|m| m.name() == name) {
-            if let AggregatedMetrics::F64(MetricData::Histogram(h)) = m.data() {
-                for p in h.data_points() {
-                    let v = p
-                        .attributes()
-                        .find(|kv| kv.key.as_str() == key)
-                        .map(|kv| kv.value.to_string())
-                        .unwrap_or_default();
-                    let e = out.entry(v).or_insert((0.0, 0));
-                    e.0 += p.sum();
-                    e.1 += p.count();
-                }
+            // Durations are f64 histograms, token counts u64 ones.
+            let points: Vec<(String, f64, u64)> = match m.data() {
+                AggregatedMetrics::F64(MetricData::Histogram(h)) => h
+                    .data_points()
+                    .map(|p| (value_of(p.attributes(), key), p.sum(), p.count()))
+                    .collect(),
+                AggregatedMetrics::U64(MetricData::Histogram(h)) => h
+                    .data_points()
+                    .map(|p| (value_of(p.attributes(), key), p.sum() as f64, p.count()))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for (v, sum, count) in points {
+                let e = out.entry(v).or_insert((0.0, 0));
+                e.0 += sum;
+                e.1 += count;
             }
         }
     }
     out
+}
+
+fn value_of<'a>(mut attrs: impl Iterator<Item = &'a opentelemetry::KeyValue>, key: &str) -> String {
+    attrs
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+        .unwrap_or_default()
 }

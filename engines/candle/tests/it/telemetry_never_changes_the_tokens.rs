@@ -53,3 +53,40 @@ fn tokens_are_identical_with_phasetrace_off_and_at_every_level() {
         }
     }
 }
+
+#[test]
+fn served_requests_get_the_same_tokens_with_phasetrace_off_and_on() {
+    let cfg = small_moe();
+    let run = |p: Option<&Profiler>| {
+        let opts = RunOptions {
+            ranks: 2,
+            spec: Some(Spec {
+                k: 2,
+                draft: Draft::Shallow { layers: 1 },
+            }),
+            serving: Some(phasetrace_candle::Workload {
+                requests_per_step: 0.6,
+                max_batch: 3,
+                prompt_tokens: 5,
+                output_tokens: 6,
+                seed: 9,
+                ..Default::default()
+            }),
+            ..RunOptions::new(
+                cfg.clone(),
+                weights::random(&cfg, 9).expect("random weights"),
+                16,
+                Vec::new(),
+            )
+        };
+        generate(&opts, p).expect("serving")
+    };
+    let reference = run(None);
+    assert!(reference.requests.len() >= 3, "{:?}", reference.served);
+    for level in [SectionLevel::Off, SectionLevel::Full] {
+        let p = profiler(level);
+        let out = run(Some(&p));
+        p.shutdown();
+        assert_eq!(out.requests, reference.requests, "level {level:?}");
+    }
+}

@@ -1,0 +1,541 @@
+//! Serving requests under continuous batching: a seeded workload of requests (Poisson
+//! arrivals, log-normal prompt and output lengths), a batch of up to `max_batch` sequences per
+//! step, each with its own KV caches, prefill and decode in the same forward, and the request
+//! API of phasetrace called as a serving engine's scheduler calls it.
+//!
+//! ```text
+//! every rank, at each step boundary: arrivals up to this step ──(rank 0: request_begin)──> waiting
+//!   waiting ──(room in the batch)──> running (prefill: its prompt, in this step's forward)
+//!   plain: one step = forward_batch(each sequence: its prompt or its last token)
+//!   speculative: one round per step: draft k for the decoding sequences (batched, unprofiled)
+//!     ── verify: forward_batch(k+1 per decoding sequence, the new ones' prompts) ── accept
+//!     per sequence ── roll each cache back ── the draft catches up and prefills the new ones
+//!   inside the step: serve / serve_speculative for each sequence (every rank)
+//!   after it: rank 0 request_end for those that reached their length
+//! ```
+//!
+//! Arrivals are in steps, not seconds, so that every rank forms the same batches without
+//! talking (each runs the same seeded scheduler) and two runs generate the same tokens
+//! whatever the machine's speed: telemetry is compared with a checksum. The time a request
+//! waits for room in the batch is real, and so is everything phasetrace measures.
+
+use crate::EngineError;
+use crate::engine::{Rank, RunOptions, RunOutput, bump, last};
+use crate::model::{KvCache, Seq};
+use phasetrace::{Finish, Phase, Recorder, RequestClass};
+use std::collections::{BTreeMap, VecDeque};
+
+/// A seeded stream of requests and the batch that serves them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// Mean requests arriving per step (a Poisson process in steps); the engine waits, running
+    /// no step, while nothing is queued or running.
+    pub requests_per_step: f64,
+    /// Most sequences in one step's batch.
+    pub max_batch: usize,
+    /// Mean prompt length in tokens (log-normal, coefficient of variation 0.5, at most 3x).
+    pub prompt_tokens: usize,
+    /// Mean output length in tokens (log-normal, coefficient of variation 0.5).
+    pub output_tokens: usize,
+    /// Output tokens at which a request is cut (finish reason `length`; one that reaches its
+    /// drawn length first ends with `stop`, the workload's stand-in for an end-of-sequence
+    /// token).
+    pub max_output_tokens: usize,
+    /// `gen_ai.request.model` and `gen_ai.response.model`.
+    pub model: String,
+    /// Seeds the arrivals, lengths and prompts.
+    pub seed: u64,
+}
+
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            requests_per_step: 0.25,
+            max_batch: 8,
+            prompt_tokens: 24,
+            output_tokens: 24,
+            max_output_tokens: 64,
+            model: "phasetrace-candle".to_owned(),
+            seed: 0,
+        }
+    }
+}
+
+impl Workload {
+    /// Checks the figures, naming the one that cannot work.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !(self.requests_per_step.is_finite() && self.requests_per_step > 0.0) {
+            return Err(EngineError::Config(format!(
+                "requests per step {}: expected a positive number",
+                self.requests_per_step
+            )));
+        }
+        for (name, v) in [
+            ("max batch", self.max_batch),
+            ("prompt tokens", self.prompt_tokens),
+            ("output tokens", self.output_tokens),
+            ("max output tokens", self.max_output_tokens),
+        ] {
+            if v == 0 {
+                return Err(EngineError::Config(format!(
+                    "{name} 0: expected at least 1"
+                )));
+            }
+        }
+        if self.model.trim().is_empty() {
+            return Err(EngineError::Config("model name: expected a name".into()));
+        }
+        Ok(())
+    }
+
+    /// Positions the longest sequence can reach: the longest prompt, the most output and a
+    /// speculative round of `k` beyond it.
+    pub fn max_positions(&self, k: usize) -> usize {
+        3 * self.prompt_tokens + self.max_output_tokens + k + 2
+    }
+}
+
+/// What a serving run did with its requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Served {
+    /// Requests that arrived.
+    pub begun: u64,
+    /// Requests that got all their tokens.
+    pub finished: u64,
+    /// Requests still queued or running when the run stopped (ended as cancelled).
+    pub cancelled: u64,
+    /// Steps run, and the sequences they served in all (mean batch: `sequences / steps`).
+    pub sequences: u64,
+    /// The largest batch.
+    pub max_batch: usize,
+}
+
+impl Served {
+    /// Sequences per step.
+    pub fn mean_batch(&self, steps: usize) -> f64 {
+        self.sequences as f64 / steps.max(1) as f64
+    }
+}
+
+/// A xorshift64* stream: the workload's draws, the same on every rank.
+#[derive(Clone, Debug)]
+struct Draws(u64);
+
+impl Draws {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let x = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        // 53 bits in (0, 1].
+        ((x >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn exponential(&mut self, rate: f64) -> f64 {
+        -self.uniform().ln() / rate
+    }
+
+    /// Log-normal with mean `mean` and coefficient of variation 0.5 (Box-Muller), as whole
+    /// tokens in `[1, max]`.
+    fn length(&mut self, mean: usize, max: usize) -> usize {
+        let sigma = (1.0f64 + 0.25).ln().sqrt();
+        let mu = (mean.max(1) as f64).ln() - sigma * sigma / 2.0;
+        let (u, v) = (self.uniform(), self.uniform());
+        let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+        ((mu + sigma * z).exp().round() as usize).clamp(1, max.max(1))
+    }
+}
+
+struct Arrival {
+    id: u64,
+    at: f64,
+    prompt: Vec<u32>,
+    want: usize,
+}
+
+/// A running request: its caches, the token whose KV is not cached yet (none: its prompt is
+/// not prefilled), what it generated.
+struct Live {
+    id: u64,
+    prompt: Vec<u32>,
+    want: usize,
+    cut: bool,
+    cache: KvCache,
+    dcache: KvCache,
+    pending: Option<u32>,
+    out: Vec<u32>,
+}
+
+/// The scheduler every rank runs: the same draws, the same batches.
+struct Scheduler<'o> {
+    w: &'o Workload,
+    vocab: usize,
+    layers: usize,
+    draws: Draws,
+    next: Arrival,
+    now: f64,
+    waiting: VecDeque<Arrival>,
+    running: Vec<Live>,
+    done: BTreeMap<u64, Vec<u32>>,
+    served: Served,
+}
+
+impl<'o> Scheduler<'o> {
+    fn new(w: &'o Workload, vocab: usize, layers: usize) -> Scheduler<'o> {
+        let mut draws = Draws(w.seed ^ 0x9E37_79B9_7F4A_7C15 | 1);
+        let first = Self::draw(w, vocab, &mut draws, 1, 0.0);
+        Scheduler {
+            w,
+            vocab,
+            layers,
+            draws,
+            next: first,
+            now: 0.0,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            done: BTreeMap::new(),
+            served: Served::default(),
+        }
+    }
+
+    fn draw(w: &Workload, vocab: usize, d: &mut Draws, id: u64, after: f64) -> Arrival {
+        let at = after + d.exponential(w.requests_per_step);
+        let len = d.length(w.prompt_tokens, 3 * w.prompt_tokens);
+        let drawn = d.length(w.output_tokens, usize::MAX);
+        Arrival {
+            id,
+            at,
+            prompt: crate::engine::prompt(len, vocab, w.seed ^ id.wrapping_mul(0x100_0193)),
+            want: drawn.min(w.max_output_tokens),
+        }
+    }
+
+    /// The arrivals up to now begin (on `rec`, rank 0's); with nothing queued or running, the
+    /// engine waits for the next one. Then the batch fills from the queue, in arrival order.
+    fn admit(&mut self, rec: Option<&Recorder>, class: Option<RequestClass>) {
+        if self.waiting.is_empty() && self.running.is_empty() && self.next.at > self.now {
+            self.now = self.next.at;
+        }
+        while self.next.at <= self.now {
+            let id = self.next.id + 1;
+            let after = self.next.at;
+            let next = Self::draw(self.w, self.vocab, &mut self.draws, id, after);
+            let a = std::mem::replace(&mut self.next, next);
+            if let (Some(r), Some(c)) = (rec, class) {
+                r.request_begin(a.id, c);
+            }
+            self.served.begun += 1;
+            self.waiting.push_back(a);
+        }
+        while self.running.len() < self.w.max_batch {
+            let Some(a) = self.waiting.pop_front() else {
+                break;
+            };
+            self.running.push(Live {
+                id: a.id,
+                cut: a.want >= self.w.max_output_tokens,
+                prompt: a.prompt,
+                want: a.want,
+                cache: KvCache::new(self.layers),
+                dcache: KvCache::new(self.layers),
+                pending: None,
+                out: Vec::new(),
+            });
+        }
+        self.served.sequences += self.running.len() as u64;
+        self.served.max_batch = self.served.max_batch.max(self.running.len());
+    }
+
+    /// After a step: the requests that have their tokens end (on rank 0's `rec`).
+    fn retire(&mut self, rec: Option<&Recorder>) {
+        self.now += 1.0;
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].out.len() < self.running[i].want {
+                i += 1;
+                continue;
+            }
+            let l = self.running.swap_remove(i);
+            if let Some(r) = rec {
+                r.request_end(l.id, if l.cut { Finish::Length } else { Finish::Stop });
+            }
+            self.served.finished += 1;
+            self.done.insert(l.id, l.out);
+        }
+        // Keep the batch in arrival order (swap_remove moved the last one).
+        self.running.sort_by_key(|l| l.id);
+    }
+
+    /// The run stopped: what is still open ends cancelled; every request's tokens, by id.
+    fn close(mut self, rec: Option<&Recorder>) -> (Vec<(u64, Vec<u32>)>, Served) {
+        for l in self.running.drain(..) {
+            if let Some(r) = rec {
+                r.request_end(l.id, Finish::Cancelled);
+            }
+            self.served.cancelled += 1;
+            self.done.insert(l.id, l.out);
+        }
+        for a in self.waiting.drain(..) {
+            if let Some(r) = rec {
+                r.request_end(a.id, Finish::Cancelled);
+            }
+            self.served.cancelled += 1;
+        }
+        (self.done.into_iter().collect(), self.served)
+    }
+}
+
+/// One rank serving `w` for `opts.steps` steps. Rank 0 (`begins`) begins and ends the
+/// requests; every rank serves them in its steps.
+pub(crate) fn serve_loop(
+    opts: &RunOptions,
+    w: &Workload,
+    c: &mut Rank<'_, '_, '_>,
+    class: Option<RequestClass>,
+) -> Result<RunOutput, EngineError> {
+    let mut s = Scheduler::new(w, opts.cfg.vocab, opts.cfg.layers);
+    let mut out = RunOutput::default();
+    let begins = if c.rank == 0 { c.rec } else { None };
+    let started = std::time::Instant::now();
+    while out.steps < opts.steps {
+        if c.stop_decided(opts) {
+            break;
+        }
+        s.admit(begins, class);
+        match opts.spec {
+            Some(spec) if s.running.iter().any(|l| l.pending.is_some()) => {
+                spec_step(c, &mut s.running, spec.k, &mut out)?;
+            }
+            _ => plain_step(c, &mut s.running, opts.spec.is_some())?,
+        }
+        s.retire(begins);
+        bump(opts, c.rank, &mut out);
+    }
+    out.wall = started.elapsed();
+    let (requests, served) = s.close(begins);
+    out.tokens = requests
+        .iter()
+        .flat_map(|(_, t)| t.iter().copied())
+        .collect();
+    out.requests = requests;
+    out.served = Some(served);
+    Ok(out)
+}
+
+/// A step without a round: every running sequence decodes one token or prefills its prompt
+/// (and, under speculative decoding, the draft prefills it too, outside the step).
+fn plain_step(
+    c: &mut Rank<'_, '_, '_>,
+    running: &mut [Live],
+    spec: bool,
+) -> Result<(), EngineError> {
+    let rec = c.rec;
+    let nexts = {
+        let _step = rec.map(Recorder::step);
+        if let Some(r) = rec {
+            for l in running.iter() {
+                match l.pending {
+                    None => r.serve(l.id, l.prompt.len() as u32, 1),
+                    Some(_) => r.serve(l.id, 1, 1),
+                }
+            }
+        }
+        let inputs: Vec<Vec<u32>> = running
+            .iter()
+            .map(|l| l.pending.map_or_else(|| l.prompt.clone(), |p| vec![p]))
+            .collect();
+        let mut seqs: Vec<Seq<'_>> = running
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(l, t)| Seq {
+                tokens: t,
+                cache: &mut l.cache,
+            })
+            .collect();
+        c.target.forward_batch(&mut c.ctx, &mut seqs, c.layers)?
+    };
+    if spec {
+        // The draft's caches hold what the target's hold (unprofiled: outside every step).
+        let mut seqs: Vec<Seq<'_>> = running
+            .iter_mut()
+            .filter(|l| l.pending.is_none())
+            .map(|l| {
+                let Live { prompt, dcache, .. } = l;
+                Seq {
+                    tokens: prompt,
+                    cache: dcache,
+                }
+            })
+            .collect();
+        c.ctx.rec = None;
+        let r = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth);
+        c.ctx.rec = rec;
+        r?;
+    }
+    for (l, next) in running.iter_mut().zip(nexts) {
+        let t = last(next)?;
+        l.out.push(t);
+        l.pending = Some(t);
+    }
+    Ok(())
+}
+
+/// A speculative round over the batch (one step: the verify), as in
+/// [`crate::generate`]'s single sequence, per sequence; sequences admitted in this step
+/// prefill in the verify forward.
+fn spec_step(
+    c: &mut Rank<'_, '_, '_>,
+    running: &mut [Live],
+    k: usize,
+    out: &mut RunOutput,
+) -> Result<(), EngineError> {
+    let rec = c.rec;
+    let round = rec.map(|r| r.round(k as u32));
+    // Draft: k tokens for each decoding sequence, one batched forward each (unprofiled).
+    let mut drafts: Vec<Vec<u32>> = running
+        .iter()
+        .map(|l| l.pending.map(|p| vec![p]).unwrap_or_default())
+        .collect();
+    c.ctx.rec = None;
+    for _ in 0..k {
+        let lasts: Vec<[u32; 1]> = drafts
+            .iter()
+            .filter_map(|d| d.last().map(|&t| [t]))
+            .collect();
+        let mut seqs: Vec<Seq<'_>> = running
+            .iter_mut()
+            .filter(|l| l.pending.is_some())
+            .zip(&lasts)
+            .map(|(l, t)| Seq {
+                tokens: t,
+                cache: &mut l.dcache,
+            })
+            .collect();
+        let nexts = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth)?;
+        for (d, n) in drafts.iter_mut().filter(|d| !d.is_empty()).zip(nexts) {
+            d.push(last(n)?);
+        }
+    }
+    c.ctx.rec = rec;
+    if let Some(r) = &round {
+        r.phase(Phase::Draft);
+    }
+    // Verify: each decoding sequence's pending token and drafts; the new ones' prompts.
+    let before: Vec<usize> = running.iter().map(|l| l.cache.len()).collect();
+    c.ctx.round = round.as_ref().map(|r| r.as_ref());
+    let mut accepted = vec![0usize; running.len()];
+    let verified = {
+        let _step = rec.map(Recorder::step);
+        let mut seqs: Vec<Seq<'_>> = running
+            .iter_mut()
+            .zip(&drafts)
+            .map(|(l, d)| {
+                let Live { prompt, cache, .. } = l;
+                Seq {
+                    tokens: if d.is_empty() { &prompt[..] } else { &d[..] },
+                    cache,
+                }
+            })
+            .collect();
+        let verified = c.target.forward_batch(&mut c.ctx, &mut seqs, c.layers)?;
+        // Greedy acceptance per sequence (host work, inside the step: serving needs it).
+        for (i, ((l, d), v)) in running.iter().zip(&drafts).zip(&verified).enumerate() {
+            let left = l.want.saturating_sub(l.out.len()).max(1);
+            if d.is_empty() {
+                if let Some(r) = rec {
+                    r.serve(l.id, l.prompt.len() as u32, 1);
+                }
+                continue;
+            }
+            let a = d[1..].iter().zip(v).take_while(|(x, y)| x == y).count();
+            accepted[i] = a;
+            if let Some(r) = rec {
+                r.serve_speculative(l.id, k as u32, a.min(left - 1) as u32);
+            }
+        }
+        verified
+    };
+    c.ctx.round = None;
+    if let Some(r) = &round {
+        r.phase(Phase::Verify);
+    }
+    // Accept: the agreeing drafts, then the target's own token there.
+    let (mut drafted, mut kept, mut decoding) = (0, 0, 0);
+    for (((l, d), v), &a) in running
+        .iter_mut()
+        .zip(&drafts)
+        .zip(&verified)
+        .zip(&accepted)
+    {
+        if d.is_empty() {
+            let t = last(v.clone())?;
+            l.out.push(t);
+            l.pending = Some(t);
+            continue;
+        }
+        l.out.extend_from_slice(&d[1..=a]);
+        let next = v.get(a).copied().ok_or_else(|| {
+            EngineError::Config("a verify forward returned too few tokens".into())
+        })?;
+        l.out.push(next);
+        // A request gets no more than its length, however many drafts agreed.
+        l.out.truncate(l.want);
+        l.pending = Some(next);
+        drafted += k;
+        kept += a;
+        decoding += 1;
+    }
+    out.rounds += 1;
+    out.drafted += drafted;
+    out.accepted += kept;
+    if let Some(r) = &round {
+        r.phase(Phase::Accept);
+    }
+    // Rollback: each cache keeps what precedes its new pending token.
+    let mut rolled = false;
+    for (((l, d), &a), &n) in running.iter_mut().zip(&drafts).zip(&accepted).zip(&before) {
+        if d.is_empty() || a >= k {
+            continue;
+        }
+        l.cache.truncate(n + 1 + a)?;
+        l.dcache.truncate(n + 1 + a)?;
+        rolled = true;
+    }
+    if rolled && let Some(r) = &round {
+        r.phase(Phase::Rollback);
+    }
+    // Maintenance: a draft that had all k accepted caches its last token; new sequences'
+    // drafts prefill.
+    {
+        let mut seqs: Vec<Seq<'_>> = running
+            .iter_mut()
+            .zip(&drafts)
+            .zip(&accepted)
+            .filter_map(|((l, d), &a)| {
+                let Live { prompt, dcache, .. } = l;
+                let tokens = match d.len() {
+                    0 => &prompt[..],
+                    _ if a >= k => &d[k..],
+                    _ => return None,
+                };
+                Some(Seq {
+                    tokens,
+                    cache: dcache,
+                })
+            })
+            .collect();
+        if !seqs.is_empty() {
+            c.ctx.rec = None;
+            let r = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth);
+            c.ctx.rec = rec;
+            r?;
+        }
+    }
+    if let Some(r) = round {
+        r.phase(Phase::Maint);
+        // The round verifies the batch: its accepted count is the decoding sequences' mean
+        // (rounded down); each request's own is exact (`serve_speculative`).
+        r.end((kept / decoding.max(1)) as u32);
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The engine serves a seeded workload of requests under continuous batching (several
+//! sequences per step, each over its own KV cache, prefill and decode in the same forward):
+//! - each request gets the tokens it gets when served alone (a batch of one), with plain and
+//!   with speculative decoding: batching changes when a request runs, never what it generates;
+//! - through phasetrace's request API, the GenAI histograms count every request, with two
+//!   tensor-parallel ranks, and per-request acceptance reaches `phasetrace.request.accepted_tokens`.
+
+use crate::support::{engine_provider, histogram_by, small_moe};
+use phasetrace::{Profiler, SectionLevel, SpecLevel};
+use phasetrace_candle::{Draft, RunOptions, RunOutput, Spec, Workload, generate, weights};
+use phasetrace_names::{attr, metric};
+use std::collections::BTreeMap;
+
+fn serve(
+    max_batch: usize,
+    ranks: usize,
+    spec: Option<Spec>,
+    steps: usize,
+    p: Option<&Profiler>,
+) -> RunOutput {
+    let cfg = small_moe();
+    let tensors = weights::random(&cfg, 11).expect("random weights");
+    let opts = RunOptions {
+        ranks,
+        spec,
+        serving: Some(Workload {
+            requests_per_step: 0.5,
+            max_batch,
+            prompt_tokens: 6,
+            output_tokens: 8,
+            max_output_tokens: 12,
+            seed: 3,
+            ..Workload::default()
+        }),
+        ..RunOptions::new(cfg, tensors, steps, Vec::new())
+    };
+    generate(&opts, p).expect("serving")
+}
+
+/// The requests that got all their tokens in `out`, by id.
+fn finished(out: &RunOutput) -> BTreeMap<u64, Vec<u32>> {
+    out.requests.iter().cloned().collect()
+}
+
+#[test]
+fn batching_never_changes_what_a_request_generates() {
+    let alone = serve(1, 1, None, 160, None);
+    let batched = serve(4, 1, None, 60, None);
+    let s = batched.served.expect("serving figures");
+    assert!(
+        s.max_batch > 1,
+        "batches of more than one sequence ran: {s:?}"
+    );
+    assert!(s.finished >= 5, "{s:?}");
+    let spec = serve(
+        4,
+        1,
+        Some(Spec {
+            k: 3,
+            draft: Draft::Shallow { layers: 2 },
+        }),
+        40,
+        None,
+    );
+    assert!(
+        spec.rounds > 0 && spec.accepted > 0 && spec.accepted < spec.drafted,
+        "{spec:?}"
+    );
+    let reference = finished(&alone);
+    let mut compared = 0;
+    for (name, run) in [("batched", &batched), ("batched speculative", &spec)] {
+        for (id, tokens) in &run.requests {
+            let Some(r) = reference.get(id) else { continue };
+            let n = tokens.len().min(r.len());
+            assert_eq!(tokens[..n], r[..n], "{name}: request {id}");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 10, "{compared} requests compared");
+}
+
+#[test]
+fn every_request_reaches_the_gen_ai_histograms() {
+    let (provider, exporter) = engine_provider();
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(SectionLevel::Full)
+        .with_spec_level(SpecLevel::VerifySplit)
+        .with_meter_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    let spec = Spec {
+        k: 2,
+        draft: Draft::Shallow { layers: 1 },
+    };
+    let out = serve(4, 2, Some(spec), 30, Some(&profiler));
+    let s = out.served.expect("serving figures");
+    profiler.flush();
+    let stats = profiler.stats();
+    profiler.shutdown();
+    provider
+        .force_flush()
+        .expect("flushing the engine's provider");
+    let metrics = exporter.get_finished_metrics().expect("exported metrics");
+    let count = |name: &str| -> u64 {
+        histogram_by(&metrics, name, attr::ERROR_TYPE)
+            .values()
+            .map(|(_, n)| n)
+            .sum()
+    };
+    assert_eq!(s.begun, s.finished + s.cancelled, "{s:?}");
+    assert_eq!(
+        count(metric::GEN_AI_SERVER_REQUEST_DURATION),
+        s.begun,
+        "every request's duration, finished or cancelled: {s:?}"
+    );
+    let ttft = count(metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN);
+    assert!(
+        ttft >= s.finished,
+        "time to first token of {ttft} requests: {s:?}"
+    );
+    assert!(count(metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN) >= s.finished.min(1));
+    assert!(
+        count(metric::REQUEST_ACCEPTED_TOKENS) > 0,
+        "per-request acceptance"
+    );
+    // Both ranks' steps, one per step of the run.
+    let steps = histogram_by(&metrics, metric::STEP_DURATION, attr::RANK);
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    for (rank, (_, n)) in &steps {
+        assert_eq!(*n as usize, out.steps, "rank {rank}");
+    }
+    assert_eq!(
+        stats.rounds,
+        2 * out.rounds as u64,
+        "each rank's rounds recorded"
+    );
+}
