@@ -3,7 +3,9 @@
 //! - each request gets the tokens it gets when served alone (a batch of one), with plain and
 //!   with speculative decoding: batching changes when a request runs, never what it generates;
 //! - through phasetrace's request API, the GenAI histograms count every request, with two
-//!   tensor-parallel ranks, and per-request acceptance reaches `phasetrace.request.accepted_tokens`.
+//!   tensor-parallel ranks, and per-request acceptance reaches `phasetrace.request.accepted_tokens`;
+//! - each traced request's span holds a `request.step` span for every step that served it, on
+//!   each rank, linked to that step's exported `decode.step` span.
 
 use crate::support::{engine_provider, histogram_by, small_moe};
 use phasetrace::{Profiler, SectionLevel, SpecLevel};
@@ -135,4 +137,65 @@ fn every_request_reaches_the_gen_ai_histograms() {
         2 * out.rounds as u64,
         "each rank's rounds recorded"
     );
+}
+
+#[test]
+fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use phasetrace_names::span;
+
+    let spans = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(SectionLevel::Full)
+        .with_trace_every(1)
+        .with_tracer_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    let out = serve(4, 2, None, 24, Some(&profiler));
+    profiler.shutdown();
+    provider.force_flush().expect("flushing the engine's spans");
+    let spans = spans.get_finished_spans().expect("exported spans");
+    let steps: std::collections::HashSet<_> = spans
+        .iter()
+        .filter(|s| s.name == span::STEP)
+        .map(|s| s.span_context.span_id())
+        .collect();
+    let mut checked = 0;
+    for (id, tokens) in &out.requests {
+        let request = spans
+            .iter()
+            .find(|s| {
+                s.attributes.iter().any(|kv| {
+                    kv.key.as_str() == attr::GEN_AI_RESPONSE_ID
+                        && kv.value.to_string() == id.to_string()
+                })
+            })
+            .unwrap_or_else(|| panic!("request {id}'s span"));
+        let children: Vec<_> = spans
+            .iter()
+            .filter(|s| {
+                s.name == span::REQUEST_STEP && s.parent_span_id == request.span_context.span_id()
+            })
+            .collect();
+        // One token a step (plain decoding): a step per token, on each of the two ranks.
+        assert_eq!(
+            children.len(),
+            2 * tokens.len(),
+            "request {id}: its request.step spans"
+        );
+        for c in &children {
+            assert!(
+                c.links
+                    .iter()
+                    .any(|l| steps.contains(&l.span_context.span_id())),
+                "request {id}: a request.step span links to an exported decode.step span"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "{checked} requests checked: {:?}", out.served);
 }
