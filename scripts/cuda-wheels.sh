@@ -78,9 +78,11 @@ for so in "$lib"/lib*.so.[0-9]*; do
 done
 
 # The driver stub: every `cu*` symbol cudarc's driver bindings can call.
-cudarc_src="$(cargo metadata --format-version 1 --locked \
-    --manifest-path "$ROOT/engines/candle-cuda/Cargo.toml" 2>/dev/null |
-    jq -r '.packages[] | select(.name == "cudarc") | .manifest_path' | head -n 1)"
+if ! meta="$(cargo metadata --format-version 1 --locked \
+    --manifest-path "$ROOT/engines/candle-cuda/Cargo.toml" 2>"$DIR/metadata.err")"; then
+    die "cargo metadata --locked on engines/candle-cuda failed (is its Cargo.lock current?): $(tail -n 3 "$DIR/metadata.err")"
+fi
+cudarc_src="$(jq -r '.packages[] | select(.name == "cudarc") | .manifest_path' <<<"$meta" | head -n 1)"
 [ -n "$cudarc_src" ] || die "cudarc is not in engines/candle-cuda's dependency graph (cargo metadata)"
 bindings="$(dirname "$cudarc_src")/src/driver/sys/mod.rs"
 mkdir -p "$lib/stubs"
