@@ -52,6 +52,9 @@ pub(crate) enum Engine {
     Candle,
 }
 
+/// `--steps`'s default for the synthetic engine.
+const STEPS: u64 = 2000;
+
 /// `phasetrace demo` flags.
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
@@ -61,9 +64,10 @@ pub(crate) struct DemoArgs {
     #[cfg(feature = "candle")]
     #[command(flatten)]
     candle: candle::CandleArgs,
-    /// Decode steps per rank (ignored with --duration or --forever).
-    #[arg(long, default_value_t = 2000)]
-    steps: u64,
+    /// Decode steps per rank (ignored with --duration or --forever). Default 2000; with
+    /// --engine candle 500 (its steps are real forwards of a batch: about a minute on 2 cores).
+    #[arg(long)]
+    steps: Option<u64>,
     /// Run for this many seconds instead of a step count.
     #[arg(long)]
     duration: Option<f64>,
@@ -857,7 +861,7 @@ impl Plan {
             dsa_every: a.dsa_every,
             experts: a.experts,
             top_k: a.top_k,
-            max_steps: (!a.forever && a.duration.is_none()).then_some(a.steps),
+            max_steps: (!a.forever && a.duration.is_none()).then_some(a.steps.unwrap_or(STEPS)),
             deadline: if a.forever {
                 None
             } else {

@@ -146,7 +146,34 @@ fn synthetic_only(a: &DemoArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// candle's CPU kernels split each matrix product over `RAYON_NUM_THREADS` threads (default:
+/// every core), and every tensor-parallel rank is a thread that runs them: on a small machine
+/// that oversubscribes the cores (one rank on 2 cores ran 3.7x slower on rayon's default pool
+/// than on one thread, docs/engine.md). Unless the user set it, each rank gets its share of the
+/// cores (at least one thread: then candle runs the kernels on the rank's own thread).
+fn share_cores(ranks: u32) -> Option<usize> {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return None;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = (cores / ranks.max(1) as usize).max(1);
+    // SAFETY: called first in `run`, on the main thread, before the profiler's worker, the
+    // Ctrl-C handler or any rank thread exists: no other thread reads the environment.
+    unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    Some(n)
+}
+
+/// `--steps`'s default for this engine.
+const STEPS: u64 = 500;
+
 pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
+    let steps = a.steps.unwrap_or(STEPS);
+    if let Some(n) = share_cores(a.ranks) {
+        eprintln!(
+            "phasetrace: candle kernels on {n} thread(s) per rank ({} ranks; RAYON_NUM_THREADS sets it)",
+            a.ranks
+        );
+    }
     synthetic_only(&a)?;
     if !(a.straggler_factor.is_finite() && a.straggler_factor >= 1.0) {
         return Err(Failure::config(format!(
@@ -207,7 +234,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         steps: if unbounded {
             usize::MAX
         } else {
-            a.steps as usize
+            steps as usize
         },
         stop: Some(stop.clone()),
         prompt: phasetrace_candle::prompt(a.requests.prompt_tokens as usize, cfg.vocab, a.seed),
@@ -215,7 +242,7 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         spec,
         straggler: a.straggler_rank.map(|r| (r as usize, a.straggler_factor)),
         progress: Some(progress.clone()),
-        ..RunOptions::new(cfg, tensors, a.steps as usize, Vec::new())
+        ..RunOptions::new(cfg, tensors, steps as usize, Vec::new())
     };
 
     // 2. The run, watched.
@@ -318,7 +345,7 @@ fn generate_watched(
         let of = if unbounded {
             String::new()
         } else {
-            format!("/{}", a.steps)
+            format!("/{}", opts.steps)
         };
         while !run.is_finished() {
             std::thread::sleep(Duration::from_millis(100));
