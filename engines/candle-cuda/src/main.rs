@@ -56,6 +56,7 @@ enum CheckError {
 }
 
 struct Args {
+    help: bool,
     probe: bool,
     steps: usize,
     rounds: usize,
@@ -67,6 +68,7 @@ struct Args {
 impl Args {
     fn parse() -> Result<Args, CheckError> {
         let mut a = Args {
+            help: false,
             probe: false,
             steps: 48,
             rounds: 5,
@@ -78,6 +80,10 @@ impl Args {
         while let Some(arg) = it.next() {
             if arg == "--probe" {
                 a.probe = true;
+                continue;
+            }
+            if arg == "--help" || arg == "-h" {
+                a.help = true;
                 continue;
             }
             let mut value = |min: u64| -> Result<u64, CheckError> {
@@ -278,6 +284,10 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), CheckError> {
     let a = Args::parse()?;
+    if a.help {
+        println!("{USAGE}");
+        return Ok(());
+    }
     // phasetrace's probe first: a missing driver function or a failed cuInit is an error here,
     // before candle touches the driver.
     let ctx = cuda::open_device(0)?;
