@@ -111,6 +111,12 @@ if command -v strip >/dev/null 2>&1; then
     strip "$DIR"/phasetrace-* || true
 fi
 chmod +x "$DIR"/phasetrace-* "$DIR/gpu-check.sh"
+# The candle engine is 45 MB (candle's PTX and sm_90a kernels inside), more than the bundle's
+# room beside the others: gzip takes it to about 11 MiB, and gpu-check.sh unpacks it into its
+# work folder.
+if [ -n "$candle" ]; then
+    gzip -9 -n "$DIR/phasetrace-candle-cuda"
+fi
 
 {
     echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
@@ -119,12 +125,12 @@ chmod +x "$DIR"/phasetrace-* "$DIR/gpu-check.sh"
     (cd "$DIR" && ls -l phasetrace-* gpu-check.sh | awk '{print $5, $9}')
     echo "candle engine $candle_note"
     if [ -n "$candle" ] && command -v objdump >/dev/null 2>&1; then
-        echo "candle engine links $(objdump -p "$DIR/phasetrace-candle-cuda" | awk '/NEEDED/ {print $2}' | tr '\n' ' ')"
+        echo "candle engine links $(objdump -p "$candle" | awk '/NEEDED/ {print $2}' | tr '\n' ' ')"
     fi
     # The binaries link glibc dynamically (dlopen of the CUDA libraries needs it): the GPU
     # machine's glibc must be at least the newest version they reference.
     if command -v objdump >/dev/null 2>&1; then
-        echo "needs glibc >= $(objdump -T "$DIR"/phasetrace-* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1 | cut -d_ -f2)"
+        echo "needs glibc >= $(objdump -T "$DIR"/phasetrace-*[!z] ${candle:+"$candle"} 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n 1 | cut -d_ -f2)"
     fi
 } >"$DIR/MANIFEST"
 

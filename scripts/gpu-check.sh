@@ -131,21 +131,34 @@ cat "$WORK/bench.log" >&2
 # The candle engine is linked against the CUDA 13 libraries (candle's `cuda` feature): look for
 # them where the toolkit or NVIDIA's Python wheels (nvidia/cu13/lib) put them, then check that
 # the loader finds every one before running it.
-if [ -x "$DIR/phasetrace-candle-cuda" ]; then
+# The bundle carries it gzipped (scripts/gpu-bundle.sh): unpacked into the work folder.
+candle=""
+if [ -f "$DIR/phasetrace-candle-cuda.gz" ]; then
+    if gunzip -c "$DIR/phasetrace-candle-cuda.gz" >"$WORK/phasetrace-candle-cuda"; then
+        chmod +x "$WORK/phasetrace-candle-cuda"
+        candle="$WORK/phasetrace-candle-cuda"
+    else
+        log "phasetrace-candle-cuda.gz does not unpack (gunzip failed)"
+        status=1
+    fi
+elif [ -x "$DIR/phasetrace-candle-cuda" ]; then
+    candle="$DIR/phasetrace-candle-cuda"
+fi
+if [ -n "$candle" ]; then
     for py in python3 python; do
         wheel_lib="$("$py" -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib"))' 2>/dev/null)" && break
     done
     if [ -n "${wheel_lib:-}" ] && [ -d "$wheel_lib" ]; then
         LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_lib"
     fi
-    missing="$(ldd "$DIR/phasetrace-candle-cuda" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')"
+    missing="$(ldd "$candle" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')"
     if [ -n "$missing" ]; then
         log "phasetrace-candle-cuda cannot start: the loader finds no ${missing}(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
         printf 'FIGURE\tcandle engine on CUDA\tcannot start: no %s\tstarts\tMISSING\n' "$missing" >"$WORK/candle.log"
         status=1
     else
         log "running phasetrace-candle-cuda"
-        timeout "${CANDLE_TIMEOUT:-150}" "$DIR/phasetrace-candle-cuda" >"$WORK/candle.log" 2>&1
+        timeout "${CANDLE_TIMEOUT:-150}" "$candle" >"$WORK/candle.log" 2>&1
         rc=$?
         cat "$WORK/candle.log" >&2
         if [ $rc -ne 0 ]; then
