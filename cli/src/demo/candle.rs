@@ -122,7 +122,11 @@ fn workload(a: &DemoArgs) -> Result<Option<Workload>, Failure> {
         model: r.model_name.clone(),
         seed: a.seed,
     };
-    w.validate().map_err(engine_failure)?;
+    w.validate().map_err(|e| {
+        Failure::config(format!(
+            "the request flags (--max-batch, --prompt-tokens, --output-tokens, --max-output-tokens) with --engine candle: {e}"
+        ))
+    })?;
     Ok(Some(w))
 }
 

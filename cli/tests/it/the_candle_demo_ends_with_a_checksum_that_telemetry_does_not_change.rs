@@ -75,6 +75,7 @@ fn synthetic_flags_are_refused_naming_the_engine() {
         (&["--request-rate", "5"][..], "--requests-per-step"),
         (&["--requests-per-step=-1"][..], "a non-negative number"),
         (&["--requests-per-step", "NaN"][..], "a non-negative number"),
+        (&["--prompt-tokens", "100000"][..], "expected at most 8192"),
     ] {
         let out = command()
             .args(["demo", "--engine", "candle"])

@@ -176,6 +176,7 @@ pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOut
     opts.cfg.check_ranks(opts.ranks)?;
     if let Some(w) = &opts.serving {
         w.validate()?;
+        w.check_positions(opts.spec.map_or(0, |s| s.k))?;
     }
     if opts.serving.is_none() && opts.prompt.is_empty() {
         return Err(EngineError::Config("the prompt is empty".into()));

@@ -25,6 +25,12 @@ use crate::model::{KvCache, Seq};
 use phasetrace::{Finish, Phase, Recorder, RequestClass};
 use std::collections::{BTreeMap, VecDeque};
 
+/// Most requests a step can bring: more would only grow the queue without bound.
+pub const MAX_REQUESTS_PER_STEP: f64 = 64.0;
+
+/// Most positions one sequence may reach (prompt, output and a speculative round).
+pub const MAX_POSITIONS: usize = 8192;
+
 /// A seeded stream of requests and the batch that serves them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Workload {
@@ -64,9 +70,12 @@ impl Default for Workload {
 impl Workload {
     /// Checks the figures, naming the one that cannot work.
     pub fn validate(&self) -> Result<(), EngineError> {
-        if !(self.requests_per_step.is_finite() && self.requests_per_step > 0.0) {
+        if !(self.requests_per_step.is_finite()
+            && self.requests_per_step > 0.0
+            && self.requests_per_step <= MAX_REQUESTS_PER_STEP)
+        {
             return Err(EngineError::Config(format!(
-                "requests per step {}: expected a positive number",
+                "requests per step {}: expected a positive number of at most {MAX_REQUESTS_PER_STEP}",
                 self.requests_per_step
             )));
         }
@@ -85,13 +94,32 @@ impl Workload {
         if self.model.trim().is_empty() {
             return Err(EngineError::Config("model name: expected a name".into()));
         }
+        // Checked with the largest speculative round the CLI offers; `generate` checks the
+        // run's own k again.
+        self.check_positions(0)
+    }
+
+    /// Refuses a workload whose longest sequence (with a round of `k`) exceeds
+    /// [`MAX_POSITIONS`]: the RoPE tables and a prefill's causal mask grow with it.
+    pub(crate) fn check_positions(&self, k: usize) -> Result<(), EngineError> {
+        let p = self
+            .prompt_tokens
+            .saturating_mul(3)
+            .saturating_add(self.max_output_tokens)
+            .saturating_add(k + 2);
+        if p > MAX_POSITIONS {
+            return Err(EngineError::Config(format!(
+                "prompt tokens {} and max output tokens {}: a sequence may reach {p} positions (prompts up to 3x their mean); expected at most {MAX_POSITIONS}",
+                self.prompt_tokens, self.max_output_tokens
+            )));
+        }
         Ok(())
     }
 
     /// Positions the longest sequence can reach: the longest prompt, the most output and a
     /// speculative round of `k` beyond it.
     pub fn max_positions(&self, k: usize) -> usize {
-        3 * self.prompt_tokens + self.max_output_tokens + k + 2
+        (3 * self.prompt_tokens + self.max_output_tokens + k + 2).min(MAX_POSITIONS)
     }
 }
 
@@ -538,4 +566,68 @@ fn spec_step(
         r.end((kept / decoding.max(1)) as u32);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workload_that_cannot_work_is_refused_naming_the_figure() {
+        assert!(Workload::default().validate().is_ok());
+        for (w, named) in [
+            (
+                Workload {
+                    requests_per_step: f64::NAN,
+                    ..Workload::default()
+                },
+                "requests per step NaN",
+            ),
+            (
+                Workload {
+                    requests_per_step: 65.0,
+                    ..Workload::default()
+                },
+                "at most 64",
+            ),
+            (
+                Workload {
+                    max_batch: 0,
+                    ..Workload::default()
+                },
+                "max batch 0",
+            ),
+            (
+                Workload {
+                    prompt_tokens: 100_000,
+                    ..Workload::default()
+                },
+                "prompt tokens 100000",
+            ),
+        ] {
+            let e = w.validate().expect_err(named).to_string();
+            assert!(e.contains(named), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_draws_are_the_same_for_the_same_seed_and_lengths_stay_in_bounds() {
+        let w = Workload::default();
+        let mut a = Scheduler::new(&w, 100, 2);
+        let mut b = Scheduler::new(&w, 100, 2);
+        for _ in 0..50 {
+            a.admit(None, None);
+            b.admit(None, None);
+            a.retire(None);
+            b.retire(None);
+        }
+        let ids = |s: &Scheduler<'_>| s.running.iter().map(|l| l.id).collect::<Vec<_>>();
+        assert_eq!(ids(&a), ids(&b));
+        assert!(a.served.begun > 5, "{:?}", a.served);
+        let mut d = Draws(7);
+        for _ in 0..1000 {
+            let n = d.length(24, 72);
+            assert!((1..=72).contains(&n), "{n}");
+        }
+    }
 }
