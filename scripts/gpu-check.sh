@@ -165,6 +165,18 @@ if [ -n "$candle" ]; then
             log "phasetrace-candle-cuda failed (exit $rc)"
             printf 'FIGURE\tcandle engine on CUDA\texit %s\texit 0\tFAILED\n' "$rc" >>"$WORK/candle.log"
             status=1
+        else
+            # The same engine serving requests under continuous batching (its figures named
+            # `serving: ...`).
+            log "running phasetrace-candle-cuda --serve"
+            timeout "${CANDLE_TIMEOUT:-150}" "$candle" --serve >"$WORK/candle-serve.log" 2>&1
+            rc=$?
+            cat "$WORK/candle-serve.log" >&2
+            if [ $rc -ne 0 ]; then
+                log "phasetrace-candle-cuda --serve failed (exit $rc)"
+                printf 'FIGURE\tcandle engine on CUDA, serving\texit %s\texit 0\tFAILED\n' "$rc" >>"$WORK/candle-serve.log"
+                status=1
+            fi
         fi
     fi
 else

@@ -11,6 +11,10 @@
 //! run     = phasetrace_candle::generate(&RunOptions { device, .. }, Some(&profiler))
 //! ```
 //!
+//! With `--serve` the engine serves requests under continuous batching (the engine's default
+//! `Workload`) instead of decoding one sequence, and every figure's name starts with
+//! `serving: `.
+//!
 //! One run interleaves the variants round by round (unprofiled, host, sync, events) on the same
 //! model, after an unprofiled warm-up that loads candle's kernels, and prints one table: tokens/s
 //! per variant and its ratio to unprofiled, whether every variant generated the same tokens, and
@@ -30,14 +34,19 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use phasetrace::timing::{EngineStream, cuda};
 use phasetrace::{Profiler, SectionLevel, Timing};
 use phasetrace_candle::{
-    EngineError, ModelConfig, RunOptions, checksum, generate, prompt, weights,
+    EngineError, ModelConfig, RunOptions, Workload, checksum, generate, prompt, weights,
 };
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: phasetrace-candle-cuda [--probe] [--steps N] [--rounds N] [--ranks N] \
-                     [--layers N] [--dense-layers N] [--experts N] [--top-k N] [--seed N]";
+const USAGE: &str = "usage: phasetrace-candle-cuda [--probe] [--serve] [--steps N] [--rounds N] \
+                     [--ranks N] [--layers N] [--dense-layers N] [--experts N] [--top-k N] \
+                     [--seed N]";
+
+/// With `--serve`, every figure's name starts with this: the run serves requests under
+/// continuous batching (the engine's default `Workload`) instead of decoding one sequence.
+static TAG: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 #[derive(Debug, thiserror::Error)]
 enum CheckError {
@@ -58,6 +67,7 @@ enum CheckError {
 struct Args {
     help: bool,
     probe: bool,
+    serve: bool,
     steps: usize,
     rounds: usize,
     ranks: usize,
@@ -70,6 +80,7 @@ impl Args {
         let mut a = Args {
             help: false,
             probe: false,
+            serve: false,
             steps: 48,
             rounds: 5,
             ranks: 1,
@@ -80,6 +91,10 @@ impl Args {
         while let Some(arg) = it.next() {
             if arg == "--probe" {
                 a.probe = true;
+                continue;
+            }
+            if arg == "--serve" {
+                a.serve = true;
                 continue;
             }
             if arg == "--help" || arg == "-h" {
@@ -269,7 +284,8 @@ fn median(v: &[f64]) -> f64 {
 }
 
 fn figure(name: &str, value: String, goal: &str, verdict: &str) {
-    println!("FIGURE\t{name}\t{value}\t{goal}\t{verdict}");
+    let tag = TAG.get().copied().unwrap_or("");
+    println!("FIGURE\t{tag}{name}\t{value}\t{goal}\t{verdict}");
 }
 
 fn main() -> ExitCode {
@@ -307,8 +323,15 @@ fn run() -> Result<(), CheckError> {
     let opts = RunOptions {
         ranks: a.ranks,
         device,
+        serving: a.serve.then(|| Workload {
+            seed: a.seed,
+            ..Workload::default()
+        }),
         ..RunOptions::new(cfg.clone(), tensors, a.steps, prompt(8, cfg.vocab, a.seed))
     };
+    if a.serve {
+        let _ = TAG.set("serving: ");
+    }
     figure("device", name, "", "");
     figure(
         "model",
