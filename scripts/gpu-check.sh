@@ -157,27 +157,24 @@ if [ -n "$candle" ]; then
         printf 'FIGURE\tcandle engine on CUDA\tcannot start: no %s\tstarts\tMISSING\n' "$missing" >"$WORK/candle.log"
         status=1
     else
-        log "running phasetrace-candle-cuda"
-        timeout "${CANDLE_TIMEOUT:-150}" "$candle" >"$WORK/candle.log" 2>&1
-        rc=$?
-        cat "$WORK/candle.log" >&2
-        if [ $rc -ne 0 ]; then
-            log "phasetrace-candle-cuda failed (exit $rc)"
-            printf 'FIGURE\tcandle engine on CUDA\texit %s\texit 0\tFAILED\n' "$rc" >>"$WORK/candle.log"
-            status=1
-        else
-            # The same engine serving requests under continuous batching (its figures named
-            # `serving: ...`).
-            log "running phasetrace-candle-cuda --serve"
-            timeout "${CANDLE_TIMEOUT:-150}" "$candle" --serve >"$WORK/candle-serve.log" 2>&1
-            rc=$?
-            cat "$WORK/candle-serve.log" >&2
+        run_candle() { # log name, figure name, arguments
+            local log="$WORK/$1.log" name="$2"
+            shift 2
+            log "running phasetrace-candle-cuda $*"
+            timeout "${CANDLE_TIMEOUT:-150}" "$candle" "$@" >"$log" 2>&1
+            local rc=$?
+            cat "$log" >&2
             if [ $rc -ne 0 ]; then
-                log "phasetrace-candle-cuda --serve failed (exit $rc)"
-                printf 'FIGURE\tcandle engine on CUDA, serving\texit %s\texit 0\tFAILED\n' "$rc" >>"$WORK/candle-serve.log"
+                log "phasetrace-candle-cuda $* failed (exit $rc)"
+                printf 'FIGURE\t%s\texit %s\texit 0\tFAILED\n' "$name" "$rc" >>"$log"
                 status=1
+                return 1
             fi
-        fi
+        }
+        # One sequence, then the same engine serving requests under continuous batching (its
+        # figures named `serving: ...`).
+        run_candle candle "candle engine on CUDA" &&
+            run_candle candle-serve "candle engine on CUDA, serving" --serve
     fi
 else
     log "no phasetrace-candle-cuda in the bundle ($(sed -n 's/^candle engine //p' "$DIR/MANIFEST" 2>/dev/null | head -n 1)): skipped"

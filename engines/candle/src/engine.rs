@@ -319,12 +319,8 @@ fn rank_loop(
     let mut pending: Option<u32> = None;
     let mut tokens = Vec::with_capacity(k + 1);
     while out.steps < opts.steps {
-        if let Some(stop) = &opts.stop {
-            // Every rank takes rank 0's decision at the same step boundary.
-            let says = rank == 0 && stop.load(Ordering::Relaxed);
-            if ctx.comm.as_deref().is_some_and(|c| c.decide(says)) {
-                break;
-            }
+        if stop_decided(opts, rank, &ctx) {
+            break;
         }
         let room = context.saturating_sub(cache.len());
         let Some(p) = pending.filter(|_| room > k + 1) else {
@@ -339,9 +335,7 @@ fn rank_loop(
                 // The draft's cache holds what the target's holds (unprofiled: its time is
                 // outside every step and round).
                 dcache = KvCache::new(cfg.layers);
-                ctx.rec = None;
-                draft.forward(&mut ctx, &opts.prompt, &mut dcache, depth)?;
-                ctx.rec = rec;
+                ctx.unrecorded(|ctx| draft.forward(ctx, &opts.prompt, &mut dcache, depth))?;
             }
             out.tokens.push(first);
             pending = Some(first);
@@ -362,19 +356,15 @@ fn rank_loop(
         let round = rec.map(|r| r.round(spec.k as u32));
         // Draft: k greedy tokens, one forward each (the draft's sections are not recorded:
         // its time is the draft phase).
-        ctx.rec = None;
         tokens.clear();
         tokens.push(p);
-        for _ in 0..spec.k {
-            let input = [tokens[tokens.len() - 1]];
-            tokens.push(last(draft.forward(
-                &mut ctx,
-                &input,
-                &mut dcache,
-                depth,
-            )?)?);
-        }
-        ctx.rec = rec;
+        ctx.unrecorded(|ctx| -> Result<(), EngineError> {
+            for _ in 0..spec.k {
+                let input = [tokens[tokens.len() - 1]];
+                tokens.push(last(draft.forward(ctx, &input, &mut dcache, depth)?)?);
+            }
+            Ok(())
+        })?;
         if let Some(r) = &round {
             r.phase(Phase::Draft);
         }
@@ -417,9 +407,7 @@ fn rank_loop(
         }
         // Maintenance: all k accepted, so the draft has not cached its own last token yet.
         if dcache.len() < keep {
-            ctx.rec = None;
-            draft.forward(&mut ctx, &tokens[spec.k..], &mut dcache, depth)?;
-            ctx.rec = rec;
+            ctx.unrecorded(|ctx| draft.forward(ctx, &tokens[spec.k..], &mut dcache, depth))?;
         }
         if let Some(r) = round {
             r.phase(Phase::Maint);
@@ -447,12 +435,18 @@ impl Rank<'_, '_, '_> {
     /// Whether the run stops here: rank 0's decision, taken by every rank at the same step
     /// boundary.
     pub(crate) fn stop_decided(&self, opts: &RunOptions) -> bool {
-        let Some(stop) = &opts.stop else {
-            return false;
-        };
-        let says = self.rank == 0 && stop.load(Ordering::Relaxed);
-        self.ctx.comm.as_deref().is_some_and(|c| c.decide(says))
+        stop_decided(opts, self.rank, &self.ctx)
     }
+}
+
+/// Whether the run stops at this step boundary: rank 0's decision (`opts.stop`), which every
+/// rank takes at the same boundary through the collective.
+fn stop_decided(opts: &RunOptions, rank: usize, ctx: &Ctx<'_, '_>) -> bool {
+    let Some(stop) = &opts.stop else {
+        return false;
+    };
+    let says = rank == 0 && stop.load(Ordering::Relaxed);
+    ctx.comm.as_deref().is_some_and(|c| c.decide(says))
 }
 
 pub(crate) fn bump(opts: &RunOptions, rank: usize, out: &mut RunOutput) {

@@ -120,6 +120,15 @@ impl<'a, 'c> Ctx<'a, 'c> {
         Ok(out)
     }
 
+    /// Runs `f` with nothing recorded (the draft's forwards: their time is the draft or the
+    /// maintenance phase, not sections), then records again, whatever `f` returns.
+    pub(crate) fn unrecorded<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
+        let rec = self.rec.take();
+        let out = f(self);
+        self.rec = rec;
+        out
+    }
+
     /// Times `part` of the verify forward, when this forward verifies a round.
     pub(crate) fn verify_part(&self, part: VerifyPart) -> Option<PartGuard<'a>> {
         match (self.rec, self.round) {

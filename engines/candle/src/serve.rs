@@ -395,10 +395,9 @@ fn plain_step(
                 }
             })
             .collect();
-        c.ctx.rec = None;
-        let r = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth);
-        c.ctx.rec = rec;
-        r?;
+        let (draft, depth) = (c.draft, c.depth);
+        c.ctx
+            .unrecorded(|ctx| draft.forward_batch(ctx, &mut seqs, depth))?;
     }
     for (l, next) in running.iter_mut().zip(nexts) {
         let t = last(next)?;
@@ -424,27 +423,29 @@ fn spec_step(
         .iter()
         .map(|l| l.pending.map(|p| vec![p]).unwrap_or_default())
         .collect();
-    c.ctx.rec = None;
-    for _ in 0..k {
-        let lasts: Vec<[u32; 1]> = drafts
-            .iter()
-            .filter_map(|d| d.last().map(|&t| [t]))
-            .collect();
-        let mut seqs: Vec<Seq<'_>> = running
-            .iter_mut()
-            .filter(|l| l.pending.is_some())
-            .zip(&lasts)
-            .map(|(l, t)| Seq {
-                tokens: t,
-                cache: &mut l.dcache,
-            })
-            .collect();
-        let nexts = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth)?;
-        for (d, n) in drafts.iter_mut().filter(|d| !d.is_empty()).zip(nexts) {
-            d.push(last(n)?);
+    let (draft, depth) = (c.draft, c.depth);
+    c.ctx.unrecorded(|ctx| -> Result<(), EngineError> {
+        for _ in 0..k {
+            let lasts: Vec<[u32; 1]> = drafts
+                .iter()
+                .filter_map(|d| d.last().map(|&t| [t]))
+                .collect();
+            let mut seqs: Vec<Seq<'_>> = running
+                .iter_mut()
+                .filter(|l| l.pending.is_some())
+                .zip(&lasts)
+                .map(|(l, t)| Seq {
+                    tokens: t,
+                    cache: &mut l.dcache,
+                })
+                .collect();
+            let nexts = draft.forward_batch(ctx, &mut seqs, depth)?;
+            for (d, n) in drafts.iter_mut().filter(|d| !d.is_empty()).zip(nexts) {
+                d.push(last(n)?);
+            }
         }
-    }
-    c.ctx.rec = rec;
+        Ok(())
+    })?;
     if let Some(r) = &round {
         r.phase(Phase::Draft);
     }
@@ -553,10 +554,8 @@ fn spec_step(
             })
             .collect();
         if !seqs.is_empty() {
-            c.ctx.rec = None;
-            let r = c.draft.forward_batch(&mut c.ctx, &mut seqs, c.depth);
-            c.ctx.rec = rec;
-            r?;
+            c.ctx
+                .unrecorded(|ctx| c.draft.forward_batch(ctx, &mut seqs, c.depth))?;
         }
     }
     if let Some(r) = round {
