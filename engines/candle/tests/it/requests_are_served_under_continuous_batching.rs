@@ -5,7 +5,8 @@
 //! - through phasetrace's request API, the GenAI histograms count every request, with two
 //!   tensor-parallel ranks, and per-request acceptance reaches `phasetrace.request.accepted_tokens`;
 //! - each traced request's span holds a `request.step` span for every step that served it, on
-//!   each rank, linked to that step's exported `decode.step` span.
+//!   each rank, linked to that step's exported `decode.step` span; a step of the other rank
+//!   drained before the request's begin has none and is counted on the request's span.
 
 use crate::support::{engine_provider, histogram_by, small_moe};
 use phasetrace::{Profiler, SectionLevel, SpecLevel};
@@ -181,11 +182,42 @@ fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
                 s.name == span::REQUEST_STEP && s.parent_span_id == request.span_context.span_id()
             })
             .collect();
-        // One token a step (plain decoding): a step per token, on each of the two ranks.
+        // One token a step (plain decoding): a step per token, on each of the two ranks. The
+        // rank that begins the request (rank 0) records its begin before its steps, so each of
+        // its steps has a span. Another rank's step can be drained before the begin it follows
+        // (the worker reads the lanes one after the other): that step has no span and is
+        // counted on the request's span, so spans and counted steps add up to every step.
+        let on_rank = |rank: i64| {
+            children
+                .iter()
+                .filter(|s| {
+                    s.attributes.iter().any(|kv| {
+                        kv.key.as_str() == attr::RANK && kv.value == opentelemetry::Value::I64(rank)
+                    })
+                })
+                .count()
+        };
         assert_eq!(
-            children.len(),
+            on_rank(0),
+            tokens.len(),
+            "request {id}: rank 0's request.step spans"
+        );
+        let untraced = request
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == attr::REQUEST_STEPS_UNTRACED)
+            .map(|kv| match kv.value {
+                opentelemetry::Value::I64(n) => n as usize,
+                ref v => panic!("request {id}: steps_untraced {v:?}"),
+            })
+            .unwrap_or_else(|| panic!("request {id}: no {}", attr::REQUEST_STEPS_UNTRACED));
+        assert_eq!(
+            children.len() + untraced,
             2 * tokens.len(),
-            "request {id}: its request.step spans"
+            "request {id}: its request.step spans ({} on rank 0, {} on rank 1) and the \
+             {untraced} counted untraced",
+            on_rank(0),
+            on_rank(1)
         );
         for c in &children {
             assert!(
