@@ -8,7 +8,7 @@
 //!   each rank, linked to that step's exported `decode.step` span; a step of the other rank
 //!   drained before the request's begin has none and is counted on the request's span.
 
-use crate::support::{engine_provider, histogram_by, small_moe};
+use crate::support::{engine_provider, histogram_by, small_moe, value_of};
 use phasetrace::{Profiler, SectionLevel, SpecLevel};
 use phasetrace_candle::{Draft, RunOptions, RunOutput, Spec, Workload, generate, weights};
 use phasetrace_names::{attr, metric};
@@ -190,14 +190,10 @@ fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
         // its steps has a span. Another rank's step can be drained before the begin it follows
         // (the worker reads the lanes one after the other): that step has no span and is
         // counted on the request's span, so spans and counted steps add up to every step.
-        let on_rank = |rank: i64| {
+        let on_rank = |rank: u32| {
             children
                 .iter()
-                .filter(|s| {
-                    s.attributes.iter().any(|kv| {
-                        kv.key.as_str() == attr::RANK && kv.value == opentelemetry::Value::I64(rank)
-                    })
-                })
+                .filter(|s| value_of(s.attributes.iter(), attr::RANK) == rank.to_string())
                 .count()
         };
         assert_eq!(
@@ -205,15 +201,9 @@ fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
             tokens.len(),
             "request {id}: rank 0's request.step spans (dropped: {dropped:?})"
         );
-        let untraced = request
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == attr::REQUEST_STEPS_UNTRACED)
-            .map(|kv| match kv.value {
-                opentelemetry::Value::I64(n) => n as usize,
-                ref v => panic!("request {id}: steps_untraced {v:?}"),
-            })
-            .unwrap_or_else(|| panic!("request {id}: no {}", attr::REQUEST_STEPS_UNTRACED));
+        let untraced: usize = value_of(request.attributes.iter(), attr::REQUEST_STEPS_UNTRACED)
+            .parse()
+            .unwrap_or_else(|e| panic!("request {id}: {}: {e}", attr::REQUEST_STEPS_UNTRACED));
         assert_eq!(
             children.len() + untraced,
             2 * tokens.len(),

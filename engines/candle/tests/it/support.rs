@@ -96,7 +96,11 @@ pub(crate) fn histogram_by(
     out
 }
 
-fn value_of<'a>(mut attrs: impl Iterator<Item = &'a opentelemetry::KeyValue>, key: &str) -> String {
+/// The value of attribute `key` as text (empty when absent).
+pub(crate) fn value_of<'a>(
+    mut attrs: impl Iterator<Item = &'a opentelemetry::KeyValue>,
+    key: &str,
+) -> String {
     attrs
         .find(|kv| kv.key.as_str() == key)
         .map(|kv| kv.value.to_string())
