@@ -67,6 +67,11 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// How the tensors are named (random weights are generated in this layout).
     pub layout: Layout,
+    /// End-of-sequence token ids: a sequence that generates one ends there (a request with
+    /// finish reason `stop`). A checkpoint's `eos_token_id` (its `generation_config.json`'s when
+    /// that file has one, else `config.json`'s); none for random weights, whose requests end
+    /// at their drawn length instead.
+    pub eos: Vec<u32>,
 }
 
 impl Default for ModelConfig {
@@ -93,6 +98,7 @@ impl Default for ModelConfig {
             rope_theta: 10_000.0,
             tie_embeddings: false,
             layout: Layout::Qwen2Moe,
+            eos: Vec::new(),
         }
     }
 }
@@ -123,6 +129,28 @@ struct HfConfig {
     num_local_experts: Option<usize>,
     // both
     num_experts_per_tok: Option<usize>,
+    eos_token_id: Option<serde_json::Value>,
+}
+
+/// `eos_token_id` as Hugging Face writes it: one id, a list of ids, or `null` (none).
+fn eos_ids(v: Option<serde_json::Value>) -> Result<Vec<u32>, String> {
+    let id = |x: &serde_json::Value| x.as_u64().and_then(|n| u32::try_from(n).ok());
+    let bad = |v: &serde_json::Value| {
+        format!("eos_token_id {v}: expected a token id, a list of token ids or null")
+    };
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(xs)) => {
+            xs.iter().map(|x| id(x).ok_or_else(|| bad(x))).collect()
+        }
+        Some(x) => id(&x).map(|n| vec![n]).ok_or_else(|| bad(&x)),
+    }
+}
+
+/// The one field of a `generation_config.json` the loader reads.
+#[derive(Debug, Deserialize)]
+struct GenerationConfig {
+    eos_token_id: Option<serde_json::Value>,
 }
 
 impl ModelConfig {
@@ -170,6 +198,12 @@ impl ModelConfig {
         if self.layout == Layout::Mixtral && self.shared_intermediate > 0 {
             return bad("the Mixtral layout has no shared expert".into());
         }
+        if let Some(&id) = self.eos.iter().find(|&&id| id as usize >= self.vocab) {
+            return bad(format!(
+                "end-of-sequence token {id}: expected an id below the vocabulary size {}",
+                self.vocab
+            ));
+        }
         Ok(())
     }
 
@@ -201,8 +235,31 @@ impl ModelConfig {
         let text = std::fs::read_to_string(&path).map_err(|e| {
             EngineError::Checkpoint(format!("{}: cannot read: {e}", path.display()))
         })?;
-        ModelConfig::from_hf_json(&text)
-            .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))
+        let mut cfg = ModelConfig::from_hf_json(&text)
+            .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", path.display())))?;
+        // Generation reads its end-of-sequence ids from generation_config.json where there is
+        // one (as `transformers`' `generate` does), else from config.json.
+        let gen_path = dir.join("generation_config.json");
+        match std::fs::read_to_string(&gen_path) {
+            Ok(text) => {
+                if let Some(eos) = eos_from_generation_config(&text)
+                    .map_err(|e| EngineError::Checkpoint(format!("{}: {e}", gen_path.display())))?
+                {
+                    cfg.eos = eos;
+                    cfg.validate().map_err(|e| {
+                        EngineError::Checkpoint(format!("{}: {e}", gen_path.display()))
+                    })?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(EngineError::Checkpoint(format!(
+                    "{}: cannot read: {e}",
+                    gen_path.display()
+                )));
+            }
+        }
+        Ok(cfg)
     }
 
     /// Parses a Hugging Face `config.json`.
@@ -242,6 +299,7 @@ impl ModelConfig {
             rope_theta: c.rope_theta.unwrap_or(10_000.0),
             tie_embeddings: c.tie_word_embeddings.unwrap_or(false),
             layout,
+            eos: eos_ids(c.eos_token_id)?,
         };
         match layout {
             Layout::Llama => {}
@@ -299,6 +357,12 @@ impl ModelConfig {
             "tie_word_embeddings": self.tie_embeddings,
             "attention_bias": self.attention_bias,
         });
+        if !self.eos.is_empty() {
+            v["eos_token_id"] = match self.eos.as_slice() {
+                [one] => (*one).into(),
+                many => many.to_vec().into(),
+            };
+        }
         match self.layout {
             Layout::Llama => {}
             Layout::Qwen2Moe => {
@@ -317,5 +381,84 @@ impl ModelConfig {
             }
         }
         v
+    }
+}
+
+/// The end-of-sequence ids of a `generation_config.json` (`None`: it names none).
+fn eos_from_generation_config(text: &str) -> Result<Option<Vec<u32>>, String> {
+    let g: GenerationConfig = serde_json::from_str(text).map_err(|e| {
+        format!("not a generation config ({e}); expected an object whose eos_token_id is an id or a list of ids")
+    })?;
+    match g.eos_token_id {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        v => eos_ids(v).map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA: &str = r#"{"model_type": "llama", "vocab_size": 100, "hidden_size": 32,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64"#;
+
+    fn with(extra: &str) -> Result<ModelConfig, String> {
+        ModelConfig::from_hf_json(&format!("{LLAMA}{extra}}}"))
+    }
+
+    #[test]
+    fn eos_token_id_is_read_as_one_id_a_list_or_none() {
+        assert_eq!(with("").expect("no eos").eos, Vec::<u32>::new());
+        assert_eq!(
+            with(r#", "eos_token_id": null"#).expect("null").eos,
+            Vec::<u32>::new()
+        );
+        assert_eq!(with(r#", "eos_token_id": 7"#).expect("one").eos, vec![7]);
+        assert_eq!(
+            with(r#", "eos_token_id": [7, 9]"#).expect("a list").eos,
+            vec![7, 9]
+        );
+    }
+
+    #[test]
+    fn an_eos_token_id_that_cannot_be_a_token_is_refused_naming_it() {
+        let e = with(r#", "eos_token_id": 100"#).expect_err("not below the vocabulary");
+        assert!(
+            e.contains("end-of-sequence token 100") && e.contains("100"),
+            "{e}"
+        );
+        for bad in [r#""</s>""#, "-1", "[2, 1.5]", "4294967296"] {
+            let e = with(&format!(r#", "eos_token_id": {bad}"#)).expect_err(bad);
+            assert!(
+                e.contains("eos_token_id") && e.contains("expected a token id"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_eos_ids_survive_the_config_json_round_trip() {
+        for eos in [vec![], vec![3], vec![3, 5]] {
+            let cfg = ModelConfig {
+                eos: eos.clone(),
+                ..ModelConfig::default()
+            };
+            let back = ModelConfig::from_hf_json(&cfg.to_hf_json().to_string()).expect("read back");
+            assert_eq!(back.eos, eos);
+        }
+    }
+
+    #[test]
+    fn a_generation_config_names_its_eos_ids_or_none() {
+        assert_eq!(
+            eos_from_generation_config(r#"{"eos_token_id": [1, 2], "do_sample": true}"#),
+            Ok(Some(vec![1, 2]))
+        );
+        assert_eq!(
+            eos_from_generation_config(r#"{"temperature": 0.7}"#),
+            Ok(None)
+        );
+        let e = eos_from_generation_config(r#"{"eos_token_id": "#).expect_err("half-written");
+        assert!(e.contains("not a generation config"), "{e}");
     }
 }

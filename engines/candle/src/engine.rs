@@ -338,7 +338,8 @@ fn rank_loop(
                 ctx.unrecorded(|ctx| draft.forward(ctx, &opts.prompt, &mut dcache, depth))?;
             }
             out.tokens.push(first);
-            pending = Some(first);
+            // A sequence that ends at once (its first token is end-of-sequence) starts over.
+            pending = Some(first).filter(|t| !cfg.eos.contains(t));
             bump(opts, rank, &mut out);
             continue;
         };
@@ -348,7 +349,8 @@ fn rank_loop(
                 last(target.forward(&mut ctx, &[p], &mut cache, cfg.layers)?)?
             };
             out.tokens.push(next);
-            pending = Some(next);
+            // At its end-of-sequence token the sequence ends; the next starts from the prompt.
+            pending = Some(next).filter(|t| !cfg.eos.contains(t));
             bump(opts, rank, &mut out);
             continue;
         };
@@ -386,10 +388,14 @@ fn rank_loop(
             .zip(&verified)
             .take_while(|(d, v)| d == v)
             .count();
+        let from = out.tokens.len();
         out.tokens.extend_from_slice(&tokens[1..=accepted]);
         let next = verified[accepted];
         out.tokens.push(next);
-        pending = Some(next);
+        // Nothing after an end-of-sequence token: the next sequence starts from the prompt.
+        let (keep, ended) = crate::serve::until_eos(&out.tokens[from..], &cfg.eos);
+        out.tokens.truncate(from + keep);
+        pending = Some(next).filter(|_| !ended);
         out.rounds += 1;
         out.drafted += spec.k;
         out.accepted += accepted;

@@ -43,9 +43,10 @@ pub struct Workload {
     pub prompt_tokens: usize,
     /// Mean output length in tokens (log-normal, coefficient of variation 0.5).
     pub output_tokens: usize,
-    /// Output tokens at which a request is cut (finish reason `length`; one that reaches its
-    /// drawn length first ends with `stop`, the workload's stand-in for an end-of-sequence
-    /// token).
+    /// Output tokens at which a request is cut (finish reason `length`). A request ends with
+    /// `stop` at the model's end-of-sequence token ([`crate::ModelConfig::eos`], a
+    /// checkpoint's) or at its drawn length, whichever comes first: the drawn length is the
+    /// workload's stand-in for the end-of-sequence token that random weights do not have.
     pub max_output_tokens: usize,
     /// `gen_ai.request.model` and `gen_ai.response.model`.
     pub model: String,
@@ -188,6 +189,8 @@ struct Live {
     prompt: Vec<u32>,
     want: usize,
     cut: bool,
+    /// It generated an end-of-sequence token (its last).
+    ended: bool,
     cache: KvCache,
     dcache: KvCache,
     pending: Option<u32>,
@@ -262,6 +265,7 @@ impl<'o> Scheduler<'o> {
             self.running.push(Live {
                 id: a.id,
                 cut: a.want >= self.w.max_output_tokens,
+                ended: false,
                 prompt: a.prompt,
                 want: a.want,
                 cache: KvCache::new(self.layers),
@@ -279,13 +283,15 @@ impl<'o> Scheduler<'o> {
         self.now += 1.0;
         let mut i = 0;
         while i < self.running.len() {
-            if self.running[i].out.len() < self.running[i].want {
+            let l = &self.running[i];
+            if !l.ended && l.out.len() < l.want {
                 i += 1;
                 continue;
             }
             let l = self.running.swap_remove(i);
             if let Some(r) = rec {
-                r.request_end(l.id, if l.cut { Finish::Length } else { Finish::Stop });
+                let cut = l.cut && !l.ended;
+                r.request_end(l.id, if cut { Finish::Length } else { Finish::Stop });
             }
             self.served.finished += 1;
             self.done.insert(l.id, l.out);
@@ -399,12 +405,23 @@ fn plain_step(
         c.ctx
             .unrecorded(|ctx| draft.forward_batch(ctx, &mut seqs, depth))?;
     }
+    let eos = &c.target.config().eos;
     for (l, next) in running.iter_mut().zip(nexts) {
         let t = last(next)?;
         l.out.push(t);
         l.pending = Some(t);
+        l.ended = eos.contains(&t);
     }
     Ok(())
+}
+
+/// Where a sequence's new tokens end: after the first end-of-sequence token among them (its
+/// index + 1), or all of them.
+pub(crate) fn until_eos(new: &[u32], eos: &[u32]) -> (usize, bool) {
+    match new.iter().position(|t| eos.contains(t)) {
+        Some(i) => (i + 1, true),
+        None => (new.len(), false),
+    }
 }
 
 /// A speculative round over the batch (one step: the verify), as in
@@ -417,6 +434,7 @@ fn spec_step(
     out: &mut RunOutput,
 ) -> Result<(), EngineError> {
     let rec = c.rec;
+    let eos = c.target.config().eos.clone();
     let round = rec.map(|r| r.round(k as u32));
     // Draft: k tokens for each decoding sequence, one batched forward each (unprofiled).
     let mut drafts: Vec<Vec<u32>> = running
@@ -478,8 +496,16 @@ fn spec_step(
             }
             let a = d[1..].iter().zip(v).take_while(|(x, y)| x == y).count();
             accepted[i] = a;
+            // The tokens this round gives the request: the agreeing drafts and the target's
+            // own, up to its length and its end-of-sequence token.
+            // (`accepted + 1` outputs, as `serve_speculative` counts them).
+            let emitted = match until_eos(&d[1..=a], &eos) {
+                (n, true) => n,
+                _ => a + 1,
+            }
+            .min(left);
             if let Some(r) = rec {
-                r.serve_speculative(l.id, k as u32, a.min(left - 1) as u32);
+                r.serve_speculative(l.id, k as u32, (emitted - 1) as u32);
             }
         }
         verified
@@ -502,13 +528,18 @@ fn spec_step(
             l.pending = Some(t);
             continue;
         }
+        let from = l.out.len();
         l.out.extend_from_slice(&d[1..=a]);
         let next = v.get(a).copied().ok_or_else(|| {
             EngineError::Config("a verify forward returned too few tokens".into())
         })?;
         l.out.push(next);
-        // A request gets no more than its length, however many drafts agreed.
+        // A request gets no more than its length, however many drafts agreed, and nothing
+        // after its end-of-sequence token.
         l.out.truncate(l.want);
+        let (keep, ended) = until_eos(&l.out[from..], &eos);
+        l.out.truncate(from + keep);
+        l.ended = ended;
         l.pending = Some(next);
         drafted += k;
         kept += a;

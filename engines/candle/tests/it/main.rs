@@ -3,6 +3,7 @@
 mod support;
 
 mod a_checkpoint_written_and_loaded_back_gives_the_same_logits;
+mod an_end_of_sequence_token_ends_the_sequence;
 mod requests_are_served_under_continuous_batching;
 mod sections_cover_each_step;
 mod speculative_decoding_generates_what_greedy_decoding_generates;
