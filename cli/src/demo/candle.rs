@@ -58,6 +58,8 @@ pub(crate) struct CandleArgs {
 fn model(a: &DemoArgs) -> Result<(ModelConfig, weights::Tensors, String), Failure> {
     let c = &a.candle;
     if let Some(dir) = &c.model {
+        let cfg = ModelConfig::from_hf_dir(dir).map_err(engine_failure)?;
+        fits_in_memory(a, &cfg, &format!("--model {}", dir.display()))?;
         let (cfg, t) = weights::load_checkpoint(dir).map_err(engine_failure)?;
         return Ok((cfg, t, format!("checkpoint {}", dir.display())));
     }
@@ -88,9 +90,54 @@ fn model(a: &DemoArgs) -> Result<(ModelConfig, weights::Tensors, String), Failur
         cfg.layout = phasetrace_candle::Layout::Llama;
         cfg.dense_layers = cfg.layers;
     }
-    cfg.validate().map_err(engine_failure)?;
+    cfg.validate().map_err(|e| {
+        Failure::config(format!(
+            "--layers {} --dense-layers {} --experts {} --top-k {} --hidden {}: {e}",
+            a.layers, a.dense_layers, a.experts, a.top_k, c.hidden
+        ))
+    })?;
+    fits_in_memory(
+        a,
+        &cfg,
+        &format!(
+            "--layers {} --experts {} --hidden {}",
+            a.layers, a.experts, c.hidden
+        ),
+    )?;
     let t = weights::random(&cfg, a.seed).map_err(engine_failure)?;
     Ok((cfg, t, format!("random weights (seed {})", a.seed)))
+}
+
+/// Refuses a model whose run would not fit in the memory this machine has available (it would
+/// be killed partway through allocating, or swap), naming the flags that shaped it.
+fn fits_in_memory(a: &DemoArgs, cfg: &ModelConfig, flags: &str) -> Result<(), Failure> {
+    let draft = match (a.spec, a.candle.draft) {
+        (Some(_), DraftKind::F16) => Some(DType::F16),
+        (Some(_), DraftKind::Bf16) => Some(DType::BF16),
+        _ => None,
+    };
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    let params = cfg.parameters().unwrap_or(u64::MAX);
+    let need = weights::host_bytes(cfg, a.ranks as usize, draft).unwrap_or(u64::MAX);
+    match available_memory() {
+        Some(have) if need > have => Err(Failure::config(format!(
+            "{flags}: a model of {:.2} G parameters needs about {:.1} GiB on {} ranks{} (f32 weights and the ranks' shards), and this machine has {:.1} GiB available (MemAvailable): fewer layers or experts, a smaller width, or another machine",
+            params as f64 / 1e9,
+            gib(need),
+            a.ranks,
+            draft.map_or(String::new(), |d| format!(" with a {d:?} draft")),
+            gib(have)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (`None` where there is no such file).
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 fn engine_failure(e: EngineError) -> Failure {
@@ -311,13 +358,14 @@ fn setup_profiler(
         );
     }
     eprintln!(
-        "phasetrace: candle engine on the CPU: {} layers ({} dense, {} MoE: {} experts, top-{}), width {}, {} ranks, {source}{}",
+        "phasetrace: candle engine on the CPU: {} layers ({} dense, {} MoE: {} experts, top-{}), width {}, {:.1} M parameters, {} ranks, {source}{}",
         cfg.layers,
         cfg.layers.min(cfg.dense_layers),
         cfg.layers.saturating_sub(cfg.dense_layers.min(cfg.layers)),
         cfg.experts,
         cfg.top_k,
         cfg.hidden,
+        cfg.parameters().unwrap_or(0) as f64 / 1e6,
         a.ranks,
         spec.map_or(String::new(), |s| format!(
             ", speculative k={} with {}",

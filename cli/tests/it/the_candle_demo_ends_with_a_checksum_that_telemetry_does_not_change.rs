@@ -2,8 +2,9 @@
 //! tensor-parallel ranks, speculative decoding with a shallow draft), prints the console
 //! summary with the engine's sections, and ends with a `checksum` line of the generated token
 //! ids that is the same with phasetrace off and at level full, serving requests under
-//! continuous batching as it does by default. The synthetic workload's own flags, and a bad
-//! `--requests-per-step`, are refused with the flag named.
+//! continuous batching as it does by default. The synthetic workload's own flags, a bad
+//! `--requests-per-step`, and model shapes past any model or past this machine's memory are
+//! refused with the flags named, before any weight is allocated.
 
 use crate::cli::command;
 
@@ -76,6 +77,16 @@ fn synthetic_flags_are_refused_naming_the_engine() {
         (&["--requests-per-step=-1"][..], "a non-negative number"),
         (&["--requests-per-step", "NaN"][..], "a non-negative number"),
         (&["--prompt-tokens", "100000"][..], "expected at most 8192"),
+        // 5.1 x 10^12 parameters: past any model.
+        (
+            &["--hidden", "32768", "--layers", "100", "--experts", "64"][..],
+            "parameters",
+        ),
+        // 3.1 x 10^12 parameters (18 TB as f32): past any machine's memory.
+        (
+            &["--hidden", "32768", "--layers", "60", "--experts", "64"][..],
+            "GiB available (MemAvailable)",
+        ),
     ] {
         let out = command()
             .args(["demo", "--engine", "candle"])

@@ -159,11 +159,77 @@ impl ModelConfig {
         self.experts > 0 && layer >= self.dense_layers
     }
 
+    /// Most parameters a model may have: shapes beyond it are a typo, not a model (the
+    /// largest open models have about 10^12), and every tensor's element count then fits.
+    pub const MAX_PARAMETERS: u64 = 1 << 42;
+
+    /// The model's parameter count (every tensor of its layout, biases included); `None` when
+    /// it exceeds [`ModelConfig::MAX_PARAMETERS`].
+    pub fn parameters(&self) -> Option<u64> {
+        // Checked throughout: the figures come from flags and files.
+        let mul = |xs: &[usize]| {
+            xs.iter()
+                .try_fold(1u64, |a, &x| a.checked_mul(u64::try_from(x).ok()?))
+        };
+        let add = |xs: &[Option<u64>]| xs.iter().try_fold(0u64, |a, x| a.checked_add((*x)?));
+        let h = self.hidden;
+        let rows = add(&[
+            mul(&[self.heads, self.head_dim]),
+            mul(&[2, self.kv_heads, self.head_dim]),
+        ]);
+        let attention = add(&[
+            mul(&[2, h]),
+            rows.and_then(|r| {
+                r.checked_mul(u64::try_from(h).ok()? + u64::from(self.attention_bias))
+            }),
+            mul(&[h, self.heads, self.head_dim]),
+        ]);
+        let dense = add(&[attention, mul(&[3, h, self.intermediate])]);
+        let shared = match self.shared_intermediate {
+            0 => Some(0),
+            s => add(&[mul(&[3, h, s]), Some(h as u64)]),
+        };
+        let moe = add(&[
+            attention,
+            mul(&[self.experts, h]),
+            mul(&[self.experts, 3, h, self.moe_intermediate]),
+            shared,
+        ]);
+        let sparse = if self.experts > 0 {
+            self.layers.saturating_sub(self.dense_layers)
+        } else {
+            0
+        };
+        let n = add(&[
+            mul(&[self.vocab, h]),
+            Some(h as u64),
+            if self.tie_embeddings {
+                Some(0)
+            } else {
+                mul(&[self.vocab, h])
+            },
+            dense.and_then(|d| d.checked_mul((self.layers - sparse) as u64)),
+            moe.and_then(|m| m.checked_mul(sparse as u64)),
+        ]);
+        n.filter(|&n| n <= Self::MAX_PARAMETERS)
+    }
+
     /// Checks the shapes, naming the first that cannot work (and why).
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad = |what: String| Err(EngineError::Config(what));
         if self.vocab == 0 || self.hidden == 0 || self.layers == 0 || self.head_dim == 0 {
             return bad("vocab, hidden, layers and head_dim must be positive".into());
+        }
+        if self.parameters().is_none() {
+            return bad(format!(
+                "{} layers of width {} ({} experts of width {}, vocabulary {}): more than {} parameters",
+                self.layers,
+                self.hidden,
+                self.experts,
+                self.moe_intermediate,
+                self.vocab,
+                Self::MAX_PARAMETERS
+            ));
         }
         if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
