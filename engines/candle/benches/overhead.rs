@@ -5,7 +5,9 @@
 //! - `none`: no recorder at all (the engine without phasetrace);
 //! - `off`: phasetrace built in, level `off` (one relaxed load per call);
 //! - `full`: level `full` on the host clock, no spans (`PHASETRACE_TRACE_EVERY=0`);
-//! - `full_sampled`: level `full`, one step in 100 traced as spans (the default).
+//! - `full_sampled`: level `full`, one step in 100 traced as spans (the default), built on a
+//!   tracer provider of the engine's whose exporter keeps them in memory (phasetrace builds
+//!   spans on its worker thread, never on the hot path; the count is printed).
 //!
 //! The variants run in one process, interleaved: first a pass of `ROUNDS` rounds (or
 //! `PHASETRACE_BENCH_ROUNDS`), each timing `TOKENS` tokens of every variant in turn, the order
@@ -26,6 +28,7 @@
 //! Run: `cargo bench -p phasetrace-candle --bench overhead`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind, SectionLevel};
 use phasetrace_candle::model::{KvCache, Model, Seq, Shard};
 use phasetrace_candle::{Ctx, ModelConfig, weights};
@@ -56,6 +59,8 @@ struct Variant {
     batch: Vec<Request>,
     class: Option<RequestClass>,
     ids: u64,
+    /// The spans of `full_sampled`, as its tracer provider exported them.
+    spans: InMemorySpanExporter,
 }
 
 struct Request {
@@ -66,14 +71,23 @@ struct Request {
 }
 
 fn variant(name: &'static str, level: Option<(SectionLevel, &str)>, layers: usize) -> Variant {
+    let spans = InMemorySpanExporter::default();
     let profiler = level.map(|(l, every)| {
-        Profiler::builder()
+        let b = Profiler::builder()
             .without_env()
             .with_level(l)
             .with_text("PHASETRACE_TRACE_EVERY", every)
-            .expect("a valid setting")
-            .build()
-            .expect("building the profiler")
+            .expect("a valid setting");
+        let b = if every == "0" {
+            b
+        } else {
+            b.with_tracer_provider(
+                SdkTracerProvider::builder()
+                    .with_simple_exporter(spans.clone())
+                    .build(),
+            )
+        };
+        b.build().expect("building the profiler")
     });
     let rec = profiler.as_ref().map(Profiler::recorder);
     let class = profiler.as_ref().map(|p| {
@@ -93,6 +107,7 @@ fn variant(name: &'static str, level: Option<(SectionLevel, &str)>, layers: usiz
         batch: Vec::new(),
         class,
         ids: 0,
+        spans,
     }
 }
 
@@ -251,9 +266,11 @@ fn interleaved(
         if let Some(p) = &v.profiler {
             p.flush();
             let s = p.stats();
+            let exported = v.spans.get_finished_spans().map_or(0, |s| s.len());
+            v.spans.reset();
             eprintln!(
-                "  {:<13} sections {} steps {} spans {} dropped {:?}",
-                v.name, s.sections, s.steps, s.spans, s.dropped
+                "  {:<13} sections {} steps {} spans exported {exported} dropped {:?}",
+                v.name, s.sections, s.steps, s.dropped
             );
         }
     }
