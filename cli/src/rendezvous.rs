@@ -11,6 +11,8 @@
 //! rank r --join(rank)--> each lower rank s > 0 (the higher ones join r)
 //! meet:  rank r --arrive(seq, stop?)--> every other rank; reads arrive(seq) from every other
 //!        rank (or abort(why) from one that saw a peer die)
+//! exchange: rank r --data(seq, len, bytes)--> every other rank (on a writer thread); reads
+//!        data(seq) from every other rank: the candle engine's all-reduce of partial outputs
 //! ```
 
 use std::fmt;
@@ -22,6 +24,13 @@ const MAGIC: &[u8; 5] = b"PTRV2";
 const ARRIVE: u8 = 1;
 const ARRIVE_STOP: u8 = 2;
 const ABORT: u8 = 3;
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
+const DATA: u8 = 4;
+/// Most bytes one rank's part of an exchange may hold: a broken or hostile peer cannot make
+/// a rank allocate more (the candle engine's largest partial, a prefill of 64 prompts of 768
+/// tokens at width 4096, is 0.8 GB).
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
+pub(crate) const MAX_PAYLOAD: u32 = 1 << 30;
 /// Pause between connection attempts while a peer is not listening yet.
 const RETRY: Duration = Duration::from_millis(100);
 
@@ -482,6 +491,86 @@ impl TcpRendezvous {
         }
     }
 
+    /// One exchange of the whole group: sends `payload` to every other rank and returns every
+    /// rank's payload in rank order (this rank's own in its place). The writes run on a thread
+    /// beside the reads: with every rank writing first, payloads larger than the sockets'
+    /// buffers would otherwise leave every rank blocked in a write.
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))]
+    pub(crate) fn exchange(&mut self, payload: &[u8]) -> Result<Vec<Vec<u8>>, RendezvousError> {
+        self.seq += 1;
+        let (seq, timeout) = (self.seq, self.timeout);
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|&n| n <= MAX_PAYLOAD)
+            .ok_or_else(|| {
+                RendezvousError::Setup(format!(
+                    "an all-reduce of {} bytes: expected at most {MAX_PAYLOAD}",
+                    payload.len()
+                ))
+            })?;
+        let mut header = [0u8; 13];
+        header[0] = DATA;
+        header[1..9].copy_from_slice(&seq.to_le_bytes());
+        header[9..].copy_from_slice(&len.to_le_bytes());
+        let lost = |p: &Peer, why: String| format!("rank {} ({}): {why}", p.rank, p.addr);
+        let mut writers = Vec::with_capacity(self.peers.len());
+        for p in &self.peers {
+            let w = p
+                .stream
+                .try_clone()
+                .map_err(|e| RendezvousError::LostPeer(lost(p, e.to_string())))?;
+            writers.push((p.rank, p.addr, w));
+        }
+        let mut parts: Vec<(u32, Vec<u8>)> = Vec::with_capacity(self.peers.len() + 1);
+        let (wrote, read) = std::thread::scope(|s| {
+            let writer = s.spawn(move || -> Result<(), String> {
+                for (rank, addr, w) in &mut writers {
+                    w.write_all(&header)
+                        .and_then(|()| w.write_all(payload))
+                        .map_err(|e| format!("rank {rank} ({addr}): {}", describe(&e, timeout)))?;
+                }
+                Ok(())
+            });
+            let mut read = Ok(());
+            for p in &mut self.peers {
+                match read_data(&mut p.stream, seq) {
+                    Ok(Ok(bytes)) => parts.push((p.rank, bytes)),
+                    Ok(Err(why)) => {
+                        read = Err((why, true));
+                        break;
+                    }
+                    Err(e) => {
+                        read = Err((lost(p, describe(&e, timeout)), false));
+                        break;
+                    }
+                }
+            }
+            let wrote = writer
+                .join()
+                .unwrap_or_else(|_| Err("the writer thread panicked".into()));
+            (wrote, read)
+        });
+        match (wrote, read) {
+            (_, Err((why, true))) => {
+                let why = format!("{why} (reported by a peer)");
+                self.abort(&why);
+                Err(RendezvousError::LostPeer(why))
+            }
+            (_, Err((why, false))) | (Err(why), Ok(())) => {
+                self.abort(&why);
+                Err(RendezvousError::LostPeer(why))
+            }
+            (Ok(()), Ok(())) => {
+                let me = (0..=self.peers.len() as u32)
+                    .find(|r| !parts.iter().any(|(p, _)| p == r))
+                    .unwrap_or(0);
+                parts.push((me, payload.to_vec()));
+                parts.sort_by_key(|(r, _)| *r);
+                Ok(parts.into_iter().map(|(_, b)| b).collect())
+            }
+        }
+    }
+
     fn abort(&mut self, why: &str) {
         let mut msg = vec![ABORT];
         msg.extend(text(why));
@@ -489,6 +578,37 @@ impl TcpRendezvous {
             let _ = p.stream.write_all(&msg);
         }
     }
+}
+
+/// Reads one peer's part of exchange `seq`: its bytes, or `Err(why)` where the peer aborted
+/// (a peer of its died); an I/O error, a message out of step or a part over [`MAX_PAYLOAD`] is
+/// an I/O error.
+#[cfg_attr(not(feature = "candle"), allow(dead_code))]
+fn read_data(s: &mut TcpStream, seq: u64) -> std::io::Result<Result<Vec<u8>, String>> {
+    let bad = |m: String| std::io::Error::new(ErrorKind::InvalidData, m);
+    let mut kind = [0u8; 1];
+    s.read_exact(&mut kind)?;
+    if kind[0] == ABORT {
+        return read_text(s).map(Err);
+    }
+    let mut b = [0u8; 12];
+    s.read_exact(&mut b)?;
+    let their = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(b[8..].try_into().unwrap_or_default());
+    if kind[0] != DATA || their != seq {
+        return Err(bad(format!(
+            "out of step (message {} of collective {their}, expected data of {seq})",
+            kind[0]
+        )));
+    }
+    if len > MAX_PAYLOAD {
+        return Err(bad(format!(
+            "a part of {len} bytes, expected at most {MAX_PAYLOAD}"
+        )));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    s.read_exact(&mut bytes)?;
+    Ok(Ok(bytes))
 }
 
 #[cfg(test)]
@@ -640,5 +760,57 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("cannot reach rank 0 at"), "{err}");
+    }
+
+    #[test]
+    fn ranks_exchange_payloads_larger_than_the_socket_buffers() {
+        // 4 MiB each way: written before read by every rank, this fills the buffers and
+        // blocks; the writer thread keeps it moving.
+        let addr = free_addr();
+        let t = Duration::from_secs(20);
+        let ranks: Vec<_> = (0..3u32)
+            .map(|r| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", t).unwrap();
+                    let mut got = Vec::new();
+                    for round in 0..3u8 {
+                        let mine = vec![r as u8 * 10 + round; 4 << 20];
+                        got.push(rv.exchange(&mine).unwrap());
+                        // meetings and exchanges interleave in step
+                        assert!(!rv.meet(false).unwrap());
+                    }
+                    got
+                })
+            })
+            .collect();
+        for h in ranks {
+            let got = h.join().unwrap();
+            for (round, parts) in got.iter().enumerate() {
+                assert_eq!(parts.len(), 3);
+                for (r, p) in parts.iter().enumerate() {
+                    assert_eq!(p.len(), 4 << 20);
+                    assert!(p.iter().all(|&b| b == r as u8 * 10 + round as u8));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_peer_that_announces_an_oversized_part_is_refused_without_allocating_it() {
+        let (mut a, mut b) = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (l.accept().unwrap().0, c)
+        };
+        let mut msg = vec![DATA];
+        msg.extend_from_slice(&1u64.to_le_bytes());
+        msg.extend_from_slice(&u32::MAX.to_le_bytes());
+        b.write_all(&msg).unwrap();
+        let e = read_data(&mut a, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("4294967295 bytes") && e.contains("at most"),
+            "{e}"
+        );
     }
 }

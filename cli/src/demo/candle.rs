@@ -5,10 +5,13 @@
 
 use super::DemoArgs;
 use crate::Failure;
+use crate::rendezvous::TcpRendezvous;
 use candle_core::DType;
 use clap::{Args, ValueEnum};
 use phasetrace::{Profiler, SectionLevel, SpecLevel, Timing};
-use phasetrace_candle::{Draft, EngineError, ModelConfig, RunOptions, Spec, Workload, weights};
+use phasetrace_candle::{
+    AllReduce, Draft, EngineError, ModelConfig, RunOptions, Spec, Workload, weights,
+};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -180,7 +183,6 @@ fn workload(a: &DemoArgs) -> Result<Option<Workload>, Failure> {
 /// Rejects the synthetic workload's flags that have no meaning for a real model.
 fn synthetic_only(a: &DemoArgs) -> Result<(), Failure> {
     let given = [
-        ("--rank", a.rank.is_some()),
         ("--expert-parallel", a.expert_parallel.is_some()),
         ("--straggler-period", a.straggler_period.is_some()),
         ("--slow-steps", a.slow_steps.is_some()),
@@ -296,8 +298,16 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
         ..RunOptions::new(cfg, tensors, steps as usize, Vec::new())
     };
 
-    // 2. The run, watched.
-    let out = match generate_watched(&a, &opts, &profiler, &stop, &progress, unbounded) {
+    // 2. The run, watched: every rank on a thread of this process, or with --rank this
+    // process's rank, meeting the others' processes over TCP.
+    let mut tcp = match join_group(&a, &profiler) {
+        Ok(t) => t,
+        Err(e) => {
+            profiler.shutdown();
+            return Err(e);
+        }
+    };
+    let out = match generate_watched(&a, &opts, &profiler, (&stop, &progress), tcp.as_mut()) {
         Ok(o) => o,
         Err(e) => {
             profiler.shutdown();
@@ -381,10 +391,10 @@ fn generate_watched(
     a: &DemoArgs,
     opts: &RunOptions,
     profiler: &Profiler,
-    stop: &AtomicBool,
-    progress: &AtomicU64,
-    unbounded: bool,
+    (stop, progress): (&AtomicBool, &AtomicU64),
+    tcp: Option<&mut TcpAllReduce>,
 ) -> Result<phasetrace_candle::RunOutput, EngineError> {
+    let unbounded = a.forever || a.duration.is_some();
     let deadline = if a.forever {
         None
     } else {
@@ -392,7 +402,13 @@ fn generate_watched(
     };
     let started = Instant::now();
     std::thread::scope(|s| {
-        let run = s.spawn(|| phasetrace_candle::generate(opts, Some(profiler)));
+        let run = s.spawn(|| match tcp {
+            Some(t) => {
+                let rank = t.rank;
+                phasetrace_candle::generate_rank(opts, rank, t, Some(profiler))
+            }
+            None => phasetrace_candle::generate(opts, Some(profiler)),
+        });
         let tty = std::io::stderr().is_terminal();
         let of = if unbounded {
             String::new()
@@ -418,6 +434,120 @@ fn generate_watched(
         }
         run.join().unwrap_or(Err(EngineError::RankPanicked(0)))
     })
+}
+
+/// With `--rank R --rendezvous HOST:PORT`: this process's rank joins the group's other
+/// processes (rank 0 listens, the others join it, until `--rendezvous-timeout`).
+fn join_group(a: &DemoArgs, profiler: &Profiler) -> Result<Option<TcpAllReduce>, Failure> {
+    let (Some(r), Some(addr)) = (a.rank, &a.rendezvous) else {
+        return Ok(None);
+    };
+    let group = &profiler.config().group;
+    eprintln!(
+        "phasetrace: rank {r} of {} in group {group}: {} the rendezvous at {addr}",
+        a.ranks,
+        if r == 0 { "listening for" } else { "joining" }
+    );
+    let rv = TcpRendezvous::join(
+        addr,
+        r,
+        a.ranks,
+        group,
+        Duration::from_secs_f64(a.rendezvous_timeout),
+    )
+    .map_err(|e| Failure::runtime(format!("rank {r} of {}: {e}", a.ranks)))?;
+    Ok(Some(TcpAllReduce {
+        rv,
+        rank: r as usize,
+        ranks: a.ranks as usize,
+        sent: Vec::new(),
+        like: None,
+        parts: Vec::new(),
+    }))
+}
+
+/// The candle engine's all-reduce between processes: each rank sends its partial output to
+/// every other over the demo's TCP rendezvous (`crate::rendezvous`: a full mesh, so no rank is
+/// a hub that looks like a straggler), then sums all of them in rank order in the partial's own
+/// dtype, exactly as ranks that are threads do, so a group of processes generates the tokens
+/// of a group of threads (test). The partials travel as little-endian f32 (f16 and bf16 widen
+/// to f32 exactly and narrow back exactly).
+struct TcpAllReduce {
+    rv: TcpRendezvous,
+    rank: usize,
+    ranks: usize,
+    /// This rank's partial, encoded by `deposit`.
+    sent: Vec<u8>,
+    /// The partial's shape, dtype and device, for decoding the others'.
+    like: Option<candle_core::Tensor>,
+    /// Every rank's partial after `arrive`, in rank order.
+    parts: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for TcpAllReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpAllReduce")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AllReduce for TcpAllReduce {
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    /// Any rank's request to stop (Ctrl-C, the deadline) stops the group: a process cannot
+    /// leave the others waiting at a rendezvous.
+    fn decide(&mut self, says: bool) -> candle_core::Result<bool> {
+        self.rv.meet(says).map_err(candle_core::Error::msg)
+    }
+
+    fn deposit(&mut self, partial: &candle_core::Tensor) -> candle_core::Result<()> {
+        let flat = partial
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?;
+        self.sent.clear();
+        self.sent.extend(flat.iter().flat_map(|x| x.to_le_bytes()));
+        self.like = Some(partial.clone());
+        Ok(())
+    }
+
+    fn arrive(&mut self) -> candle_core::Result<()> {
+        self.parts = self
+            .rv
+            .exchange(&self.sent)
+            .map_err(candle_core::Error::msg)?;
+        Ok(())
+    }
+
+    fn sum(&mut self) -> candle_core::Result<candle_core::Tensor> {
+        let Some(like) = self.like.take() else {
+            candle_core::bail!("all-reduce: sum before deposit");
+        };
+        let mut parts = Vec::with_capacity(self.parts.len());
+        for (r, bytes) in self.parts.iter().enumerate() {
+            if bytes.len() != self.sent.len() {
+                candle_core::bail!(
+                    "all-reduce: rank {r} sent {} bytes, this rank {} (shape {:?}): the ranks run different models or batches",
+                    bytes.len(),
+                    self.sent.len(),
+                    like.dims()
+                );
+            }
+            let values: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            parts.push(
+                candle_core::Tensor::from_vec(values, like.shape(), like.device())?
+                    .to_dtype(like.dtype())?,
+            );
+        }
+        phasetrace_candle::collective::sum_in_order(&parts)
+    }
 }
 
 /// The closing report: the summary table (unless the profiler prints it), steps, tokens,

@@ -18,6 +18,7 @@ mod console_exporters_need_no_infrastructure;
 mod echoed_input_is_escaped_and_secrets_never_print;
 mod exemplars_link_slow_steps_in_prometheus_to_their_traces;
 mod frontier_moe_models_export_expert_load_without_overflow;
+mod hosts;
 mod imported_logs_reach_a_collector_and_backfill_into_prometheus;
 mod imported_series_are_the_series_a_live_run_exports;
 mod per_layer_distributions_reach_prometheus_3_over_otlp_as_native_histograms;
@@ -26,6 +27,8 @@ mod prometheus_3_takes_the_demos_metrics_over_otlp_with_no_collector;
 mod requests_reach_a_collector_and_prometheus_with_the_genai_names;
 #[cfg(feature = "candle")]
 mod the_candle_demo_ends_with_a_checksum_that_telemetry_does_not_change;
+#[cfg(feature = "candle")]
+mod the_candle_engines_ranks_as_processes_generate_what_rank_threads_generate;
 #[cfg(feature = "candle")]
 mod the_candle_engines_straggler_fires_the_straggler_alert_for_its_rank;
 mod the_console_spec_lines_replay_through_the_importer;

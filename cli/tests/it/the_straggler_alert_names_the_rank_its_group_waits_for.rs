@@ -21,10 +21,10 @@
 //! stay small beside a 1.2x straggler's extra time.
 
 use crate::cli::{self, Demo};
+use crate::hosts::{Hosts, is_root};
 use crate::support::Prometheus;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const STRAGGLER: &str = "PhasetraceRankStraggler";
@@ -306,98 +306,6 @@ fn thread_groups_alert_for_their_stragglers_only() {
     for d in &mut demos {
         assert!(d.exited().is_none(), "a demo exited early:\n{}", d.output());
     }
-}
-
-/// Network namespaces (and a bridge) made for one test, removed on drop.
-struct Hosts {
-    namespaces: Vec<String>,
-    bridge: String,
-    subnet: String,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip {}: {e}", args.join(" ")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    /// `n` namespaces on a bridge in 198.18.S.0/24 (RFC 2544's benchmarking range): the bridge
-    /// is .1, namespace r is .(10 + r).
-    fn new(n: usize) -> Result<Hosts, String> {
-        let id = std::process::id() % 10_000;
-        let hosts = Hosts {
-            namespaces: (0..n).map(|r| format!("pt{id}h{r}")).collect(),
-            bridge: format!("ptbr{id}"),
-            subnet: format!("198.18.{}", 1 + id % 250),
-        };
-        hosts.remove();
-        ip(&["link", "add", &hosts.bridge, "type", "bridge"])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}.1/24", hosts.subnet),
-            "dev",
-            &hosts.bridge,
-        ])?;
-        ip(&["link", "set", &hosts.bridge, "up"])?;
-        for (r, ns) in hosts.namespaces.iter().enumerate() {
-            let (outer, inner) = (format!("ptv{id}o{r}"), format!("ptv{id}i{r}"));
-            ip(&["netns", "add", ns])?;
-            ip(&[
-                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
-            ])?;
-            ip(&["link", "set", &inner, "netns", ns])?;
-            ip(&["link", "set", &outer, "master", &hosts.bridge, "up"])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/24", hosts.addr(r)),
-                "dev",
-                &inner,
-            ])?;
-            ip(&["-n", ns, "link", "set", &inner, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(hosts)
-    }
-
-    fn addr(&self, r: usize) -> String {
-        format!("{}.{}", self.subnet, 10 + r)
-    }
-
-    fn remove(&self) {
-        // Deleting a namespace deletes its veth end, and so the pair.
-        for ns in &self.namespaces {
-            let _ = ip(&["netns", "del", ns]);
-        }
-        let _ = ip(&["link", "del", &self.bridge]);
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! ```
 
 use crate::EngineError;
-use crate::collective::Collective;
+use crate::collective::{AllReduce, Collective};
 use crate::config::ModelConfig;
 use crate::instrument::{Ctx, EngineSections, Straggle};
 use crate::model::{KvCache, Model, Shard};
@@ -172,6 +172,70 @@ pub fn checksum(tokens: &[u32]) -> String {
 /// Runs the group: every rank on its own thread with its own recorder of `profiler` (none:
 /// unprofiled). Fails if a rank fails, or if the ranks disagree on the tokens.
 pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOutput, EngineError> {
+    let class = prepare(opts, profiler)?;
+    let group = Collective::new(opts.ranks);
+    let results: Vec<Result<RunOutput, EngineError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..opts.ranks)
+            .map(|rank| {
+                let group = &group;
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let rec = profiler
+                            .map(|p| p.recorder_with(RecorderOptions::new().rank(rank as u32)));
+                        let mut member = group.member(rank);
+                        rank_loop(opts, rank, &mut member, rec.as_ref(), class)
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or(Err(EngineError::RankPanicked(rank))),
+                Err(e) => Err(EngineError::Config(format!("spawning rank {rank}: {e}"))),
+            })
+            .collect()
+    });
+    let mut first: Option<RunOutput> = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        let r = r?;
+        match &first {
+            None => first = Some(r),
+            Some(f) if f.tokens != r.tokens => return Err(EngineError::RanksDisagree(rank)),
+            Some(_) => {}
+        }
+    }
+    first.ok_or_else(|| EngineError::Config("no ranks".into()))
+}
+
+/// Runs rank `rank` of a group of `opts.ranks` whose other ranks run elsewhere (other
+/// processes, other hosts), meeting them through `comm` at every all-reduce and stop
+/// decision; records on a recorder of `profiler` for this rank. Every rank must run the same
+/// `opts` (the same weights, shapes and seeds): each takes its own shard.
+pub fn generate_rank(
+    opts: &RunOptions,
+    rank: usize,
+    comm: &mut dyn AllReduce,
+    profiler: Option<&Profiler>,
+) -> Result<RunOutput, EngineError> {
+    if rank >= opts.ranks || comm.ranks() != opts.ranks {
+        return Err(EngineError::Config(format!(
+            "rank {rank} of a group of {} meeting {}: expected a rank below the group's size, and the same size",
+            opts.ranks,
+            comm.ranks()
+        )));
+    }
+    let class = prepare(opts, profiler)?;
+    let rec = profiler.map(|p| p.recorder_with(RecorderOptions::new().rank(rank as u32)));
+    rank_loop(opts, rank, comm, rec.as_ref(), class)
+}
+
+/// Checks `opts`, registers the engine's sections and the requests' kind.
+fn prepare(
+    opts: &RunOptions,
+    profiler: Option<&Profiler>,
+) -> Result<Option<RequestClass>, EngineError> {
     opts.cfg.validate()?;
     opts.cfg.check_ranks(opts.ranks)?;
     if let Some(w) = &opts.serving {
@@ -225,46 +289,14 @@ pub fn generate(opts: &RunOptions, profiler: Option<&Profiler>) -> Result<RunOut
         ),
         _ => None,
     };
-    let group = Collective::new(opts.ranks);
-    let results: Vec<Result<RunOutput, EngineError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..opts.ranks)
-            .map(|rank| {
-                let group = &group;
-                std::thread::Builder::new()
-                    .name(format!("rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let rec = profiler
-                            .map(|p| p.recorder_with(RecorderOptions::new().rank(rank as u32)));
-                        rank_loop(opts, rank, group, rec.as_ref(), class)
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| match h {
-                Ok(h) => h.join().unwrap_or(Err(EngineError::RankPanicked(rank))),
-                Err(e) => Err(EngineError::Config(format!("spawning rank {rank}: {e}"))),
-            })
-            .collect()
-    });
-    let mut first: Option<RunOutput> = None;
-    for (rank, r) in results.into_iter().enumerate() {
-        let r = r?;
-        match &first {
-            None => first = Some(r),
-            Some(f) if f.tokens != r.tokens => return Err(EngineError::RanksDisagree(rank)),
-            Some(_) => {}
-        }
-    }
-    first.ok_or_else(|| EngineError::Config("no ranks".into()))
+    Ok(class)
 }
 
 /// One rank's decode loop.
 fn rank_loop(
     opts: &RunOptions,
     rank: usize,
-    group: &Collective,
+    comm: &mut dyn AllReduce,
     rec: Option<&Recorder>,
     class: Option<RequestClass>,
 ) -> Result<RunOutput, EngineError> {
@@ -291,11 +323,10 @@ fn rank_loop(
         Some((r, f)) if r == rank => f,
         _ => 1.0,
     };
-    let mut member = group.member(rank);
     let mut ctx = Ctx {
         rec,
         round: None,
-        comm: Some(&mut member),
+        comm: Some(comm),
         sections: EngineSections::get()?,
         straggle: Straggle::new(factor),
     };
@@ -319,7 +350,7 @@ fn rank_loop(
     let mut pending: Option<u32> = None;
     let mut tokens = Vec::with_capacity(k + 1);
     while out.steps < opts.steps {
-        if stop_decided(opts, rank, &ctx) {
+        if stop_decided(opts, &mut ctx)? {
             break;
         }
         let room = context.saturating_sub(cache.len());
@@ -438,21 +469,25 @@ pub(crate) struct Rank<'a, 'c, 'm> {
 }
 
 impl Rank<'_, '_, '_> {
-    /// Whether the run stops here: rank 0's decision, taken by every rank at the same step
+    /// Whether the run stops here: the group's decision, taken by every rank at the same step
     /// boundary.
-    pub(crate) fn stop_decided(&self, opts: &RunOptions) -> bool {
-        stop_decided(opts, self.rank, &self.ctx)
+    pub(crate) fn stop_decided(&mut self, opts: &RunOptions) -> Result<bool, EngineError> {
+        stop_decided(opts, &mut self.ctx)
     }
 }
 
-/// Whether the run stops at this step boundary: rank 0's decision (`opts.stop`), which every
-/// rank takes at the same boundary through the collective.
-fn stop_decided(opts: &RunOptions, rank: usize, ctx: &Ctx<'_, '_>) -> bool {
+/// Whether the run stops at this step boundary: the group's decision over `opts.stop` (rank
+/// 0's for threads; any rank's for processes), which every rank takes at the same boundary
+/// through the collective.
+fn stop_decided(opts: &RunOptions, ctx: &mut Ctx<'_, '_>) -> Result<bool, EngineError> {
     let Some(stop) = &opts.stop else {
-        return false;
+        return Ok(false);
     };
-    let says = rank == 0 && stop.load(Ordering::Relaxed);
-    ctx.comm.as_deref().is_some_and(|c| c.decide(says))
+    let says = stop.load(Ordering::Relaxed);
+    match ctx.comm.as_deref_mut() {
+        Some(c) => Ok(c.decide(says)?),
+        None => Ok(says),
+    }
 }
 
 pub(crate) fn bump(opts: &RunOptions, rank: usize, out: &mut RunOutput) {

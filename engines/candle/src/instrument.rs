@@ -3,7 +3,7 @@
 //! speculative round whose verify parts are being timed, and the straggler's extra compute.
 
 use crate::EngineError;
-use crate::collective::Member;
+use crate::collective::AllReduce;
 use phasetrace::{Layer, PartGuard, Recorder, RoundRef, Section, SectionKind, Site, VerifyPart};
 use std::sync::OnceLock;
 
@@ -81,7 +81,7 @@ impl Straggle {
 pub struct Ctx<'a, 'c> {
     pub(crate) rec: Option<&'a Recorder>,
     pub(crate) round: Option<RoundRef>,
-    pub(crate) comm: Option<&'a mut Member<'c>>,
+    pub(crate) comm: Option<&'a mut (dyn AllReduce + 'c)>,
     pub(crate) sections: &'static EngineSections,
     pub(crate) straggle: Straggle,
 }

@@ -24,8 +24,9 @@ pub mod model;
 pub mod serve;
 pub mod weights;
 
+pub use collective::AllReduce;
 pub use config::{Layout, ModelConfig};
-pub use engine::{Draft, RunOptions, RunOutput, Spec, checksum, generate, prompt};
+pub use engine::{Draft, RunOptions, RunOutput, Spec, checksum, generate, generate_rank, prompt};
 pub use instrument::{Ctx, EngineSections};
 pub use serve::{Served, Workload};
 

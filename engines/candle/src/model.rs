@@ -733,11 +733,11 @@ fn all_reduce(
     };
     {
         let _s = rec.map(|r| r.host_section(enq, layer, site));
-        comm.deposit(partial);
+        comm.deposit(partial)?;
     }
     {
         let _s = rec.map(|r| r.section(bar, layer, site));
-        comm.arrive();
+        comm.arrive()?;
     }
     let _s = rec.map(|r| r.section(red, layer, site));
     comm.sum()? + residual

@@ -332,7 +332,7 @@ pub(crate) fn serve_loop(
     let begins = if c.rank == 0 { c.rec } else { None };
     let started = std::time::Instant::now();
     while out.steps < opts.steps {
-        if c.stop_decided(opts) {
+        if c.stop_decided(opts)? {
             break;
         }
         s.admit(begins, class);
