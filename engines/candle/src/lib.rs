@@ -1,7 +1,8 @@
 //! A decoder written with candle the way an engine team writes one (embedding; per layer
 //! RMSNorm, attention with RoPE, grouped-query heads and a KV cache, a SwiGLU MLP or an MoE
 //! block with a router, top-k routing, routed experts and a shared expert; final norm, LM head,
-//! greedy sampling), tensor-parallel over ranks that are threads, with speculative decoding,
+//! greedy sampling), tensor-parallel over ranks that are threads of one process or processes
+//! meeting through an [`AllReduce`], with speculative decoding,
 //! and instrumented with phasetrace's public API only: the reference integration
 //! (`docs/engine.md`).
 //!
