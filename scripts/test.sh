@@ -11,7 +11,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-section() { printf '\n==== %s ==== (disk: %s free)\n' "$*" "$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')" >&2; }
+START="$(date +%s)"
+section() { printf '\n==== %s ==== (disk: %s free; %s s into scripts/test.sh)\n' "$*" "$(df -h --output=avail . 2>/dev/null | tail -1 | tr -d ' ')" "$(($(date +%s) - START))" >&2; }
 
 section "installing test tools (scripts/install-tools.sh)"
 "$ROOT/scripts/install-tools.sh" >/dev/null
