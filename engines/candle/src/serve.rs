@@ -523,9 +523,11 @@ fn spec_step(
         .zip(&accepted)
     {
         if d.is_empty() {
+            // A request prefilled in this round: its first token may end it already.
             let t = last(v.clone())?;
             l.out.push(t);
             l.pending = Some(t);
+            l.ended = eos.contains(&t);
             continue;
         }
         let from = l.out.len();

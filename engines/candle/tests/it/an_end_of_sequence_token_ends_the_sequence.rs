@@ -70,44 +70,64 @@ fn serving_cuts_each_request_after_its_first_end_of_sequence_token() {
     for (name, spec) in [("plain", None), ("speculative", SHALLOW)] {
         let without = run(&[], spec, true, 80);
         let seqs: Vec<&[u32]> = without.requests.iter().map(|(_, t)| &t[..]).collect();
-        let eos = a_token_inside(&seqs);
-        let with = run(&[eos], spec, true, 80);
-        let reference: std::collections::BTreeMap<_, _> =
-            without.requests.iter().cloned().collect();
-        let (mut compared, mut cut_short) = (0, 0);
-        for (id, tokens) in &with.requests {
-            assert!(
-                !tokens[..tokens.len().saturating_sub(1)].contains(&eos),
-                "{name}: request {id} went on after end-of-sequence {eos}: {tokens:?}"
+        // A token inside many requests, and the first token of a request admitted while
+        // others decode (prefilled inside a speculative round, or a plain step).
+        let inside = a_token_inside(&seqs);
+        let first = without
+            .requests
+            .iter()
+            .filter(|(id, t)| *id >= 3 && t.len() > 1)
+            .map(|(_, t)| t[0])
+            .next()
+            .expect("a later request with tokens");
+        for (which, eos) in [("inside", inside), ("first", first)] {
+            let with = run(&[eos], spec, true, 80);
+            served_cut(
+                &format!("{name}, {which} token {eos}"),
+                &without,
+                &with,
+                eos,
             );
-            let Some(r) = reference.get(id) else { continue };
-            let expected = cut(r, eos);
-            // Either run may have stopped a request early (the run's end cancels it).
-            let n = tokens.len().min(expected.len());
-            assert_eq!(tokens[..n], expected[..n], "{name}: request {id}");
-            if tokens.last() == Some(&eos) {
-                assert_eq!(
-                    &tokens[..],
-                    expected,
-                    "{name}: request {id} ends at its token"
-                );
-                cut_short += usize::from(expected.len() < r.len());
-            }
-            compared += 1;
+            let (a, b) = (
+                without.served.expect("served"),
+                with.served.expect("served"),
+            );
+            assert!(
+                b.finished > a.finished || (which == "first" && b.finished >= a.finished),
+                "{name}, {which}: requests that end earlier make room for more: {a:?} then {b:?}"
+            );
         }
-        assert!(
-            compared >= 5 && cut_short >= 1,
-            "{name}: {compared} compared, {cut_short} cut short by token {eos}"
-        );
-        let (a, b) = (
-            without.served.expect("served"),
-            with.served.expect("served"),
-        );
-        assert!(
-            b.finished > a.finished,
-            "{name}: requests that end earlier make room for more: {a:?} then {b:?}"
-        );
     }
+}
+
+/// Each request of `with` has the tokens it has in `without`, cut after the first `eos`.
+fn served_cut(name: &str, without: &RunOutput, with: &RunOutput, eos: u32) {
+    let reference: std::collections::BTreeMap<_, _> = without.requests.iter().cloned().collect();
+    let (mut compared, mut cut_short) = (0, 0);
+    for (id, tokens) in &with.requests {
+        assert!(
+            !tokens[..tokens.len().saturating_sub(1)].contains(&eos),
+            "{name}: request {id} went on after end-of-sequence {eos}: {tokens:?}"
+        );
+        let Some(r) = reference.get(id) else { continue };
+        let expected = cut(r, eos);
+        // Either run may have stopped a request early (the run's end cancels it).
+        let n = tokens.len().min(expected.len());
+        assert_eq!(tokens[..n], expected[..n], "{name}: request {id}");
+        if tokens.last() == Some(&eos) {
+            assert_eq!(
+                &tokens[..],
+                expected,
+                "{name}: request {id} ends at its token"
+            );
+            cut_short += usize::from(expected.len() < r.len());
+        }
+        compared += 1;
+    }
+    assert!(
+        compared >= 5 && cut_short >= 1,
+        "{name}: {compared} compared, {cut_short} cut short"
+    );
 }
 
 #[test]
