@@ -3,12 +3,20 @@
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// One test's hosts at a time: two tests' namespaces, bridges and scrapes side by side on one
+/// machine were seen to fail (a CI run whose multi-host straggler test, beside the candle
+/// engine's multi-host test, found every target refusing connections), so they take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Network namespaces (and a bridge) made for one test, removed on drop.
 pub(crate) struct Hosts {
     pub(crate) namespaces: Vec<String>,
     bridge: String,
     subnet: String,
+    /// Held until the hosts are removed (dropped after them: fields drop in order).
+    _turn: MutexGuard<'static, ()>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -34,10 +42,12 @@ impl Hosts {
         // Unique per test of this process too: tests run side by side.
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let id = (std::process::id() % 1_000) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10;
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let hosts = Hosts {
             namespaces: (0..n).map(|r| format!("pt{id}h{r}")).collect(),
             bridge: format!("ptbr{id}"),
             subnet: format!("198.18.{}", 1 + id % 250),
+            _turn: turn,
         };
         hosts.remove();
         ip(&["link", "add", &hosts.bridge, "type", "bridge"])?;
