@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real peer processes that phasetrace's integration tests and the bundled stack run:
-#   - Prometheus 3 and promtool, Jaeger v2 and phasetrace's OpenTelemetry Collector
-#     (tools/otelcol), each built from its Go module at the version pinned in tools/versions.env
+#   - Prometheus 3 and promtool, Jaeger v2, phasetrace's OpenTelemetry Collector
+#     (tools/otelcol) and Thanos (tools/thanos), each built from its Go module at the version
+#     pinned in tools/versions.env
 #   - rotel (`rotel-agent`, an OpenTelemetry collector) from PyPI into .tools/venv
 #   - docker-compose from Debian (only used to validate compose files with `config -q`)
 # and writes .tools/env, which exports the absolute paths of those binaries.
@@ -220,16 +221,44 @@ else
     log "otelcol ${OTELCOL_VERSION#v} present: $OTELCOL_DIR"
 fi
 
+# Thanos (scripts/fleet.py's receive hashring, querier and ruler). Its go.mod has `replace`
+# directives, which only a main module's go.mod applies, so it is built from tools/thanos/go.mod
+# (the same replacements), copied into the build folder, where `go get` adds the requirements.
+# Thanos v0.42.5 asks for Go 1.26.10: GOTOOLCHAIN names a newer toolchain, which the go command
+# fetches from the module proxy once (into the module cache). The tags are upstream's
+# (.promu.yml): Thanos needs Prometheus's slice-backed labels (`slicelabels`); without the tag
+# the querier panics decoding a store's label sets.
+THANOS_DIR="$BIN/thanos-$THANOS_VERSION"
+THANOS_MOD_SRC="$ROOT/tools/thanos/go.mod"
+[ -f "$THANOS_MOD_SRC" ] || die "$THANOS_MOD_SRC is missing"
+if ! have_build "$THANOS_DIR"; then
+    log "building Thanos $THANOS_VERSION (github.com/thanos-io/thanos@$THANOS_MODULE_VERSION, toolchain $THANOS_GOTOOLCHAIN)"
+    MOD="$BUILD/thanos-$THANOS_VERSION"
+    rm -rf "$MOD"
+    mkdir -p "$MOD"
+    cp "$THANOS_MOD_SRC" "$MOD/go.mod"
+    (cd "$MOD" && GOTOOLCHAIN="$THANOS_GOTOOLCHAIN" go get \
+        "github.com/thanos-io/thanos/cmd/thanos@$THANOS_MODULE_VERSION") >&2 \
+        || die "go get github.com/thanos-io/thanos/cmd/thanos@$THANOS_MODULE_VERSION failed (toolchain $THANOS_GOTOOLCHAIN)"
+    GOTOOLCHAIN="$THANOS_GOTOOLCHAIN" build_go thanos "$THANOS_DIR" "$MOD" \
+        "-X github.com/prometheus/common/version.Version=$THANOS_VERSION" "netgo,slicelabels" \
+        github.com/thanos-io/thanos/cmd/thanos
+else
+    log "Thanos $THANOS_VERSION present: $THANOS_DIR"
+fi
+THANOS_BIN="$THANOS_DIR/thanos"
+
 # Stable names for a person at a shell (and the harnesses' fallbacks): .tools/bin/NAME.
 ln -sfn "prometheus-$PROMETHEUS_VERSION/prometheus" "$BIN/prometheus"
 ln -sfn "prometheus-$PROMETHEUS_VERSION/promtool" "$BIN/promtool"
 ln -sfn "jaeger-$JAEGER_VERSION/jaeger" "$BIN/jaeger"
 ln -sfn "$(basename "$OTELCOL_DIR")/otelcol" "$BIN/otelcol"
+ln -sfn "thanos-$THANOS_VERSION/thanos" "$BIN/thanos"
 PROMETHEUS_BIN="$PROM_DIR/prometheus"
 PROMTOOL_BIN="$PROM_DIR/promtool"
 JAEGER_BIN="$JAEGER_DIR/jaeger"
 OTELCOL_BIN="$OTELCOL_DIR/otelcol"
-for bin in "$PROMETHEUS_BIN" "$PROMTOOL_BIN" "$JAEGER_BIN" "$OTELCOL_BIN"; do
+for bin in "$PROMETHEUS_BIN" "$PROMTOOL_BIN" "$JAEGER_BIN" "$OTELCOL_BIN" "$THANOS_BIN"; do
     [ -x "$bin" ] || die "$bin is missing after the build"
 done
 
@@ -241,6 +270,7 @@ export PHASETRACE_PROMETHEUS_BIN='$PROMETHEUS_BIN'
 export PHASETRACE_PROMTOOL_BIN='$PROMTOOL_BIN'
 export PHASETRACE_JAEGER_BIN='$JAEGER_BIN'
 export PHASETRACE_OTELCOL_BIN='$OTELCOL_BIN'
+export PHASETRACE_THANOS_BIN='$THANOS_BIN'
 ENV
 mv "$TOOLS/env.tmp" "$TOOLS/env"
 
@@ -249,6 +279,7 @@ log "prometheus:     $PROMETHEUS_BIN ($("$PROMETHEUS_BIN" --version 2>&1 | head 
 log "promtool:       $PROMTOOL_BIN"
 log "jaeger:         $JAEGER_BIN"
 log "otelcol:        $OTELCOL_BIN ($("$OTELCOL_BIN" --version 2>&1 | head -n 1))"
+log "thanos:         $THANOS_BIN ($("$THANOS_BIN" --version 2>&1 | head -n 1))"
 log "docker-compose: $(command -v docker-compose)"
 log "wrote $TOOLS/env"
 printf '%s\n' "$ROTEL_BIN"

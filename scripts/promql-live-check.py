@@ -401,6 +401,8 @@ def check_once(args, items: list[Item]):
             failures.append(f"  {item.name} ({item.source}): query error: {err}\n    {one_line(item.expr)}")
             continue
         problem = None
+        if args.max_series and item.kind == "panel" and len(result) > args.max_series:
+            problem = f"returned {len(result)} series, over --max-series {args.max_series} (a panel must stay readable at fleet scale: top-k or per-group)"
         if not result:
             if item.allow_empty:
                 notes.append(f"empty (allowed: {item.allow_empty}): {item.name}")
@@ -519,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run failing checks until they pass or this time is up (default: 0)")
     parser.add_argument("--retry-interval", type=float, default=10, metavar="SECONDS", help="(default: 10)")
     parser.add_argument("--timeout", type=float, default=10, metavar="SECONDS", help="HTTP timeout (default: 10)")
+    parser.add_argument("--max-series", type=int, default=0, metavar="N",
+                        help="fail a panel query that returns more than N series (0: no bound; scripts/fleet.py "
+                             "passes 100 with one group selected, as the dashboards open)")
     parser.add_argument("--verbose", action="store_true", help="also list passing items")
     parser.add_argument("--list", action="store_true", help="print the extracted expressions and exit (offline)")
     parser.add_argument("--emit-rule-file", metavar="FILE",

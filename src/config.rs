@@ -39,6 +39,6 @@ pub(crate) use resolve::ConfigBuilder;
 use sources::Sources;
 pub use table::Config;
 pub use values::{
-    Compression, Expected, HistogramAggregation, HostSourceChoice, Listen, MetricsExporters,
-    Protocol, SectionLevel, SpecLevel, Timing, TraceSlowerThan, TracesExporter,
+    Compression, Expected, HistogramAggregation, HostSourceChoice, LayerRanks, Listen,
+    MetricsExporters, Protocol, SectionLevel, SpecLevel, Timing, TraceSlowerThan, TracesExporter,
 };

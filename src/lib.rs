@@ -52,8 +52,8 @@ pub mod vocab;
 mod worker;
 
 pub use config::{
-    Config, ConfigError, HostSourceChoice, Origin, Protocol, SectionLevel, SpecLevel, Timing,
-    TraceSlowerThan,
+    Config, ConfigError, HostSourceChoice, LayerRanks, Origin, Protocol, SectionLevel, SpecLevel,
+    Timing, TraceSlowerThan,
 };
 /// The former name of [`SectionLevel`]; it collided with `tracing::Level`.
 #[deprecated(note = "renamed SectionLevel (it collided with tracing::Level)")]

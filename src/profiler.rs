@@ -356,7 +356,7 @@ impl Start {
     fn run(&self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
         let given = &self.given;
         let mut exporters = off_runtime(|| crate::export::build(cfg, given))??;
-        let layers = LayerTotals::new(&cfg.group, cfg.layer_attr);
+        let layers = LayerTotals::new(&cfg.group, cfg.layer_attr, cfg.layer_ranks.clone());
         let open = OpenSteps::new(layers.group().clone());
         let request_gauges = Arc::new(RequestGauges::default());
         // What the engine's provider's views did with the instruments, learnt on it alone

@@ -120,6 +120,10 @@ pub(crate) struct DemoArgs {
     /// How much slower the straggler's compute is.
     #[arg(long, default_value_t = 3.0)]
     straggler_factor: f64,
+    /// --straggler-rank keeps pace for this many seconds from the start, then straggles: the
+    /// start of a straggler that an alert's detection time is measured from (scripts/fleet.py).
+    #[arg(long, default_value_t = 0.0, requires = "straggler_rank")]
+    straggler_after: f64,
     /// A periodic straggler: every this many seconds, one rank (rotating) straggles for a third
     /// of the period.
     #[arg(long)]
@@ -387,7 +391,8 @@ struct Plan {
     top_k: u32,
     max_steps: Option<u64>,
     deadline: Option<Duration>,
-    straggler: Option<(u32, f64)>,
+    /// `--straggler-rank`, `--straggler-factor` and `--straggler-after`.
+    straggler: Option<(u32, f64, Duration)>,
     straggler_period: Option<f64>,
     straggler_factor: f64,
     slow_steps: Option<(u64, f64)>,
@@ -486,8 +491,9 @@ impl Plan {
         if let (true, Some((_, f))) = (self.slow_step(step), self.slow_steps) {
             return f;
         }
-        if let Some((r, f)) = self.straggler
+        if let Some((r, f, after)) = self.straggler
             && r == rank
+            && elapsed >= after
         {
             return f;
         }
@@ -867,7 +873,13 @@ impl Plan {
             } else {
                 a.duration.map(Duration::from_secs_f64)
             },
-            straggler: a.straggler_rank.map(|r| (r, a.straggler_factor)),
+            straggler: a.straggler_rank.map(|r| {
+                (
+                    r,
+                    a.straggler_factor,
+                    Duration::from_secs_f64(a.straggler_after),
+                )
+            }),
             straggler_period: a.straggler_period,
             straggler_factor: a.straggler_factor,
             slow_steps: a.slow_steps.map(|n| (n, a.slow_factor)),

@@ -787,6 +787,8 @@ pub mod env {
         GRAPH_READ_EVERY = "PHASETRACE_GRAPH_READ_EVERY";
         /// `on`/`off`: the `layer` attribute on section metrics.
         LAYER_ATTR = "PHASETRACE_LAYER_ATTR";
+        /// `all`, `none` or a list of ranks: the ranks that export per-layer series.
+        LAYER_RANKS = "PHASETRACE_LAYER_RANKS";
         /// Console summary table every N steps; `0` = off.
         SUMMARY_EVERY = "PHASETRACE_SUMMARY_EVERY";
         /// Console line every N speculative rounds; `0` = off.

@@ -16,8 +16,8 @@
 
 use super::settings::settings;
 use super::{
-    Compression, HistogramAggregation, HostSourceChoice, Listen, MetricsExporters, Origin,
-    OtlpConfig, Protocol, SectionLevel, SignalGiven, SpecLevel, Timing, TraceSlowerThan,
+    Compression, HistogramAggregation, HostSourceChoice, LayerRanks, Listen, MetricsExporters,
+    Origin, OtlpConfig, Protocol, SectionLevel, SignalGiven, SpecLevel, Timing, TraceSlowerThan,
     TracesExporter, parse_endpoint, parse_kv_list,
 };
 use crate::config::settings::AnySetting;
@@ -190,6 +190,23 @@ settings! {
         /// The per-layer section counters (`phasetrace.section.layer.time` and `.calls`, two series
         /// per (bucket, layer)). Env: `PHASETRACE_LAYER_ATTR`; default on.
         setter: fn with_layer_attr(on: bool) => on,
+    },
+    LAYER_RANKS: LayerRanks {
+        var: env::LAYER_RANKS,
+        flag: "layer-ranks",
+        doc: "The ranks that export per-layer series (a fleet: one rank per group)",
+        expected: LayerRanks::EXPECTED,
+        example: "0",
+        default: LayerRanks::All,
+        parse: closed,
+        show: shown,
+        field: layer_ranks,
+        /// The ranks of each group that export the per-layer series (sections and collective
+        /// waits by `layer`, and the per-layer distributions): `all`, `none` or a list such as
+        /// `0`. The other ranks sum their rendezvous waits per site (no `layer` attribute) and
+        /// keep every per-step, per-section and per-site series, which is what the alerts read.
+        /// Env: `PHASETRACE_LAYER_RANKS`; default `all`.
+        setter: fn with_layer_ranks(ranks: LayerRanks) => ranks,
     },
     SUMMARY_EVERY: u64 {
         var: env::SUMMARY_EVERY,

@@ -263,6 +263,77 @@ closed_set!(TracesExporter, "otlp, console or none", {
     None => ["none"],
 });
 
+/// Which ranks export the per-layer series (`PHASETRACE_LAYER_RANKS`): every rank, none, or
+/// the listed ranks of each group. A fleet keeps one rank per group (`0`): the per-layer
+/// series, which are most of a rank's series at 60-96 layers, then cost one rank in eight of a
+/// tensor-parallel group of 8, and every rank keeps the per-step, per-section and per-site
+/// series that the alerts read (docs/operations.md, "A fleet").
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum LayerRanks {
+    /// Every rank (the default).
+    #[default]
+    All,
+    /// No rank: the rendezvous waits are summed per site, sections have no per-layer series.
+    None,
+    /// These ranks (sorted, no duplicates, at least one); the others as with [`LayerRanks::None`].
+    Only(Vec<u32>),
+}
+
+impl LayerRanks {
+    /// What `PHASETRACE_LAYER_RANKS` accepts.
+    pub const EXPECTED: &'static str =
+        "all, none, or a comma-separated list of ranks (0 or 0,8,16) with per-layer series";
+
+    /// Whether `rank` exports per-layer series.
+    pub fn includes(&self, rank: u32) -> bool {
+        match self {
+            LayerRanks::All => true,
+            LayerRanks::None => false,
+            LayerRanks::Only(ranks) => ranks.binary_search(&rank).is_ok(),
+        }
+    }
+}
+
+impl FromStr for LayerRanks {
+    type Err = Expected;
+
+    fn from_str(s: &str) -> Result<LayerRanks, Expected> {
+        let bad = || Expected(LayerRanks::EXPECTED.to_owned());
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("all") {
+            return Ok(LayerRanks::All);
+        }
+        if t.eq_ignore_ascii_case("none") {
+            return Ok(LayerRanks::None);
+        }
+        let mut ranks = t
+            .split(',')
+            .map(|r| r.trim().parse::<u32>().map_err(|_| bad()))
+            .collect::<Result<Vec<u32>, Expected>>()?;
+        ranks.sort_unstable();
+        ranks.dedup();
+        Ok(LayerRanks::Only(ranks))
+    }
+}
+
+impl fmt::Display for LayerRanks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayerRanks::All => f.write_str("all"),
+            LayerRanks::None => f.write_str("none"),
+            LayerRanks::Only(ranks) => {
+                for (i, r) in ranks.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{r}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Which steps and rounds are traced besides one in `PHASETRACE_TRACE_EVERY`
 /// (`PHASETRACE_TRACE_SLOWER_THAN`): decided on the worker once the step has ended.
 #[derive(Clone, Copy, Debug, PartialEq)]

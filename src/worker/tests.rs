@@ -200,7 +200,7 @@ fn pipeline(
     store: Option<Arc<crate::export::ExemplarStore>>,
 ) -> Pipeline {
     let provider = SdkMeterProvider::builder().build();
-    let layers = LayerTotals::new("tp0", layer_attr);
+    let layers = LayerTotals::new("tp0", layer_attr, crate::config::LayerRanks::All);
     let open = OpenSteps::new(layers.group().clone());
     let meter = provider.meter("test");
     let inst = Instruments::new(&meter, &layers, &open, 8, &Default::default())

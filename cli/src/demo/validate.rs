@@ -7,8 +7,9 @@ use super::{DemoArgs, Dist};
 use crate::Failure;
 use std::time::Duration;
 
-/// The longest `--duration`, `--linger`, `--rendezvous-timeout` or `--straggler-period`: ten
-/// years, as `--forever`'s horizon (an `Instant` that far ahead is representable).
+/// The longest `--duration`, `--linger`, `--rendezvous-timeout`, `--straggler-period` or
+/// `--straggler-after`: ten years, as `--forever`'s horizon (an `Instant` that far ahead is
+/// representable).
 pub(super) const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 /// The largest `--time-scale`, `--straggler-factor`, `--slow-factor` and `--route-skew`.
 pub(super) const MAX_FACTOR: f64 = 1e6;
@@ -112,6 +113,14 @@ impl DemoArgs {
         }
         if let Some(p) = self.straggler_period {
             secs("--straggler-period", p)?;
+        }
+        if self.straggler_after != 0.0 {
+            secs("--straggler-after", self.straggler_after).map_err(|_| {
+                Failure::config(format!(
+                    "--straggler-after {}: expected 0 or a positive number of seconds, at most {MAX_SECONDS} (ten years)",
+                    self.straggler_after
+                ))
+            })?;
         }
         if self.linger != 0.0 {
             secs("--linger", self.linger).map_err(|_| {

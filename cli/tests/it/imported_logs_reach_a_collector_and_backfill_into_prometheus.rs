@@ -715,9 +715,14 @@ fn dashboards() -> (Vec<(String, String, String)>, Vec<(String, String, String)>
             ("__range".into(), RANGE.into()),
         ];
         for v in d["templating"]["list"].as_array().into_iter().flatten() {
+            // A query variable with no saved value (the group: Grafana selects its first
+            // value) matches every value here, as its `All` does.
             let value = match v["allValue"].as_str() {
                 Some(all) if v["includeAll"] == true => all,
-                _ => v["current"]["value"].as_str().unwrap_or_default(),
+                _ => match v["current"]["value"].as_str() {
+                    None if v["type"] == "query" => ".*",
+                    saved => saved.unwrap_or_default(),
+                },
             };
             vars.push((v["name"].as_str().unwrap_or_default().into(), value.into()));
             if let Some(q) = v["query"].as_str().filter(|q| q.contains("_layer_")) {

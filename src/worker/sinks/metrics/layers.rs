@@ -13,9 +13,10 @@
 //! [`DENSE_LAYERS`] - 1 have dense cells; higher layer indices (no real model has them) are
 //! summed in a map under a mutex, so nothing is lost.
 
+use crate::config::LayerRanks;
 use crate::names::attr;
 use crate::vocab::{Section, Site};
-use crate::worker::attrs::{section_layer_attrs, wait_layer_attrs};
+use crate::worker::attrs::{section_layer_attrs, wait_attrs, wait_layer_attrs};
 use opentelemetry::KeyValue;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -32,6 +33,9 @@ const CHUNKS: usize = (DENSE_LAYERS / CHUNK) as usize;
 pub(super) enum RowKind {
     Section(Section),
     Wait,
+    /// The waits of a rank outside `PHASETRACE_LAYER_RANKS`: every layer's in one cell (layer
+    /// 0), exported without the `layer` attribute.
+    SiteWait,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,8 +114,12 @@ impl Row {
 pub(crate) struct LayerTotals {
     /// `group` on every series.
     pub(super) group: KeyValue,
-    /// Whether sections are summed per layer (`PHASETRACE_LAYER_ATTR`); waits always are.
+    /// Whether sections are summed per layer (`PHASETRACE_LAYER_ATTR`); waits always are, on
+    /// the ranks of `layer_ranks`.
     pub(super) layer_attr: bool,
+    /// The ranks with per-layer series (`PHASETRACE_LAYER_RANKS`); the others' waits are summed
+    /// per site.
+    layer_ranks: LayerRanks,
     /// Every row, in order of first use; locked when a lane meets a new (section, site) and
     /// at collection.
     rows: Mutex<Vec<Arc<Row>>>,
@@ -120,16 +128,22 @@ pub(crate) struct LayerTotals {
 }
 
 impl LayerTotals {
-    pub(crate) fn new(group: &str, layer_attr: bool) -> Arc<LayerTotals> {
+    pub(crate) fn new(group: &str, layer_attr: bool, layer_ranks: LayerRanks) -> Arc<LayerTotals> {
         Arc::new(LayerTotals {
             group: KeyValue::new(
                 attr::GROUP,
                 opentelemetry::StringValue::from(Arc::<str>::from(group)),
             ),
             layer_attr,
+            layer_ranks,
             rows: Mutex::default(),
             sparse: Mutex::default(),
         })
+    }
+
+    /// Whether `rank` exports per-layer series (`PHASETRACE_LAYER_RANKS`).
+    pub(super) fn per_layer(&self, rank: u32) -> bool {
+        self.layer_ranks.includes(rank)
     }
 
     /// `group` on every series: shared, so that cloning it never allocates.
@@ -183,13 +197,19 @@ impl LayerTotals {
         });
     }
 
-    /// Calls `f(attributes, seconds, calls)` for every per-layer wait total.
+    /// Calls `f(attributes, seconds, calls)` for every per-layer wait total, and for every
+    /// per-site total of the ranks outside `PHASETRACE_LAYER_RANKS` (no `layer` attribute).
     pub(crate) fn each_wait(&self, mut f: impl FnMut(&[KeyValue], f64, u64)) {
-        self.each(|key, layer, ns, calls| {
-            if key.kind == RowKind::Wait {
+        self.each(|key, layer, ns, calls| match key.kind {
+            RowKind::Wait => {
                 let kv = wait_layer_attrs(&self.group, key.site, layer, key.rank);
                 f(&kv, ns as f64 * 1e-9, calls);
             }
+            RowKind::SiteWait => {
+                let (kv, n) = wait_attrs(&self.group, key.site, key.rank);
+                f(&kv[..n], ns as f64 * 1e-9, calls);
+            }
+            RowKind::Section(_) => {}
         });
     }
 }

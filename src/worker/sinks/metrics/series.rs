@@ -41,6 +41,9 @@ struct WaitSeries {
     kv: [KeyValue; 3],
     n: usize,
     row: Arc<Row>,
+    /// Whether the rank exports per-layer series (`PHASETRACE_LAYER_RANKS`); else `row` sums
+    /// every layer's waits in one cell.
+    per_layer: bool,
     handles: Vec<Handles>,
 }
 
@@ -112,9 +115,13 @@ impl LaneSeries {
             i.wait(kv, secs, h);
         }
         if let Some(l) = layer.get() {
-            self.totals.add(&e.row, l, ns);
-            for (i, h) in inst.iter().zip(&mut e.handles) {
-                i.wait_layer(kv, l, secs, h);
+            if e.per_layer {
+                self.totals.add(&e.row, l, ns);
+                for (i, h) in inst.iter().zip(&mut e.handles) {
+                    i.wait_layer(kv, l, secs, h);
+                }
+            } else {
+                self.totals.add(&e.row, 0, ns);
             }
         }
     }
@@ -135,7 +142,7 @@ impl LaneSeries {
             Some(at) => at,
             None => {
                 let (kv, n) = section_attrs(&totals.group, s, site, rank);
-                let row = totals.layer_attr.then(|| {
+                let row = (totals.layer_attr && totals.per_layer(rank)).then(|| {
                     totals.row(RowKey {
                         kind: RowKind::Section(s),
                         site,
@@ -167,8 +174,13 @@ impl LaneSeries {
             Some(at) => at,
             None => {
                 let (kv, n) = wait_attrs(&totals.group, site, rank);
+                let per_layer = totals.per_layer(rank);
                 let row = totals.row(RowKey {
-                    kind: RowKind::Wait,
+                    kind: if per_layer {
+                        RowKind::Wait
+                    } else {
+                        RowKind::SiteWait
+                    },
                     site,
                     rank,
                 });
@@ -178,6 +190,7 @@ impl LaneSeries {
                     kv,
                     n,
                     row,
+                    per_layer,
                     handles,
                 });
                 waits.len() - 1
@@ -190,6 +203,7 @@ impl LaneSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::LayerRanks;
     use crate::names::{attr, metric};
     use crate::worker::sinks::metrics::aggregate::Bind;
     use crate::worker::sinks::metrics::layers::DENSE_LAYERS;
@@ -227,7 +241,7 @@ mod tests {
 
     #[test]
     fn dense_and_sparse_layers_sum_exactly() {
-        let t = LayerTotals::new("g", true);
+        let t = LayerTotals::new("g", true, LayerRanks::All);
         let inst = inst(&t);
         let mut lane = LaneSeries::new(2, t.clone());
         let layers = [
@@ -281,7 +295,7 @@ mod tests {
 
     #[test]
     fn lanes_of_one_rank_share_a_row_and_other_ranks_do_not() {
-        let t = LayerTotals::new("g", true);
+        let t = LayerTotals::new("g", true, LayerRanks::All);
         let inst = inst(&t);
         let (mut a, mut b, mut c) = (
             LaneSeries::new(0, t.clone()),
@@ -306,7 +320,7 @@ mod tests {
 
     #[test]
     fn without_the_layer_attribute_sections_keep_no_per_layer_totals() {
-        let t = LayerTotals::new("g", false);
+        let t = LayerTotals::new("g", false, LayerRanks::All);
         let inst = inst(&t);
         let mut lane = LaneSeries::new(0, t.clone());
         lane.section(&inst, Section::NORM, Site::NONE, Layer(1), 1);
@@ -318,8 +332,52 @@ mod tests {
     }
 
     #[test]
+    fn ranks_outside_the_layer_ranks_sum_their_waits_per_site_and_keep_no_per_layer_sections() {
+        let t = LayerTotals::new("g", true, "0".parse::<LayerRanks>().unwrap());
+        let inst = inst(&t);
+        let (mut detail, mut other) =
+            (LaneSeries::new(0, t.clone()), LaneSeries::new(1, t.clone()));
+        for layer in 0..3 {
+            detail.section(&inst, Section::NORM, Site::NONE, Layer(layer), 10);
+            other.section(&inst, Section::NORM, Site::NONE, Layer(layer), 10);
+            detail.wait(&inst, Site::ATTN, Layer(layer), 5);
+            other.wait(&inst, Site::ATTN, Layer(layer), 7);
+        }
+        let got = sections(&t);
+        assert_eq!(got.len(), 3, "rank 0's three layers only: {got:?}");
+        assert!(
+            got.iter()
+                .all(|(a, _)| a.contains(&("rank".into(), "0".into())))
+        );
+        let mut waits: Vec<(String, Option<String>, u64, u64)> = Vec::new();
+        t.each_wait(|kv, secs, calls| {
+            let get = |k: &str| {
+                kv.iter()
+                    .find(|x| x.key.as_str() == k)
+                    .map(|x| x.value.to_string())
+            };
+            waits.push((
+                get(attr::RANK).unwrap(),
+                get(attr::LAYER),
+                (secs * 1e9).round() as u64,
+                calls,
+            ));
+        });
+        waits.sort();
+        assert_eq!(
+            waits,
+            vec![
+                ("0".into(), Some("0".into()), 5, 1),
+                ("0".into(), Some("1".into()), 5, 1),
+                ("0".into(), Some("2".into()), 5, 1),
+                ("1".into(), None, 21, 3),
+            ]
+        );
+    }
+
+    #[test]
     fn without_a_meter_provider_nothing_is_summed() {
-        let t = LayerTotals::new("g", true);
+        let t = LayerTotals::new("g", true, LayerRanks::All);
         let mut lane = LaneSeries::new(0, t.clone());
         lane.section(&[], Section::NORM, Site::NONE, Layer(1), 1);
         assert!(sections(&t).is_empty());
@@ -383,7 +441,7 @@ mod tests {
                 })
             })
             .build();
-        let t = LayerTotals::new("g", true);
+        let t = LayerTotals::new("g", true, LayerRanks::All);
         let open = crate::worker::open::OpenSteps::new(t.group().clone());
         let m = p.meter("test");
         let inst = vec![
@@ -460,7 +518,7 @@ mod tests {
 
     #[test]
     fn a_concurrent_reader_sees_every_counter_only_grow() {
-        let t = LayerTotals::new("g", true);
+        let t = LayerTotals::new("g", true, LayerRanks::All);
         let inst = inst(&t);
         let reader = {
             let t = t.clone();
