@@ -106,10 +106,16 @@ class Item:
     kind: str  # panel | variable | record | record-series | alert
     source: str
     allow_empty: str | None = None  # reason, when empty is acceptable
+    panel_type: str = ""  # a panel's Grafana type (timeseries, stat, table, heatmap, ...)
     needs_metrics: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- extraction
+
+
+# The panels that draw a line, a bar or a value per series (--max-series bounds them); tables
+# and heatmaps draw rows and cells (a group's layers x buckets), not lines.
+LINE_PANELS = ("timeseries", "stat", "bargauge", "gauge", "barchart")
 
 
 def substitute(expr: str, values: dict[str, str]) -> str:
@@ -201,7 +207,7 @@ def dashboard_items(path: str, base_values: dict[str, str], overrides: dict[str,
             if not expr or target.get("hide"):
                 continue
             name = f"{base}/{panel.get('title', panel.get('id'))}/{target.get('refId', '?')}"
-            items.append(Item(name, substitute(expr, values), "panel", path))
+            items.append(Item(name, substitute(expr, values), "panel", path, panel_type=panel.get("type", "")))
     return items
 
 
@@ -401,8 +407,10 @@ def check_once(args, items: list[Item]):
             failures.append(f"  {item.name} ({item.source}): query error: {err}\n    {one_line(item.expr)}")
             continue
         problem = None
-        if args.max_series and item.kind == "panel" and len(result) > args.max_series:
-            problem = f"returned {len(result)} series, over --max-series {args.max_series} (a panel must stay readable at fleet scale: top-k or per-group)"
+        if (args.max_series and item.kind == "panel" and item.panel_type in LINE_PANELS
+                and len(result) > args.max_series):
+            problem = (f"returned {len(result)} series, over --max-series {args.max_series}: a {item.panel_type} "
+                       "panel must stay readable at fleet scale (top-k or per-group)")
         if not result:
             if item.allow_empty:
                 notes.append(f"empty (allowed: {item.allow_empty}): {item.name}")
@@ -522,8 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retry-interval", type=float, default=10, metavar="SECONDS", help="(default: 10)")
     parser.add_argument("--timeout", type=float, default=10, metavar="SECONDS", help="HTTP timeout (default: 10)")
     parser.add_argument("--max-series", type=int, default=0, metavar="N",
-                        help="fail a panel query that returns more than N series (0: no bound; scripts/fleet.py "
-                             "passes 100 with one group selected, as the dashboards open)")
+                        help="fail a line, stat or bar panel query that returns more than N series (0: no bound; "
+                             "scripts/fleet.py passes 100 with one group selected, as the dashboards open)")
     parser.add_argument("--verbose", action="store_true", help="also list passing items")
     parser.add_argument("--list", action="store_true", help="print the extracted expressions and exit (offline)")
     parser.add_argument("--emit-rule-file", metavar="FILE",

@@ -4,7 +4,8 @@
 #      collector, built from their Go modules at the tools/versions.env pins; docker-compose),
 #   2. runs every Rust test with all features against them,
 #   3. validates the deployable stack (scripts/validate-stack.sh), when present,
-#   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh).
+#   4. runs every dashboard and alert expression against live demo runs (scripts/live-stack-check.sh),
+#   5. runs a 128-rank fleet through Thanos receive, query and rule (scripts/fleet.py).
 # Extra arguments are passed to `cargo test`, e.g. `scripts/test.sh -p phasetrace-testkit --test it rotel_harness`.
 set -euo pipefail
 
@@ -19,9 +20,9 @@ section "installing test tools (scripts/install-tools.sh)"
 
 # shellcheck source=/dev/null
 source "$ROOT/.tools/env"
-printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\nPHASETRACE_JAEGER_BIN=%s\nPHASETRACE_OTELCOL_BIN=%s\n' \
+printf 'PHASETRACE_ROTEL_BIN=%s\nPHASETRACE_PROMETHEUS_BIN=%s\nPHASETRACE_PROMTOOL_BIN=%s\nPHASETRACE_JAEGER_BIN=%s\nPHASETRACE_OTELCOL_BIN=%s\nPHASETRACE_THANOS_BIN=%s\n' \
     "$PHASETRACE_ROTEL_BIN" "$PHASETRACE_PROMETHEUS_BIN" "$PHASETRACE_PROMTOOL_BIN" \
-    "$PHASETRACE_JAEGER_BIN" "$PHASETRACE_OTELCOL_BIN" >&2
+    "$PHASETRACE_JAEGER_BIN" "$PHASETRACE_OTELCOL_BIN" "$PHASETRACE_THANOS_BIN" >&2
 
 # Every feature but `record-off`, which compiles recording out (checked on its own below).
 FEATURES="phasetrace/cuda,phasetrace-cli/cuda,phasetrace-cli/candle"
@@ -44,5 +45,12 @@ fi
 
 section "live check: every dashboard and rule expression against demo runs (scripts/live-stack-check.sh)"
 "$ROOT/scripts/live-stack-check.sh"
+
+# The distributed tier: 128 ranks (16 groups of 8) into Thanos receive (a hashring of 2), the
+# bundled rules on thanos rule, the dashboards against thanos query; a 1.2x straggler and a
+# killed rank must be named, nothing else (about 9 minutes; the 1,024-rank run is the same
+# script by hand: docs/operations.md, "A fleet").
+section "fleet: 128 ranks through Thanos (scripts/fleet.py --ranks 128 --check)"
+python3 "$ROOT/scripts/fleet.py" --ranks 128 --check --phasetrace "$ROOT/target/debug/phasetrace"
 
 section "all tests passed"
