@@ -258,7 +258,8 @@ pub(crate) mod default {
     /// Credentials remembered as verified (checked without bcrypt), at most.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_CACHE: usize = 64;
-    /// How long verified credentials are remembered.
+    /// How long verified credentials are remembered after their last use (while their user
+    /// keeps the bcrypt hash they verified against).
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_CACHE_TTL_SECS: u64 = 900;
     /// Series each per-layer instrument may hold before new attribute sets fold into the SDK's

@@ -3,8 +3,9 @@
 //! ```text
 //! Authorization: Basic ... ─► (user, password)      none or malformed ─► 401
 //!   ─► verified before? (the endpoint's cache: an HMAC of user, the user's bcrypt hash and the
-//!      password, compared in constant time, at most PROMETHEUS_AUTH_CACHE entries for
-//!      PROMETHEUS_AUTH_CACHE_TTL_SECS; a reload keeps the entries of users whose hash it kept)
+//!      password, compared in constant time, at most PROMETHEUS_AUTH_CACHE entries, each for
+//!      PROMETHEUS_AUTH_CACHE_TTL_SECS after its last use; a reload keeps the entries of users
+//!      whose hash it kept)
 //!        yes ─► allowed, inline: no queue, no thread
 //!        no  ─► a bcrypt check on the auth pool (PROMETHEUS_AUTH_THREADS threads of its own),
 //!               queued fairly between client addresses (fair.rs)
@@ -153,7 +154,8 @@ impl AuthPool {
     }
 }
 
-/// The credentials that verified, for [`default::PROMETHEUS_AUTH_CACHE_TTL_SECS`]: a bcrypt
+/// The credentials that verified, each for [`default::PROMETHEUS_AUTH_CACHE_TTL_SECS`] after
+/// its last use: a bcrypt
 /// check costs tens of milliseconds, and a scraper sends the same credentials every scrape (the
 /// exporter-toolkit caches them too). Each entry is an HMAC-SHA256, under a key made when the
 /// endpoint starts, of the user, the user's bcrypt hash and the password: never the password.
@@ -206,17 +208,24 @@ impl Verified {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether `tag` verified within the TTL: a constant-time comparison with each entry (a
-    /// few microseconds: fine on the endpoint's thread).
+    /// Whether `tag` verified, or was last found here, within the TTL (found, it is renewed:
+    /// a scraper stays verified while it scrapes): a constant-time comparison with each entry
+    /// (a few microseconds: fine on the endpoint's thread).
     pub(crate) fn holds(&self, tag: &[u8; 32]) -> bool {
         use subtle::ConstantTimeEq;
         let mut entries = self.lock();
         let ttl = self.ttl;
         entries.retain(|(_, at)| at.elapsed() < ttl);
         // Every entry compared, whatever matched: the time says nothing about which.
-        let hit = entries
-            .iter()
-            .fold(subtle::Choice::from(0), |hit, (t, _)| hit | t.ct_eq(tag));
+        let now = Instant::now();
+        let mut hit = subtle::Choice::from(0);
+        for (t, at) in entries.iter_mut() {
+            let found = t.ct_eq(tag);
+            hit |= found;
+            if bool::from(found) {
+                *at = now;
+            }
+        }
         bool::from(hit)
     }
 
@@ -461,8 +470,8 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_expires_and_holds_at_most_its_capacity() {
-        let v = Verified::with(2, Duration::from_millis(200));
+    fn the_cache_expires_unless_used_and_holds_at_most_its_capacity() {
+        let v = Verified::with(2, Duration::from_secs(3));
         let tags: Vec<_> = (0..3)
             .map(|i| v.tag("u", "h", format!("p{i}").as_bytes()).unwrap())
             .collect();
@@ -475,10 +484,15 @@ mod tests {
         for t in &tags {
             v.insert(*t);
         }
-        assert_eq!(v.len(), 2);
+        v.insert(tags[2]);
+        assert_eq!(v.len(), 2, "the oldest gone, one renewed not doubled");
         assert!(!v.holds(&tags[0]) && v.holds(&tags[1]) && v.holds(&tags[2]));
-        std::thread::sleep(Duration::from_millis(300));
+        // Used after 2 s, tags[1] is renewed; unused, tags[2] expires at 3 s.
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(v.holds(&tags[1]));
+        std::thread::sleep(Duration::from_secs(2));
         assert!(!v.holds(&tags[2]));
-        assert_eq!(v.len(), 0);
+        assert!(v.holds(&tags[1]));
+        assert_eq!(v.len(), 1);
     }
 }
