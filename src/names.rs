@@ -158,8 +158,9 @@ impl ConnectionClose {
 pub enum AuthRefusal {
     /// 401: no credentials, malformed ones, an unknown user or a wrong password.
     Unauthorized,
-    /// 429: credentials not verified before, and every password-check thread and queue slot
-    /// taken.
+    /// 429: credentials not verified before, and no room for their check: the client's
+    /// address had its share of checks waiting, or every slot was taken by addresses that asked
+    /// for fewer checks, or a quieter address's check displaced it.
     Busy,
 }
 
@@ -238,13 +239,27 @@ pub(crate) mod default {
     /// 10 on Linux) than the engine's threads.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_THREADS: usize = 1;
-    /// Password checks waiting for those threads; more are answered 429 at once.
+    /// Password checks waiting for those threads from one client address (an IPv6 /64); more
+    /// are answered 429 at once, without touching other addresses' checks.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_QUEUE: usize = 4;
+    /// Password checks waiting in all; at this bound a check from an address that asked for
+    /// fewer displaces the newest check of the address that asked for the most (429).
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_QUEUE_TOTAL: usize = 32;
+    /// Client addresses whose demand for password checks is remembered (the quietest idle one
+    /// is forgotten first).
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_SOURCES: usize = 1_024;
+    /// How long an address's demand for password checks (the checks it asked for) takes to
+    /// halve: the pool's thread takes the waiting check of the address with the lowest demand.
+    #[cfg(feature = "prometheus")]
+    pub(crate) const PROMETHEUS_AUTH_DEMAND_HALF_LIFE_SECS: u64 = 10;
     /// Credentials remembered as verified (checked without bcrypt), at most.
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_CACHE: usize = 64;
-    /// How long verified credentials are remembered.
+    /// How long verified credentials are remembered after their last use (while their user
+    /// keeps the bcrypt hash they verified against).
     #[cfg(feature = "prometheus")]
     pub(crate) const PROMETHEUS_AUTH_CACHE_TTL_SECS: u64 = 900;
     /// Series each per-layer instrument may hold before new attribute sets fold into the SDK's

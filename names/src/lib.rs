@@ -951,8 +951,9 @@ pub mod auth_refusal {
     names! {
         /// 401: no credentials, malformed ones, an unknown user or a wrong password.
         UNAUTHORIZED = "unauthorized";
-        /// 429: credentials not verified before, and every password-check thread and queue
-        /// slot taken.
+        /// 429: credentials not verified before, and no room for their check: the client's
+        /// address had its share of checks waiting, or its check gave way to one from an
+        /// address that asked for fewer.
         BUSY = "busy";
     }
 }

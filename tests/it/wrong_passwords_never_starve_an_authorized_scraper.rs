@@ -1,8 +1,8 @@
 //! 200 clients sending wrong passwords as fast as they are answered never starve a scraper whose
 //! credentials verified before: its scrapes are answered within 1 s (plus what this machine's
-//! load makes the same scrape take without the flood), the flooders get 401 (after
-//! a bcrypt check on the endpoint's password pool) or 429 (the pool full) quickly, and both are
-//! counted in `phasetrace_prometheus_auth_refused_total{reason}`.
+//! load makes the same scrape take without the flood), the flooders get 401 (after a bcrypt
+//! check on the endpoint's password pool) or 429 (their address's share of the queue full)
+//! quickly, and both are counted in `phasetrace_prometheus_auth_refused_total{reason}`.
 
 use crate::idle_connections_never_lock_a_scraper_out::{ONE_FLOOD, as_an_outsider};
 use crate::prometheus_scrapes_over_tls_with_basic_auth::base64;
@@ -213,7 +213,8 @@ fn two_hundred_wrong_password_clients_leave_an_authorized_scrape_under_a_second(
         count(401),
         count(429)
     );
-    // Quickly: 429 at once; a 401 waits for at most the pool's queue (4 checks) and its own.
+    // Quickly: 429 at once; a 401 waits for at most its address's share of the queue (4
+    // checks) and its own.
     assert!(
         p50 < Duration::from_secs(1) + lag50,
         "a flooder's median answer took {p50:?} (its thread late by {lag50:?})"

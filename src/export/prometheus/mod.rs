@@ -8,7 +8,8 @@
 //!      PROMETHEUS_HEAD_TIMEOUT_MS of accept; kept alive at most PROMETHEUS_IDLE_TIMEOUT_MS idle
 //!   ─► hyper HTTP/1.1 (head at most PROMETHEUS_MAX_HEADER_BYTES)
 //!   ─► basic auth (web config, re-read if changed; verified credentials checked inline, bcrypt
-//!      on a bounded pool of its own, 429 when full: auth.rs)
+//!      on a pool of its own behind a queue fair between client addresses, 429 when the
+//!      client's address has no room in it: auth.rs, fair.rs)
 //!   ─► route
 //!   ─► scrape on a blocking thread: ManualReader::collect ─► encode (classic | OpenMetrics |
 //!      delimited protobuf with native histograms)
@@ -21,8 +22,9 @@
 //! with their numbers, are in `docs/security.md`. Scraping runs off the
 //! engine's threads and off the worker: it collects what the SDK aggregated.
 
-mod auth;
+pub(crate) mod auth;
 pub(crate) mod encode;
+mod fair;
 pub(crate) mod negotiate;
 mod proto;
 pub(crate) mod reload;
@@ -52,7 +54,7 @@ pub(crate) use slots::ConnCounts;
 use slots::{Conn, Slots};
 use std::convert::Infallible;
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -441,7 +443,7 @@ async fn accept_loop(
         tokio::select! {
             _ = &mut stop => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => {
+                Ok((tcp, peer)) => {
                     // At the bound, the oldest idle connection makes room; only when every one
                     // is being answered is the new one closed (counted either way).
                     let Some(conn) = slots.admit() else {
@@ -450,7 +452,7 @@ async fn accept_loop(
                     };
                     let _ = tcp.set_nodelay(true);
                     let ep = endpoint.clone();
-                    tokio::spawn(conn.clone().run(ep.connection(tcp, conn)));
+                    tokio::spawn(conn.clone().run(ep.connection(tcp, conn, peer.ip())));
                     // Its task reads what the client sent before the next accept: a burst of
                     // connections beyond the bound cannot evict it before it had the chance
                     // to send its head.
@@ -471,27 +473,28 @@ async fn accept_loop(
 impl Endpoint {
     /// Serves one connection (its deadlines are [`Conn::run`]'s: the TLS handshake and the
     /// first head are within the head time of accept).
-    async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream, conn: Conn) {
+    async fn connection(self: Arc<Self>, tcp: tokio::net::TcpStream, conn: Conn, peer: IpAddr) {
         // Each handshake with the certificates of now: a `stat` per file when none changed.
         let web = self.web.as_ref().map(LiveWebConfig::get);
         match web.as_ref().and_then(|w| w.tls.as_ref()) {
             Some(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
                 if let Ok(stream) = acceptor.accept(tcp).await {
-                    self.http(stream, conn).await;
+                    self.http(stream, conn, peer).await;
                 }
             }
-            None => self.http(tcp, conn).await,
+            None => self.http(tcp, conn, peer).await,
         }
     }
 
-    async fn http<I>(self: Arc<Self>, io: I, conn: Conn)
+    async fn http<I>(self: Arc<Self>, io: I, conn: Conn, peer: IpAddr)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let ep = self.clone();
         let c = conn.clone();
-        let service = hyper::service::service_fn(move |req| ep.clone().handle(req, c.clone()));
+        let service =
+            hyper::service::service_fn(move |req| ep.clone().handle(req, c.clone(), peer));
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             // The connection's own deadlines bound the head, and tell it from an idle
@@ -506,9 +509,10 @@ impl Endpoint {
         self: Arc<Self>,
         req: Request<Incoming>,
         conn: Conn,
+        peer: IpAddr,
     ) -> Result<Response<Full<Bytes>>, Infallible> {
         conn.busy();
-        let answer = tokio::time::timeout(TIMEOUT, self.answer(req)).await;
+        let answer = tokio::time::timeout(TIMEOUT, self.answer(req, peer)).await;
         conn.answered();
         Ok(answer.unwrap_or_else(|_| {
             text(
@@ -518,7 +522,11 @@ impl Endpoint {
         }))
     }
 
-    async fn answer(self: Arc<Self>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn answer(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: IpAddr,
+    ) -> Response<Full<Bytes>> {
         // Each request with the users of now: a kept-alive scraper's too.
         if let Some(users) = self.web.as_ref().and_then(|w| w.get().users.clone()) {
             let given = req
@@ -526,7 +534,7 @@ impl Endpoint {
                 .get(header::AUTHORIZATION)
                 .map(HeaderValue::as_bytes);
             let verdict = match &self.auth {
-                Some(pool) => pool.check(users, given).await,
+                Some(pool) => pool.check(users, given, peer).await,
                 None => Verdict::Refused(AuthRefusal::Busy),
             };
             match verdict {

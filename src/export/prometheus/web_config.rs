@@ -23,12 +23,11 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 use thiserror::Error;
 
 use super::watched::Files;
-use crate::names::{default, env};
+use crate::names::env;
 
 /// A web configuration file that cannot be used.
 #[derive(Debug, Error)]
@@ -623,23 +622,15 @@ impl ClientCertVerifier for AnyClientCert {
     }
 }
 
-/// The users of `basic_auth_users`, with a cache of the credentials that verified: a bcrypt
-/// check costs tens of milliseconds, and a scraper sends the same credentials every scrape (the
-/// exporter-toolkit caches them too). The cache holds an HMAC-SHA256 of user and password under
-/// a key made for this configuration, never the password; it is dropped with the
-/// configuration (a reload starts a new one).
+/// The users of `basic_auth_users`: names and bcrypt hashes. The endpoint's cache of the
+/// credentials that verified is the auth pool's (`auth.rs`): it outlives a reload, and an
+/// entry holds only while the user keeps the hash it verified against.
 pub(crate) struct Users {
     hashes: Vec<(String, String)>,
-    /// `None` when the system gave no randomness for the key: every request is checked.
-    key: Option<ring::hmac::Key>,
-    verified: Mutex<Vec<([u8; 32], Instant)>>,
     /// A hash at the first user's cost, checked for unknown users so that their answer takes as
     /// long as a known user's (made on first use).
     dummy: std::sync::OnceLock<String>,
 }
-
-/// How long verified credentials are remembered.
-const CACHE_TTL: Duration = Duration::from_secs(default::PROMETHEUS_AUTH_CACHE_TTL_SECS);
 
 fn users(
     v: serde_yaml_ng::Value,
@@ -681,19 +672,14 @@ fn users(
 
 impl Users {
     fn new(hashes: Vec<(String, String)>) -> Users {
-        let key =
-            ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
-                .ok();
         Users {
             hashes,
-            key,
-            verified: Mutex::new(Vec::new()),
             dummy: std::sync::OnceLock::new(),
         }
     }
 
     /// Users from `(name, bcrypt hash)` pairs, unchecked.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn for_test(users: &[(&str, &str)]) -> Users {
         Users::new(
             users
@@ -707,40 +693,21 @@ impl Users {
         self.hashes.len()
     }
 
-    /// The cache's tag of `user:password`.
-    fn tag(&self, user: &str, password: &[u8]) -> Option<[u8; 32]> {
-        let key = self.key.as_ref()?;
-        let mut ctx = ring::hmac::Context::with_key(key);
-        // Length-prefixed: no two (user, password) pairs give the same message.
-        ctx.update(&(user.len() as u64).to_le_bytes());
-        ctx.update(user.as_bytes());
-        ctx.update(password);
-        ctx.sign().as_ref().try_into().ok()
-    }
-
-    /// Whether `user:password` verified within the last
-    /// [`default::PROMETHEUS_AUTH_CACHE_TTL_SECS`]: an HMAC and a constant-time comparison
-    /// with each cached tag, no bcrypt (a few microseconds: fine on the endpoint's thread).
-    pub(crate) fn cached(&self, user: &str, password: &[u8]) -> bool {
-        use subtle::ConstantTimeEq;
-        let Some(tag) = self.tag(user, password) else {
-            return false;
-        };
-        let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-        cache.retain(|(_, at)| at.elapsed() < CACHE_TTL);
-        // Every entry compared, whatever matched: the time says nothing about which.
-        let hit = cache
+    /// The bcrypt hash of `user`, when the configuration has that user.
+    pub(crate) fn hash_of(&self, user: &str) -> Option<&str> {
+        self.hashes
             .iter()
-            .fold(subtle::Choice::from(0), |hit, (t, _)| hit | t.ct_eq(&tag));
-        bool::from(hit)
+            .find(|(u, _)| u == user)
+            .map(|(_, h)| h.as_str())
     }
 
     /// Whether `user:password` may scrape, by bcrypt (blocking: tens of milliseconds at the
-    /// usual costs); remembered when it may.
+    /// usual costs). An unknown user is checked against a dummy hash at the first user's cost,
+    /// so that the answer takes as long.
     pub(crate) fn verify(&self, user: &str, password: &[u8]) -> bool {
-        let hash = self.hashes.iter().find(|(u, _)| u == user).map(|(_, h)| h);
+        let hash = self.hash_of(user);
         let checked = match hash {
-            Some(h) => h.as_str(),
+            Some(h) => h,
             None => self.dummy.get_or_init(|| {
                 let cost = self
                     .hashes
@@ -752,21 +719,13 @@ impl Users {
                     .unwrap_or_default()
             }),
         };
-        let ok = bcrypt::verify(password, checked).unwrap_or(false) && hash.is_some();
-        if let (true, Some(tag)) = (ok, self.tag(user, password)) {
-            let mut cache = self.verified.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.len() >= default::PROMETHEUS_AUTH_CACHE {
-                cache.remove(0);
-            }
-            cache.push((tag, Instant::now()));
-        }
-        ok
+        bcrypt::verify(password, checked).unwrap_or(false) && hash.is_some()
     }
 
-    /// [`Users::cached`], else [`Users::verify`] (blocking).
+    /// [`Users::verify`] (blocking).
     #[cfg(test)]
     pub(crate) fn allows(&self, user: &str, password: &[u8]) -> bool {
-        self.cached(user, password) || self.verify(user, password)
+        self.verify(user, password)
     }
 }
 
@@ -881,8 +840,8 @@ mod tests {
         let c = load(&f).unwrap();
         let u = c.users.as_ref().unwrap();
         assert!(u.allows("alice", b"pw"));
-        assert!(u.cached("alice", b"pw"), "cached");
-        assert!(!u.cached("alice", b"pw2") && !u.cached("alicepw", b""));
+        assert_eq!(u.hash_of("alice"), Some(hash.as_str()));
+        assert_eq!(u.hash_of("bob"), None);
         assert!(!u.allows("alice", b"wrong"));
         assert!(!u.allows("bob", b"pw"));
         assert!(!format!("{c:?}").contains(&hash));
