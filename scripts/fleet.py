@@ -474,6 +474,14 @@ def main() -> int:
     if not binary:
         p.error("no phasetrace binary: cargo build --release -p phasetrace-cli (or pass --phasetrace)")
     t = tools()
+    if not t.get("PHASETRACE_THANOS_BIN"):
+        p.error("no thanos binary: run scripts/install-tools.sh (it writes .tools/env), or set PHASETRACE_THANOS_BIN")
+    # The bundled rules as Thanos reads them (its own parser and checks), before anything runs.
+    check = subprocess.run([t["PHASETRACE_THANOS_BIN"], "tools", "rules-check",
+                            *[f"--rules={ROOT / 'otel-config' / 'rules' / f}" for f in RULE_FILES]],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        raise SystemExit(f"thanos tools rules-check refused the bundled rules:\n{check.stdout}{check.stderr}")
     work = Path(tempfile.mkdtemp(prefix="phasetrace-fleet-"))
     log(f"{a.ranks} ranks in {groups} groups of {GROUP_SIZE}, {a.layers} layers, PHASETRACE_LAYER_RANKS={a.layer_ranks}, "
         f"time scale {a.time_scale}; straggler {a.straggler_group} rank {a.straggler_rank} x{a.straggler_factor} "
