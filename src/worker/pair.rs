@@ -208,14 +208,7 @@ impl Pairing {
         }
         self.finalize_ended(out);
         self.ended_prev = std::mem::take(&mut self.ended_now);
-        // Rounds still to be finalized hold phase shares of the requests they served.
-        let settled = self
-            .lanes
-            .iter()
-            .map(LaneState::complete_before)
-            .chain(self.ended_prev.iter().map(|r| r.round.start))
-            .min()
-            .unwrap_or(u64::MAX);
+        let settled = self.settled();
         self.requests.pass_done(settled, out);
         if self.parts.len() > PARTS_MAX {
             let n = self.parts.len() as u64;
@@ -235,9 +228,37 @@ impl Pairing {
         }
     }
 
-    /// Delivers every ended request now (at flush).
-    pub(crate) fn finalize_requests<S: Sink>(&mut self, out: &mut S) {
-        self.requests.flush(out);
+    /// The time before which every lane has delivered what it will: a request that ended
+    /// earlier has all its steps. Rounds still to be finalized hold phase shares of the
+    /// requests they served.
+    fn settled(&self) -> u64 {
+        self.lanes
+            .iter()
+            .map(LaneState::complete_before)
+            .chain(self.ended_prev.iter().map(|r| r.round.start))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Delivers the ended requests whose steps are all in (at flush): one that ended inside a
+    /// step still open waits for it. `closing` (shutdown): every ended request, and the steps,
+    /// rounds and requests still open counted under `reason="open_at_shutdown"`.
+    pub(crate) fn finalize_requests<S: Sink>(&mut self, closing: bool, out: &mut S) {
+        if closing {
+            let open: u64 = self
+                .lanes
+                .iter_mut()
+                .map(|l| u64::from(l.step.take().is_some()) + u64::from(l.round.take().is_some()))
+                .sum();
+            if open > 0 {
+                out.on(&Event::Dropped {
+                    reason: DropReason::OpenAtShutdown,
+                    n: open,
+                });
+            }
+        }
+        let settled = self.settled();
+        self.requests.flush(settled, closing, out);
     }
 
     /// A round joined with its verify parts, delivered as [`Event::Round`].

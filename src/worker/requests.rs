@@ -477,17 +477,8 @@ impl Requests {
     /// that served them are in) or [`SETTLE_MAX`] ago; those served without a begin since the
     /// previous pass are given up (counted).
     pub(crate) fn pass_done<S: Sink>(&mut self, settled: u64, out: &mut S) {
-        let now = crate::timing::now_ns();
-        let max = self.settle_max_ns;
-        let (ready, wait): (Vec<u64>, Vec<u64>) = std::mem::take(&mut self.ended_prev)
-            .into_iter()
-            .partition(|id| match self.open.get(id) {
-                Some(r) => match r.ended {
-                    Some((end, _)) => end < settled || now.saturating_sub(r.ended_seen) >= max,
-                    None => true,
-                },
-                None => true,
-            });
+        let prev = std::mem::take(&mut self.ended_prev);
+        let (ready, wait) = self.settled(prev, settled);
         self.finalize(ready, out);
         self.ended_prev = wait;
         self.ended_prev.append(&mut self.ended_now);
@@ -516,11 +507,46 @@ impl Requests {
         self.pass += 1;
     }
 
-    /// Delivers every ended request now (flush, shutdown).
-    pub(crate) fn flush<S: Sink>(&mut self, out: &mut S) {
+    /// Splits `ids` (ended requests) into those settled (ended before `settled`, or ended
+    /// [`SETTLE_MAX`] ago, or gone) and those still waiting for a step that served them.
+    fn settled(&self, ids: Vec<u64>, settled: u64) -> (Vec<u64>, Vec<u64>) {
+        let now = crate::timing::now_ns();
+        let max = self.settle_max_ns;
+        ids.into_iter().partition(|id| match self.open.get(id) {
+            Some(r) => match r.ended {
+                Some((end, _)) => end < settled || now.saturating_sub(r.ended_seen) >= max,
+                None => true,
+            },
+            None => true,
+        })
+    }
+
+    /// Delivers the ended requests that are settled (at flush): a request that ended inside a
+    /// step still open (a client given its last token flushes before the engine ends that
+    /// step) waits for that step, whose tokens are its own, and is delivered at the pass that
+    /// sees it end. `closing` (shutdown): every ended request now, and the requests never
+    /// ended counted under `reason="open_at_shutdown"`.
+    pub(crate) fn flush<S: Sink>(&mut self, settled: u64, closing: bool, out: &mut S) {
         let mut ids = std::mem::take(&mut self.ended_prev);
         ids.append(&mut self.ended_now);
-        self.finalize(ids, out);
+        if closing {
+            self.finalize(ids, out);
+            let open = self.open.len() as u64;
+            self.open.clear();
+            self.orphans.clear();
+            (self.waiting, self.running) = (0, 0);
+            self.publish();
+            if open > 0 {
+                out.on(&Event::Dropped {
+                    reason: DropReason::OpenAtShutdown,
+                    n: open,
+                });
+            }
+            return;
+        }
+        let (ready, wait) = self.settled(ids, settled);
+        self.finalize(ready, out);
+        self.ended_prev = wait;
     }
 
     fn finalize<S: Sink>(&mut self, ids: Vec<u64>, out: &mut S) {
