@@ -30,6 +30,7 @@ pub struct RequestKind {
     pub(crate) operation: String,
     pub(crate) model: String,
     pub(crate) response_model: Option<String>,
+    pub(crate) internal: bool,
 }
 
 impl RequestKind {
@@ -46,7 +47,24 @@ impl RequestKind {
             operation: operation.into(),
             model: model.into(),
             response_model: None,
+            internal: false,
         }
+    }
+
+    /// Requests of this kind are the engine's own (a warm-up request at start, health
+    /// checks): their steps are timed as any step, but they are left out of every request
+    /// figure (the `gen_ai.server.*` and `phasetrace.request.*` histograms, the waiting and
+    /// running gauges, request spans, the step's batch and links, the summary's request line)
+    /// and counted in [`crate::Stats::internal_requests`] instead.
+    ///
+    /// ```
+    /// let warm_up = phasetrace::RequestKind::new("my-engine", "text_completion", "llama-3-8b")
+    ///     .internal();
+    /// # drop(warm_up);
+    /// ```
+    pub fn internal(mut self) -> RequestKind {
+        self.internal = true;
+        self
     }
 
     /// The model that serves these requests (`gen_ai.response.model`). Default: the requested

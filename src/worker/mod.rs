@@ -113,6 +113,7 @@ impl Pipeline {
             spans_failed: spans.failed,
             dropped: self.sinks.metrics.dropped(),
             tail_traces: spans.tail_traces,
+            internal_requests: c.internal_requests,
             graph_replays: c.graph_replays,
             dropped_graph_replays: c.dropped_graph_replays,
         }

@@ -123,6 +123,8 @@ pub(crate) struct Counts {
     pub(crate) rounds: u64,
     pub(crate) graph_replays: u64,
     pub(crate) dropped_graph_replays: u64,
+    /// Internal requests ended ([`crate::RequestKind::internal`]).
+    pub(crate) internal_requests: u64,
 }
 
 /// Pairing for every lane of one profiler, and the rounds that wait for their verify parts.
@@ -299,7 +301,10 @@ impl Pairing {
     }
 
     pub(crate) fn counts(&self) -> Counts {
-        self.counts
+        Counts {
+            internal_requests: self.requests.internal_done(),
+            ..self.counts
+        }
     }
 
     /// Whether a lane waits for the end fence of a graph replay.
@@ -668,6 +673,10 @@ impl LaneState {
             }
             MarkKind::RequestBegin => self.request_begin(m, t, s),
             MarkKind::RequestEnd => self.request_end(m, t, s),
+            MarkKind::Sequence => match self.request_id.take() {
+                Some(seq) => s.requests.sequence(seq, m.token(), s.out),
+                None => Self::unbalanced(s, 1),
+            },
             MarkKind::Serve => self.serve(m, s),
             MarkKind::StepBegin => self.step_begin(m, t, s),
             MarkKind::StepEnd => self.step_end(t, s),
@@ -710,7 +719,7 @@ impl LaneState {
     }
 
     fn serve<S: Sink>(&mut self, m: Mark, s: &mut Cx<'_, S>) {
-        let (id, tokens, outputs, drafted) = m.served();
+        let (id, tokens, outputs, drafted, accepted) = m.served();
         if self.served.len() >= BATCH_MAX {
             s.drop(DropReason::RequestBound, 1);
             return;
@@ -720,6 +729,7 @@ impl LaneState {
             tokens,
             outputs,
             drafted,
+            accepted,
         });
     }
 
