@@ -4,7 +4,9 @@
 //! ```text
 //! Profiler::request_kind(RequestKind) ──> RequestClass (a u16, registered once, cold)
 //! Recorder::request_begin(id, class) ── two marks (id, begin at a host time)
+//! Recorder::request_sequence(seq, id) ── two marks: seq is served as request id (n > 1)
 //! Recorder::serve(id, tokens, outputs) ── one mark, no clock: the request is in this step
+//!   (serve_speculative_outputs: drafted, accepted and the engine's output tokens)
 //! Recorder::request_end(id, Finish) ── two marks (id, end at a host time)
 //!                                       └──> worker/requests.rs: the open requests, their
 //!                                            histograms, spans and links

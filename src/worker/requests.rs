@@ -8,10 +8,14 @@
 //!     after TPOT_DECIDE_AFTER output tokens) ──> Event::RequestTraced, then the step's batch
 //! RequestEnd ──> Requests::end ──(settled: a pass later, once no lane has a step or round
 //!     begun before the end still open or unresolved, so every rank's last steps are in; or
-//!     after SETTLE_MAX)──> Event::Request
+//!     after SETTLE_MAX; at a flush the same, a shutdown delivers all)──> Event::Request
+//! Sequence ──> Requests::sequence: a sequence id served as its request (n > 1, beams); the
+//!     request ends with its last sequence
 //! ```
 //!
-//! A request is keyed by the engine's id alone. Its share of a step is the step's duration
+//! A request is keyed by the engine's id alone. A second end is counted under
+//! `reason="ended_twice"` (the last [`RECENT_MAX`] ids delivered are remembered for that); an
+//! internal request (warm-up, health) is kept like any other and delivered to no sink, counted. Its share of a step is the step's duration
 //! times its tokens in the step over the batch's tokens; the step shares (and the tokens) are
 //! counted on the lane that began it, the waits on every rank that served it. Bounded: at most
 //! [`OPEN_MAX`] open requests and [`BATCH_MAX`] requests a step; beyond, counted under
@@ -470,7 +474,7 @@ impl Requests {
         } else if r.wait_by_rank.len() < 64 {
             r.wait_by_rank.push((rank, share.wait));
         }
-        if !r.home.is_none_or(|h| h == lane) {
+        if r.home.is_some_and(|h| h != lane) {
             return Some(r.internal);
         }
         if r.first_step.is_none() {
@@ -692,6 +696,7 @@ impl Requests {
             let open = self.open.len() as u64;
             self.open.clear();
             self.orphans.clear();
+            self.aliases.clear();
             (self.waiting, self.running) = (0, 0);
             self.publish();
             if open > 0 {

@@ -1,13 +1,13 @@
 //! A serving engine hands a client its last token inside the step, so the client may call
 //! `Profiler::flush()` before the engine ends that step: 4 requests of 16 output tokens each,
 //! ended inside their last step, a flush there (on the engine's thread, from another thread,
-//! from a Tokio task), then the step ends. Every output token is counted, the running-requests
+//! from a Tokio task), then the step ends; a speculative round is open across the flush too. Every output token is counted, the running-requests
 //! gauge reads 0 once the engine is idle, and nothing is dropped as unbalanced.
 
 use std::sync::mpsc;
 
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
-use phasetrace::{Finish, Profiler, RequestKind, SectionLevel};
+use phasetrace::{Finish, Phase, Profiler, RequestKind, SectionLevel, SpecLevel};
 use phasetrace_names::metric;
 
 const REQUESTS: u64 = 4;
@@ -53,6 +53,7 @@ fn serve_with_a_flush_inside_the_last_step(client: Client) {
     let profiler = Profiler::builder()
         .without_env()
         .with_level(SectionLevel::Full)
+        .with_spec_level(SpecLevel::Phases)
         .without_prometheus()
         .with_meter_provider(provider.clone())
         .build()
@@ -98,7 +99,10 @@ fn serve_with_a_flush_inside_the_last_step(client: Client) {
         for id in 0..REQUESTS {
             rec.serve(id, if token == 0 { PROMPT } else { 1 }, 1);
         }
-        if token + 1 == TOKENS {
+        // The last step verifies a speculative round, open across the flush too.
+        let round = (token + 1 == TOKENS).then(|| rec.round(2));
+        if let Some(round) = &round {
+            round.phase(Phase::Draft);
             for id in 0..REQUESTS {
                 rec.request_end(id, Finish::Stop);
             }
@@ -109,6 +113,10 @@ fn serve_with_a_flush_inside_the_last_step(client: Client) {
                     flushed.recv().expect("the client flushed");
                 }
             }
+            round.phase(Phase::Verify);
+        }
+        if let Some(round) = round {
+            round.end(1);
         }
         drop(step);
     }
@@ -122,6 +130,7 @@ fn serve_with_a_flush_inside_the_last_step(client: Client) {
     profiler.flush();
     let stats = profiler.stats();
     assert_eq!(stats.steps, u64::from(TOKENS), "{client:?}: {stats:?}");
+    assert_eq!(stats.rounds, 1, "{client:?}: {stats:?}");
     assert_eq!(stats.dropped.total(), 0, "{client:?}: {:?}", stats.dropped);
     let summary = profiler.summary();
     let want = format!(
