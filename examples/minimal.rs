@@ -2,7 +2,9 @@
 use phasetrace::{Phase, Profiler, Section, SectionLevel, Site, SpecLevel, VerifyPart};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Defaults, then the environment (PHASETRACE_*, OTEL_*), then code: code wins.
+    // Defaults, then the environment (PHASETRACE_*, OTEL_*), then code: code wins, so the
+    // levels set here hold whatever PHASETRACE_LEVEL and PHASETRACE_SPEC_LEVEL say (`off`
+    // included). Leave a setter out to let the environment decide it.
     // Both levels are off by default: say what to record.
     let profiler = Profiler::builder()
         .with_level(SectionLevel::Full)

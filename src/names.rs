@@ -42,11 +42,16 @@ pub enum DropReason {
     /// Requests beyond what the worker keeps open at once (65,536) or serves in one step
     /// (4,096): their telemetry is not recorded.
     RequestBound,
+    /// A step, round or request still open when the profiler shut down (the engine never ended
+    /// it): what it would have recorded at its end is not recorded.
+    OpenAtShutdown,
+    /// A second end of a request already ended: ignored, the request counted once.
+    EndedTwice,
 }
 
 impl DropReason {
     /// How many reasons there are.
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 12;
     /// Every reason, in the order of [`DropReason::index`].
     pub const ALL: [DropReason; DropReason::COUNT] = [
         DropReason::QueueFull,
@@ -59,6 +64,8 @@ impl DropReason {
         DropReason::TraceBound,
         DropReason::GraphReplay,
         DropReason::RequestBound,
+        DropReason::OpenAtShutdown,
+        DropReason::EndedTwice,
     ];
 
     /// The `reason` attribute value.
@@ -74,6 +81,8 @@ impl DropReason {
             DropReason::TraceBound => reason::TRACE_BOUND,
             DropReason::GraphReplay => reason::GRAPH_REPLAY,
             DropReason::RequestBound => reason::REQUEST_BOUND,
+            DropReason::OpenAtShutdown => reason::OPEN_AT_SHUTDOWN,
+            DropReason::EndedTwice => reason::ENDED_TWICE,
         }
     }
 

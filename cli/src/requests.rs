@@ -81,6 +81,8 @@ pub(crate) struct Served {
     pub(crate) outputs: u32,
     /// Under speculative decoding: drafted tokens verified for it (0: prefill or plain decode).
     pub(crate) drafted: u32,
+    /// Of them, those accepted (its `outputs` are one more, cut at its length).
+    pub(crate) accepted: u32,
 }
 
 /// The batch of one step: what every rank serves, and its tokens (which slow the step).
@@ -95,7 +97,7 @@ impl Batch {
     pub(crate) fn serve(&self, rec: &Recorder) {
         for s in &self.served {
             if s.drafted > 0 {
-                rec.serve_speculative(s.id, s.drafted, s.outputs.saturating_sub(1));
+                rec.serve_speculative_outputs(s.id, s.drafted, s.accepted, s.outputs);
             } else {
                 rec.serve(s.id, s.tokens, s.outputs);
             }
@@ -220,6 +222,7 @@ impl Scheduler {
                         tokens: k + 1,
                         outputs: (accepted as u32 + 1).min(left),
                         drafted: k,
+                        accepted: accepted as u32,
                     }
                 }
                 None => Served {
@@ -227,6 +230,7 @@ impl Scheduler {
                     tokens: 1,
                     outputs: 1,
                     drafted: 0,
+                    accepted: 0,
                 },
             };
             batch.tokens += u64::from(s.tokens);
@@ -242,6 +246,7 @@ impl Scheduler {
                 tokens: w.prompt,
                 outputs: 1,
                 drafted: 0,
+                accepted: 0,
             });
             batch.tokens += u64::from(w.prompt);
             self.running.push(Running {

@@ -910,6 +910,12 @@ pub mod reason {
         /// Requests beyond what the worker keeps open at once (65,536) or serves in one step
         /// (4,096): their telemetry is not recorded.
         REQUEST_BOUND = "request_bound";
+        /// A step, round or request still open when the profiler shut down (the engine never
+        /// ended it): what it would have recorded at its end is not recorded.
+        OPEN_AT_SHUTDOWN = "open_at_shutdown";
+        /// A second end of a request already ended (a sequence finishing in its prompt step
+        /// and ended again): ignored, the request counted once.
+        ENDED_TWICE = "ended_twice";
     }
 }
 

@@ -252,7 +252,10 @@ settings! {
         /// (`([0, 0, 0, 0], 9464)`, a [`SocketAddr`]; port 0 picks a free one, see
         /// [`Profiler::prometheus_addr`](crate::Profiler::prometheus_addr)). Env:
         /// `PHASETRACE_PROMETHEUS`; default `127.0.0.1:9464` when no OTLP endpoint is set, else
-        /// off. Leave it unset to keep that default.
+        /// off. Leave it unset to keep that default. From text, name the type for `parse`
+        /// (`"127.0.0.1:19465".parse::<SocketAddr>()?`: `impl Into<SocketAddr>` leaves it
+        /// nothing to infer), or give the text as the variable reads it:
+        /// `with_text("PHASETRACE_PROMETHEUS", "127.0.0.1:19465")?`.
         setter: fn with_prometheus_at(addr: impl Into<SocketAddr>) => Listen::At(addr.into()),
         /// Turns the embedded Prometheus endpoint off, the default one included (engines that only
         /// push OTLP, tests). Env: `PHASETRACE_PROMETHEUS=off`.

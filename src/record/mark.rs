@@ -55,6 +55,9 @@ pub(crate) enum MarkKind {
     Serve,
     /// A request ended (a host time), with its finish.
     RequestEnd,
+    /// The request of the last `RequestId` is a sequence of the request in the token (`n > 1`,
+    /// beams).
+    Sequence,
 }
 
 /// Names a round for verify parts recorded on other threads. `Copy + Send`.
@@ -80,6 +83,9 @@ const FLAG_HOST: u8 = 1;
 const FLAG_SAMPLED: u8 = 2;
 /// `flag` bit of a `Route` mark: more ids of the same `moe_route` call as the previous mark.
 const FLAG_CONTINUED: u8 = 4;
+/// `flag` bit of a `Serve` mark: a speculative verify, `wide` holding the accepted drafts (the
+/// tokens computed are the drafted ones and one more).
+const FLAG_SPECULATIVE: u8 = 8;
 
 /// `wide` of a `RoundEnd` whose round was dropped without `end` (acceptance unknown).
 const ACCEPTED_UNKNOWN: u32 = u32::MAX;
@@ -103,8 +109,9 @@ const ACCEPTED_UNKNOWN: u32 = u32::MAX;
 /// | `ReplayBegin`/`ReplayEnd` | graph id | launch seq high | launch seq low | fence time |
 /// | `RequestId` | | | | request id |
 /// | `RequestBegin` | | class | | host time |
-/// | `Serve` | tokens computed | output tokens | drafted tokens | request id |
+/// | `Serve` | tokens computed (speculative: accepted drafts) | output tokens | drafted tokens | request id |
 /// | `RequestEnd` | finish code | error type | | host time |
+/// | `Sequence` | | | | the request id |
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Mark {
     token: u64,
@@ -319,6 +326,30 @@ impl Mark {
         m
     }
 
+    /// Request `id` verifies `drafted` drafted tokens (computing `drafted + 1`), accepts
+    /// `accepted` of them and gets `outputs` output tokens, as the engine counts them.
+    #[inline]
+    pub(crate) fn serve_speculative(id: u64, drafted: u32, accepted: u32, outputs: u32) -> Mark {
+        let sat = |v: u32| v.min(u32::from(u16::MAX)) as u16;
+        let mut m = Mark::new(
+            MarkKind::Serve,
+            accepted,
+            sat(outputs),
+            sat(drafted),
+            FLAG_SPECULATIVE,
+        );
+        m.token = id;
+        m
+    }
+
+    /// The request of the previous `RequestId` mark is a sequence of `request`.
+    #[inline]
+    pub(crate) const fn sequence(request: u64) -> Mark {
+        let mut m = Mark::new(MarkKind::Sequence, 0, 0, 0, 0);
+        m.token = request;
+        m
+    }
+
     /// A request ended: `code` and `error` from `Finish::code` (timed on the host clock).
     #[inline]
     pub(crate) const fn request_end(code: u32, error: u16) -> Mark {
@@ -331,10 +362,16 @@ impl Mark {
         self.id
     }
 
-    /// A `Serve`'s (request id, tokens computed, output tokens, drafted tokens).
+    /// A `Serve`'s (request id, tokens computed, output tokens, drafted tokens, accepted
+    /// drafts).
     #[inline]
-    pub(crate) const fn served(&self) -> (u64, u32, u32, u32) {
-        (self.token, self.wide, self.id as u32, self.aux as u32)
+    pub(crate) const fn served(&self) -> (u64, u32, u32, u32, u32) {
+        let (outputs, drafted) = (self.id as u32, self.aux as u32);
+        if self.flag & FLAG_SPECULATIVE != 0 {
+            (self.token, drafted + 1, outputs, drafted, self.wide)
+        } else {
+            (self.token, self.wide, outputs, drafted, 0)
+        }
     }
 
     /// A `RequestEnd`'s finish (code, error type).
@@ -391,6 +428,7 @@ impl Mark {
                 | MarkKind::Route
                 | MarkKind::RequestId
                 | MarkKind::Serve
+                | MarkKind::Sequence
                 | MarkKind::ParentHi
                 | MarkKind::ParentLo
                 | MarkKind::ParentSpan

@@ -537,25 +537,65 @@ impl Recorder {
 
     /// [`Recorder::serve`] under speculative decoding: request `id` verified `drafted`
     /// drafted tokens in this step (computing `drafted + 1`) and kept `accepted` of them
-    /// (getting `accepted + 1` output tokens); `phasetrace.request.accepted_tokens` sums them
-    /// per request.
+    /// (getting `accepted + 1` output tokens: the accepted drafts and the target model's bonus
+    /// token); `phasetrace.request.accepted_tokens` sums them per request. An engine whose
+    /// output tokens differ (no bonus token when every draft is accepted, a round truncated
+    /// at the maximum length) gives them: [`Recorder::serve_speculative_outputs`].
     #[inline]
     pub fn serve_speculative(&self, id: u64, drafted: u32, accepted: u32) {
+        let accepted = accepted.min(drafted);
+        self.serve_speculative_outputs(id, drafted, accepted, accepted.saturating_add(1));
+    }
+
+    /// [`Recorder::serve_speculative`] with the output tokens the engine produced for request
+    /// `id` in this round, `outputs`, counted as they are (the bonus token, and truncation at
+    /// the maximum length or a stop token, are the engine's business): the request's output
+    /// tokens, time to first token and time per output token follow `outputs`; the acceptance
+    /// figures (`phasetrace.request.accepted_tokens`, and the round's
+    /// `phasetrace.spec.accepted_tokens` from [`RoundGuard::end`]) follow `accepted`, as
+    /// before. Same cost as [`Recorder::serve`]: one 24-byte record.
+    #[inline]
+    pub fn serve_speculative_outputs(&self, id: u64, drafted: u32, accepted: u32, outputs: u32) {
         if self.level() == SectionLevel::Off {
             return;
         }
-        let accepted = accepted.min(drafted);
-        self.lane.push(Mark::serve(
+        self.lane.push(Mark::serve_speculative(
             id,
-            drafted.saturating_add(1),
-            accepted.saturating_add(1),
             drafted,
+            accepted.min(drafted),
+            outputs,
         ));
+    }
+
+    /// Sequence `seq` belongs to request `request` (begun with [`Recorder::request_begin`]):
+    /// an API request with several choices (`n > 1`) or beams, which the engine schedules as
+    /// sequences of their own ids. The steps that [`Recorder::serve`] `seq` serve the
+    /// request (its tokens, its first token, its share of each step; a step serving two of
+    /// its sequences counts once in its steps and its batch), and the request ends with its
+    /// last sequence's [`Recorder::request_end`] (`seq` as the id), with that sequence's
+    /// finish; or with its own, earlier. An end of a sequence after its request ended is
+    /// counted under `reason="ended_twice"`. Call it after `request_begin` and before the
+    /// sequence is served, from any recorder. Sequence ids must differ from every open
+    /// request's id and from each other (else counted under `reason="unbalanced"`).
+    ///
+    /// Cost: as [`Recorder::request_begin`] without the clock read: two 24-byte records.
+    #[inline]
+    pub fn request_sequence(&self, seq: u64, request: u64) {
+        if self.level() == SectionLevel::Off {
+            return;
+        }
+        if self.lane.push(Mark::request_id(seq)) {
+            self.lane.push(Mark::sequence(request));
+        }
     }
 
     /// Request `id` ended: its duration, time to first token and time per output token go
     /// to the `gen_ai.server.*` histograms (the last two for successful requests), and its
     /// span, if traced, ends. Cost: as [`Recorder::request_begin`].
+    ///
+    /// A request is ended once: a second end (a sequence that finishes in its prompt step
+    /// and is ended there and again later) is ignored and counted under
+    /// `reason="ended_twice"` (`phasetrace.records.dropped`), the request counted once.
     #[inline]
     pub fn request_end(&self, id: u64, finish: crate::Finish) {
         if self.level() == SectionLevel::Off {

@@ -4,7 +4,9 @@
 //! ```text
 //! Profiler::request_kind(RequestKind) ──> RequestClass (a u16, registered once, cold)
 //! Recorder::request_begin(id, class) ── two marks (id, begin at a host time)
+//! Recorder::request_sequence(seq, id) ── two marks: seq is served as request id (n > 1)
 //! Recorder::serve(id, tokens, outputs) ── one mark, no clock: the request is in this step
+//!   (serve_speculative_outputs: drafted, accepted and the engine's output tokens)
 //! Recorder::request_end(id, Finish) ── two marks (id, end at a host time)
 //!                                       └──> worker/requests.rs: the open requests, their
 //!                                            histograms, spans and links
@@ -30,6 +32,7 @@ pub struct RequestKind {
     pub(crate) operation: String,
     pub(crate) model: String,
     pub(crate) response_model: Option<String>,
+    pub(crate) internal: bool,
 }
 
 impl RequestKind {
@@ -46,7 +49,24 @@ impl RequestKind {
             operation: operation.into(),
             model: model.into(),
             response_model: None,
+            internal: false,
         }
+    }
+
+    /// Requests of this kind are the engine's own (a warm-up request at start, health
+    /// checks): their steps are timed as any step, but they are left out of every request
+    /// figure (the `gen_ai.server.*` and `phasetrace.request.*` histograms, the waiting and
+    /// running gauges, request spans, the step's batch and links, the summary's request line)
+    /// and counted in [`crate::Stats::internal_requests`] instead.
+    ///
+    /// ```
+    /// let warm_up = phasetrace::RequestKind::new("my-engine", "text_completion", "llama-3-8b")
+    ///     .internal();
+    /// # drop(warm_up);
+    /// ```
+    pub fn internal(mut self) -> RequestKind {
+        self.internal = true;
+        self
     }
 
     /// The model that serves these requests (`gen_ai.response.model`). Default: the requested

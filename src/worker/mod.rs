@@ -82,11 +82,20 @@ impl Pipeline {
         self.sinks.on(&Event::Drained);
     }
 
-    /// Finalizes everything, including rounds ended in this very pass (used at flush/shutdown).
+    /// [`Pipeline::finish`] at a flush: what is open stays open.
+    #[cfg(test)]
     pub(crate) fn flush(&mut self) {
+        self.finish(false);
+    }
+
+    /// Finalizes everything that has ended, including rounds ended in this very pass (at
+    /// flush); what is still open (a step, and the requests that ended inside it) stays open
+    /// for the pass that sees it end. `closing` (shutdown): what is still open is counted
+    /// under `reason="open_at_shutdown"` and given up.
+    pub(crate) fn finish(&mut self, closing: bool) {
         self.pass();
         self.pairing.finalize_ended(&mut self.sinks);
-        self.pairing.finalize_requests(&mut self.sinks);
+        self.pairing.finalize_requests(closing, &mut self.sinks);
     }
 
     /// The one place [`Stats`] is assembled: pairing's counts, the span sink's figures (the
@@ -104,6 +113,7 @@ impl Pipeline {
             spans_failed: spans.failed,
             dropped: self.sinks.metrics.dropped(),
             tail_traces: spans.tail_traces,
+            internal_requests: c.internal_requests,
             graph_replays: c.graph_replays,
             dropped_graph_replays: c.dropped_graph_replays,
         }
@@ -166,10 +176,11 @@ impl Worker {
         self.pipeline
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .flush();
+            .finish(false);
     }
 
-    /// Stops the thread and processes what is left.
+    /// Stops the thread and processes what is left; what is still open is counted under
+    /// `reason="open_at_shutdown"` ([`Pipeline::finish`]).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         let handle = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -177,7 +188,10 @@ impl Worker {
             h.thread().unpark();
             let _ = h.join();
         }
-        self.flush();
+        self.pipeline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .finish(true);
     }
 }
 

@@ -123,6 +123,8 @@ pub(crate) struct Counts {
     pub(crate) rounds: u64,
     pub(crate) graph_replays: u64,
     pub(crate) dropped_graph_replays: u64,
+    /// Internal requests ended ([`crate::RequestKind::internal`]).
+    pub(crate) internal_requests: u64,
 }
 
 /// Pairing for every lane of one profiler, and the rounds that wait for their verify parts.
@@ -208,14 +210,7 @@ impl Pairing {
         }
         self.finalize_ended(out);
         self.ended_prev = std::mem::take(&mut self.ended_now);
-        // Rounds still to be finalized hold phase shares of the requests they served.
-        let settled = self
-            .lanes
-            .iter()
-            .map(LaneState::complete_before)
-            .chain(self.ended_prev.iter().map(|r| r.round.start))
-            .min()
-            .unwrap_or(u64::MAX);
+        let settled = self.settled();
         self.requests.pass_done(settled, out);
         if self.parts.len() > PARTS_MAX {
             let n = self.parts.len() as u64;
@@ -235,9 +230,37 @@ impl Pairing {
         }
     }
 
-    /// Delivers every ended request now (at flush).
-    pub(crate) fn finalize_requests<S: Sink>(&mut self, out: &mut S) {
-        self.requests.flush(out);
+    /// The time before which every lane has delivered what it will: a request that ended
+    /// earlier has all its steps. Rounds still to be finalized hold phase shares of the
+    /// requests they served.
+    fn settled(&self) -> u64 {
+        self.lanes
+            .iter()
+            .map(LaneState::complete_before)
+            .chain(self.ended_prev.iter().map(|r| r.round.start))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Delivers the ended requests whose steps are all in (at flush): one that ended inside a
+    /// step still open waits for it. `closing` (shutdown): every ended request, and the steps,
+    /// rounds and requests still open counted under `reason="open_at_shutdown"`.
+    pub(crate) fn finalize_requests<S: Sink>(&mut self, closing: bool, out: &mut S) {
+        if closing {
+            let open: u64 = self
+                .lanes
+                .iter_mut()
+                .map(|l| u64::from(l.step.take().is_some()) + u64::from(l.round.take().is_some()))
+                .sum();
+            if open > 0 {
+                out.on(&Event::Dropped {
+                    reason: DropReason::OpenAtShutdown,
+                    n: open,
+                });
+            }
+        }
+        let settled = self.settled();
+        self.requests.flush(settled, closing, out);
     }
 
     /// A round joined with its verify parts, delivered as [`Event::Round`].
@@ -278,7 +301,10 @@ impl Pairing {
     }
 
     pub(crate) fn counts(&self) -> Counts {
-        self.counts
+        Counts {
+            internal_requests: self.requests.internal_done(),
+            ..self.counts
+        }
     }
 
     /// Whether a lane waits for the end fence of a graph replay.
@@ -647,6 +673,10 @@ impl LaneState {
             }
             MarkKind::RequestBegin => self.request_begin(m, t, s),
             MarkKind::RequestEnd => self.request_end(m, t, s),
+            MarkKind::Sequence => match self.request_id.take() {
+                Some(seq) => s.requests.sequence(seq, m.token(), s.out),
+                None => Self::unbalanced(s, 1),
+            },
             MarkKind::Serve => self.serve(m, s),
             MarkKind::StepBegin => self.step_begin(m, t, s),
             MarkKind::StepEnd => self.step_end(t, s),
@@ -689,7 +719,7 @@ impl LaneState {
     }
 
     fn serve<S: Sink>(&mut self, m: Mark, s: &mut Cx<'_, S>) {
-        let (id, tokens, outputs, drafted) = m.served();
+        let (id, tokens, outputs, drafted, accepted) = m.served();
         if self.served.len() >= BATCH_MAX {
             s.drop(DropReason::RequestBound, 1);
             return;
@@ -699,6 +729,7 @@ impl LaneState {
             tokens,
             outputs,
             drafted,
+            accepted,
         });
     }
 

@@ -8,10 +8,14 @@
 //!     after TPOT_DECIDE_AFTER output tokens) ──> Event::RequestTraced, then the step's batch
 //! RequestEnd ──> Requests::end ──(settled: a pass later, once no lane has a step or round
 //!     begun before the end still open or unresolved, so every rank's last steps are in; or
-//!     after SETTLE_MAX)──> Event::Request
+//!     after SETTLE_MAX; at a flush the same, a shutdown delivers all)──> Event::Request
+//! Sequence ──> Requests::sequence: a sequence id served as its request (n > 1, beams); the
+//!     request ends with its last sequence
 //! ```
 //!
-//! A request is keyed by the engine's id alone. Its share of a step is the step's duration
+//! A request is keyed by the engine's id alone. A second end is counted under
+//! `reason="ended_twice"` (the last [`RECENT_MAX`] ids delivered are remembered for that); an
+//! internal request (warm-up, health) is kept like any other and delivered to no sink, counted. Its share of a step is the step's duration
 //! times its tokens in the step over the batch's tokens; the step shares (and the tokens) are
 //! counted on the lane that began it, the waits on every rank that served it. Bounded: at most
 //! [`OPEN_MAX`] open requests and [`BATCH_MAX`] requests a step; beyond, counted under
@@ -39,6 +43,10 @@ pub(crate) const TPOT_DECIDE_AFTER: u64 = 8;
 /// that end later are counted under `reason="unbalanced"`.
 pub(crate) const SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Most ids of finalized requests remembered, so that a later end of one is counted as
+/// `reason="ended_twice"` (not `unbalanced`).
+pub(crate) const RECENT_MAX: usize = 4096;
+
 /// One `Serve` mark of a lane, gathered until its step ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Served {
@@ -46,6 +54,15 @@ pub(crate) struct Served {
     pub(crate) tokens: u32,
     pub(crate) outputs: u32,
     pub(crate) drafted: u32,
+    /// The drafts accepted (speculative decoding: as the engine gave them).
+    pub(crate) accepted: u32,
+}
+
+/// A request's share of a step's time and of its waits (by its tokens over the batch's).
+#[derive(Clone, Copy)]
+struct Share {
+    step: u64,
+    wait: u64,
 }
 
 /// The queue and the running requests, for the gauges (read at each collection).
@@ -82,9 +99,18 @@ struct Open {
     /// The lane that served it before its begin was seen: its figures stand for the home
     /// lane's only until the begin names another.
     orphan_lane: Option<u16>,
+    /// Of an internal kind ([`RequestKind::internal`]): in no request figure.
+    internal: bool,
+    /// Its sequences still running ([`Requests::sequence`]); it ends with the last.
+    sequences: Vec<u64>,
 }
 
 impl Open {
+    fn internal(mut self, internal: bool) -> Open {
+        self.internal = internal;
+        self
+    }
+
     fn new(class: u16, home: Option<u16>, begin: u64) -> Open {
         Open {
             class,
@@ -107,6 +133,8 @@ impl Open {
             ended_seen: 0,
             orphan_since: None,
             orphan_lane: None,
+            internal: false,
+            sequences: Vec::new(),
         }
     }
 }
@@ -131,6 +159,13 @@ pub(crate) struct Requests {
     running: u64,
     /// [`SETTLE_MAX`], shorter in tests.
     settle_max_ns: u64,
+    /// The ids of the last [`RECENT_MAX`] requests finalized, oldest first, and as a set.
+    recent: std::collections::VecDeque<u64>,
+    recent_set: std::collections::HashSet<u64>,
+    /// Internal requests delivered (counted, in no figure).
+    internal_done: u64,
+    /// The sequences of requests with several (`n > 1`, beams): sequence id to request id.
+    aliases: HashMap<u64, u64>,
 }
 
 impl Requests {
@@ -156,6 +191,10 @@ impl Requests {
             waiting: 0,
             running: 0,
             settle_max_ns: SETTLE_MAX.as_nanos() as u64,
+            recent: Default::default(),
+            recent_set: Default::default(),
+            internal_done: 0,
+            aliases: HashMap::new(),
         }
     }
 
@@ -200,7 +239,7 @@ impl Requests {
         let Some(r) = self.open.get(&id) else {
             return;
         };
-        if r.traced.is_some() || !self.tracing {
+        if r.traced.is_some() || !self.tracing || r.internal {
             return;
         }
         if self.traced_open >= TRACED_MAX {
@@ -234,9 +273,22 @@ impl Requests {
         lane: u16,
         out: &mut S,
     ) {
+        if self.recent_set.remove(&id) {
+            self.recent.retain(|r| *r != id);
+        }
+        let internal = self.kind(class).internal;
         match self.open.get_mut(&id) {
             // Served on another lane before this begin was drained.
             Some(r) if r.home.is_none() && r.ended.is_none() => {
+                if internal {
+                    // Counted in the gauges while its kind was unknown.
+                    if r.first_step.is_some() {
+                        self.running = self.running.saturating_sub(1);
+                    } else {
+                        self.waiting = self.waiting.saturating_sub(1);
+                    }
+                    r.internal = true;
+                }
                 r.home = Some(lane);
                 r.class = class;
                 r.begin = t;
@@ -256,7 +308,7 @@ impl Requests {
                 }
             }
             None => {
-                self.insert(id, Open::new(class, Some(lane), t), out);
+                self.insert(id, Open::new(class, Some(lane), t).internal(internal), out);
             }
             Some(_) => {
                 // The id is reused while open: the old request never ended (counted).
@@ -267,7 +319,7 @@ impl Requests {
                     reason: DropReason::Unbalanced,
                     n: 1,
                 });
-                self.insert(id, Open::new(class, Some(lane), t), out);
+                self.insert(id, Open::new(class, Some(lane), t).internal(internal), out);
             }
         }
         if sampled {
@@ -284,14 +336,19 @@ impl Requests {
             });
             return false;
         }
+        if !r.internal {
+            self.waiting += 1;
+        }
         self.open.insert(id, r);
-        self.waiting += 1;
         true
     }
 
     /// The gauges and the traced count without a request that is forgotten.
     fn forget(&mut self, r: &Open) {
-        if r.ended.is_none() {
+        for seq in &r.sequences {
+            self.aliases.remove(seq);
+        }
+        if r.ended.is_none() && !r.internal {
             if r.first_step.is_some() {
                 self.running = self.running.saturating_sub(1);
             } else {
@@ -327,74 +384,51 @@ impl Requests {
         let mut unknown = 0;
         let mut newly: Vec<(u64, TracedWhy)> = Vec::new();
         for s in served {
-            if !self.open.contains_key(&s.id) {
+            // A sequence of a request with several is served as its request.
+            let aliased = self.aliases.get(&s.id).copied();
+            let id = aliased.unwrap_or(s.id);
+            if !self.open.contains_key(&id) {
                 // Perhaps begun on a lane not drained yet: kept one pass for its begin.
                 let mut r = Open::new(0, None, start);
                 r.orphan_since = Some(self.pass);
                 r.orphan_lane = Some(lane);
-                if !self.insert(s.id, r, out) {
+                if !self.insert(id, r, out) {
                     continue;
                 }
-                self.orphans.push(s.id);
+                self.orphans.push(id);
             }
-            let Some(r) = self.open.get_mut(&s.id) else {
+            let tokens = u64::from(s.tokens.max(1));
+            let share = Share {
+                step: (u128::from(step_ns) * u128::from(tokens) / u128::from(total)) as u64,
+                wait: (u128::from(wait_ns) * u128::from(tokens) / u128::from(total)) as u64,
+            };
+            // Another sequence of the same request already in this step's batch.
+            let merged = aliased.is_some() && batch.iter().any(|b| b.id == id);
+            let Some(internal) =
+                self.credit(id, s, rank, lane, (start, end), share, merged, &mut newly)
+            else {
                 unknown += 1;
                 continue;
             };
-            let tokens = u64::from(s.tokens.max(1));
-            let share_ns = (u128::from(step_ns) * u128::from(tokens) / u128::from(total)) as u64;
-            let wait_share_ns =
-                (u128::from(wait_ns) * u128::from(tokens) / u128::from(total)) as u64;
-            if let Some((_, w)) = r.wait_by_rank.iter_mut().find(|(k, _)| *k == rank) {
-                *w += wait_share_ns;
-            } else if r.wait_by_rank.len() < 64 {
-                r.wait_by_rank.push((rank, wait_share_ns));
+            if internal {
+                continue;
             }
-            let home = r.home.is_none_or(|h| h == lane);
-            if home {
-                if r.first_step.is_none() {
-                    r.first_step = Some(start);
-                    if r.ended.is_none() {
-                        self.waiting = self.waiting.saturating_sub(1);
-                        self.running += 1;
-                    }
+            match batch.iter_mut().find(|b| merged && b.id == id) {
+                Some(b) => {
+                    b.tokens = b.tokens.saturating_add(s.tokens);
+                    b.outputs = b.outputs.saturating_add(s.outputs);
+                    b.share_ns += share.step;
+                    b.wait_share_ns += share.wait;
                 }
-                r.steps += 1;
-                r.share_ns += share_ns;
-                r.wait_share_ns += wait_share_ns;
-                if r.first_token.is_none() {
-                    r.input_tokens += u64::from(s.tokens);
-                }
-                if s.drafted > 0 {
-                    r.drafted += u64::from(s.drafted);
-                    r.accepted += u64::from(s.outputs.saturating_sub(1).min(s.drafted));
-                }
-                let before = r.outputs;
-                r.outputs += u64::from(s.outputs);
-                if before == 0 && r.outputs > 0 {
-                    r.first_token = Some(end);
-                    let ttft = end.saturating_sub(r.begin);
-                    if self.ttft.decide(0, Kind::Request, ttft, end, false) == Verdict::Keep {
-                        newly.push((s.id, TracedWhy::Tail));
-                    }
-                } else if before < TPOT_DECIDE_AFTER
-                    && r.outputs >= TPOT_DECIDE_AFTER
-                    && let Some(first) = r.first_token
-                {
-                    let tpot = end.saturating_sub(first) / (r.outputs - 1).max(1);
-                    if self.tpot.decide(0, Kind::Request, tpot, end, false) == Verdict::Keep {
-                        newly.push((s.id, TracedWhy::Tail));
-                    }
-                }
+                None => batch.push(BatchEntry {
+                    id,
+                    tokens: s.tokens,
+                    outputs: s.outputs,
+                    traced: false,
+                    share_ns: share.step,
+                    wait_share_ns: share.wait,
+                }),
             }
-            batch.push(BatchEntry {
-                id: s.id,
-                tokens: s.tokens,
-                outputs: s.outputs,
-                traced: false,
-                share_ns,
-                wait_share_ns,
-            });
         }
         for (id, why) in newly {
             self.trace(id, why, out);
@@ -418,6 +452,73 @@ impl Requests {
         self.publish();
     }
 
+    /// Credits request `id` with `s`, served in a step of `rank` on `lane` over `span`
+    /// (start, end), and its `share` of the step; `merged`: another of its sequences was
+    /// credited for this step already (the step is counted once). Pushes the requests that the
+    /// tail rules make traced to `newly`. `Some(internal)`, or `None` when `id` is not open.
+    #[allow(clippy::too_many_arguments)]
+    fn credit(
+        &mut self,
+        id: u64,
+        s: &Served,
+        rank: u32,
+        lane: u16,
+        (start, end): (u64, u64),
+        share: Share,
+        merged: bool,
+        newly: &mut Vec<(u64, TracedWhy)>,
+    ) -> Option<bool> {
+        let r = self.open.get_mut(&id)?;
+        if let Some((_, w)) = r.wait_by_rank.iter_mut().find(|(k, _)| *k == rank) {
+            *w += share.wait;
+        } else if r.wait_by_rank.len() < 64 {
+            r.wait_by_rank.push((rank, share.wait));
+        }
+        if r.home.is_some_and(|h| h != lane) {
+            return Some(r.internal);
+        }
+        if r.first_step.is_none() {
+            r.first_step = Some(start);
+            if r.ended.is_none() && !r.internal {
+                self.waiting = self.waiting.saturating_sub(1);
+                self.running += 1;
+            }
+        }
+        if !merged {
+            r.steps += 1;
+        }
+        r.share_ns += share.step;
+        r.wait_share_ns += share.wait;
+        if r.first_token.is_none() {
+            r.input_tokens += u64::from(s.tokens);
+        }
+        if s.drafted > 0 {
+            r.drafted += u64::from(s.drafted);
+            r.accepted += u64::from(s.accepted.min(s.drafted));
+        }
+        let before = r.outputs;
+        r.outputs += u64::from(s.outputs);
+        if r.internal {
+            return Some(true);
+        }
+        if before == 0 && r.outputs > 0 {
+            r.first_token = Some(end);
+            let ttft = end.saturating_sub(r.begin);
+            if self.ttft.decide(0, Kind::Request, ttft, end, false) == Verdict::Keep {
+                newly.push((id, TracedWhy::Tail));
+            }
+        } else if before < TPOT_DECIDE_AFTER
+            && r.outputs >= TPOT_DECIDE_AFTER
+            && let Some(first) = r.first_token
+        {
+            let tpot = end.saturating_sub(first) / (r.outputs - 1).max(1);
+            if self.tpot.decide(0, Kind::Request, tpot, end, false) == Verdict::Keep {
+                newly.push((id, TracedWhy::Tail));
+            }
+        }
+        Some(false)
+    }
+
     /// A round of `lane` that overlapped a step serving `batch` (id, tokens) ended with
     /// `phases`: each request begun on that lane gets its share of every phase, by its tokens.
     pub(crate) fn round(
@@ -431,6 +532,7 @@ impl Requests {
             return;
         }
         for (id, tokens) in batch {
+            let id = self.aliases.get(id).unwrap_or(id);
             let Some(r) = self.open.get_mut(id) else {
                 continue;
             };
@@ -445,24 +547,84 @@ impl Requests {
     }
 
     /// Request `id` ended at `t`: finalized at the end of the next pass.
-    pub(crate) fn end<S: Sink>(&mut self, id: u64, t: u64, finish: Finish, out: &mut S) {
-        let Some(r) = self.open.get_mut(&id) else {
+    /// Sequence `seq` belongs to request `request` (an API request with several choices,
+    /// `n > 1`, or beams): the steps that serve `seq` serve the request, and the request ends
+    /// with its last sequence (or its own end). A request not open, or `seq` already a
+    /// sequence or an open request, is counted under `reason="unbalanced"`.
+    pub(crate) fn sequence<S: Sink>(&mut self, seq: u64, request: u64, out: &mut S) {
+        let free = seq != request
+            && !self.aliases.contains_key(&seq)
+            && !self.open.contains_key(&seq)
+            && !self.aliases.contains_key(&request);
+        let Some(r) = self
+            .open
+            .get_mut(&request)
+            .filter(|r| r.ended.is_none() && free)
+        else {
             out.on(&Event::Dropped {
                 reason: DropReason::Unbalanced,
                 n: 1,
             });
             return;
         };
+        if self.aliases.len() >= OPEN_MAX || r.sequences.len() >= BATCH_MAX {
+            out.on(&Event::Dropped {
+                reason: DropReason::RequestBound,
+                n: 1,
+            });
+            return;
+        }
+        r.sequences.push(seq);
+        self.aliases.insert(seq, request);
+    }
+
+    /// Internal requests delivered so far (counted, in no figure).
+    pub(crate) fn internal_done(&self) -> u64 {
+        self.internal_done
+    }
+
+    /// A second end (of a request ended and not yet delivered, or delivered among the last
+    /// [`RECENT_MAX`]) is ignored and counted under `reason="ended_twice"`; an end of a request
+    /// never begun under `reason="unbalanced"`.
+    pub(crate) fn end<S: Sink>(&mut self, id: u64, t: u64, finish: Finish, out: &mut S) {
+        if let Some(request) = self.aliases.remove(&id) {
+            // A sequence ended: its request ends with its last sequence.
+            let Some(r) = self.open.get_mut(&request) else {
+                return;
+            };
+            r.sequences.retain(|s| *s != id);
+            if r.ended.is_some() {
+                out.on(&Event::Dropped {
+                    reason: DropReason::EndedTwice,
+                    n: 1,
+                });
+            }
+            if !r.sequences.is_empty() || r.ended.is_some() {
+                return;
+            }
+            return self.end(request, t, finish, out);
+        }
+        let Some(r) = self.open.get_mut(&id) else {
+            let reason = if self.recent_set.contains(&id) {
+                DropReason::EndedTwice
+            } else {
+                DropReason::Unbalanced
+            };
+            out.on(&Event::Dropped { reason, n: 1 });
+            return;
+        };
         if r.ended.is_some() {
             out.on(&Event::Dropped {
-                reason: DropReason::Unbalanced,
+                reason: DropReason::EndedTwice,
                 n: 1,
             });
             return;
         }
         r.ended = Some((t, finish));
         r.ended_seen = crate::timing::now_ns();
-        if r.first_step.is_some() {
+        if r.internal {
+            // In no gauge.
+        } else if r.first_step.is_some() {
             self.running = self.running.saturating_sub(1);
         } else {
             self.waiting = self.waiting.saturating_sub(1);
@@ -477,17 +639,8 @@ impl Requests {
     /// that served them are in) or [`SETTLE_MAX`] ago; those served without a begin since the
     /// previous pass are given up (counted).
     pub(crate) fn pass_done<S: Sink>(&mut self, settled: u64, out: &mut S) {
-        let now = crate::timing::now_ns();
-        let max = self.settle_max_ns;
-        let (ready, wait): (Vec<u64>, Vec<u64>) = std::mem::take(&mut self.ended_prev)
-            .into_iter()
-            .partition(|id| match self.open.get(id) {
-                Some(r) => match r.ended {
-                    Some((end, _)) => end < settled || now.saturating_sub(r.ended_seen) >= max,
-                    None => true,
-                },
-                None => true,
-            });
+        let prev = std::mem::take(&mut self.ended_prev);
+        let (ready, wait) = self.settled(prev, settled);
         self.finalize(ready, out);
         self.ended_prev = wait;
         self.ended_prev.append(&mut self.ended_now);
@@ -516,11 +669,59 @@ impl Requests {
         self.pass += 1;
     }
 
-    /// Delivers every ended request now (flush, shutdown).
-    pub(crate) fn flush<S: Sink>(&mut self, out: &mut S) {
+    /// Splits `ids` (ended requests) into those settled (ended before `settled`, or ended
+    /// [`SETTLE_MAX`] ago, or gone) and those still waiting for a step that served them.
+    fn settled(&self, ids: Vec<u64>, settled: u64) -> (Vec<u64>, Vec<u64>) {
+        let now = crate::timing::now_ns();
+        let max = self.settle_max_ns;
+        ids.into_iter().partition(|id| match self.open.get(id) {
+            Some(r) => match r.ended {
+                Some((end, _)) => end < settled || now.saturating_sub(r.ended_seen) >= max,
+                None => true,
+            },
+            None => true,
+        })
+    }
+
+    /// Delivers the ended requests that are settled (at flush): a request that ended inside a
+    /// step still open (a client given its last token flushes before the engine ends that
+    /// step) waits for that step, whose tokens are its own, and is delivered at the pass that
+    /// sees it end. `closing` (shutdown): every ended request now, and the requests never
+    /// ended counted under `reason="open_at_shutdown"`.
+    pub(crate) fn flush<S: Sink>(&mut self, settled: u64, closing: bool, out: &mut S) {
         let mut ids = std::mem::take(&mut self.ended_prev);
         ids.append(&mut self.ended_now);
-        self.finalize(ids, out);
+        if closing {
+            self.finalize(ids, out);
+            let open = self.open.len() as u64;
+            self.open.clear();
+            self.orphans.clear();
+            self.aliases.clear();
+            (self.waiting, self.running) = (0, 0);
+            self.publish();
+            if open > 0 {
+                out.on(&Event::Dropped {
+                    reason: DropReason::OpenAtShutdown,
+                    n: open,
+                });
+            }
+            return;
+        }
+        let (ready, wait) = self.settled(ids, settled);
+        self.finalize(ready, out);
+        self.ended_prev = wait;
+    }
+
+    /// Remembers `id` as finalized, forgetting the oldest beyond [`RECENT_MAX`].
+    fn remember(&mut self, id: u64) {
+        if self.recent_set.insert(id) {
+            self.recent.push_back(id);
+        }
+        while self.recent.len() > RECENT_MAX {
+            if let Some(old) = self.recent.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
     }
 
     fn finalize<S: Sink>(&mut self, ids: Vec<u64>, out: &mut S) {
@@ -531,6 +732,16 @@ impl Requests {
             let Some((end, finish)) = r.ended else {
                 continue;
             };
+            self.remember(id);
+            for seq in &r.sequences {
+                // Ended after their request: a later end is counted as ended twice.
+                self.aliases.remove(seq);
+                self.remember(*seq);
+            }
+            if r.internal {
+                self.internal_done += 1;
+                continue;
+            }
             if r.traced.is_some() {
                 self.traced_open = self.traced_open.saturating_sub(1);
             }

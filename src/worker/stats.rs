@@ -63,6 +63,9 @@ pub struct Stats {
     pub dropped: Dropped,
     /// Steps and rounds traced because they were slower than `PHASETRACE_TRACE_SLOWER_THAN`.
     pub tail_traces: u64,
+    /// Requests of an internal kind ([`crate::RequestKind::internal`]: warm-up, health)
+    /// that ended: left out of every request figure, counted here.
+    pub internal_requests: u64,
     /// CUDA-graph replays read and attributed ([`crate::Recorder::replay`]).
     pub graph_replays: u64,
     /// CUDA-graph replays detected and counted but not attributed: a later launch re-recorded

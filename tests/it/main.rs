@@ -9,6 +9,7 @@ mod manual_clock;
 
 mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
+mod a_flush_inside_an_open_step_loses_nothing;
 mod a_meter_provider_that_is_not_the_sdks_receives_every_record;
 mod a_meter_provider_without_the_view_is_named_once_on_stderr;
 mod a_profiler_built_again_on_the_engines_provider_reports_exact_counts;
@@ -40,6 +41,7 @@ mod otlp_over_tls_needs_the_right_ca;
 mod prometheus_quantiles_agree_with_what_was_recorded;
 mod prometheus_scrapes_over_tls_with_basic_auth;
 mod recorders_beyond_65536_keep_exact_counts;
+mod requests_are_counted_as_the_engine_has_them;
 mod routed_tokens_add_up_per_layer_and_out_of_range_ids_are_counted;
 mod sections_arrive_at_a_real_collector_over_grpc_and_http;
 mod sim_event_clock_matches_known_work;

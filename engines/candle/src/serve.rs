@@ -10,7 +10,7 @@
 //!   speculative: one round per step: draft k for the decoding sequences (batched, unprofiled)
 //!     ── verify: forward_batch(k+1 per decoding sequence, the new ones' prompts) ── accept
 //!     per sequence ── roll each cache back ── the draft catches up and prefills the new ones
-//!   inside the step: serve / serve_speculative for each sequence (every rank)
+//!   inside the step: serve / serve_speculative_outputs for each sequence (every rank)
 //!   after it: rank 0 request_end for those that reached their length
 //! ```
 //!
@@ -497,15 +497,15 @@ fn spec_step(
             let a = d[1..].iter().zip(v).take_while(|(x, y)| x == y).count();
             accepted[i] = a;
             // The tokens this round gives the request: the agreeing drafts and the target's
-            // own, up to its length and its end-of-sequence token.
-            // (`accepted + 1` outputs, as `serve_speculative` counts them).
+            // own, up to its length and its end-of-sequence token: the engine's output
+            // tokens, given as they are; the acceptance is the agreeing drafts.
             let emitted = match until_eos(&d[1..=a], &eos) {
                 (n, true) => n,
                 _ => a + 1,
             }
             .min(left);
             if let Some(r) = rec {
-                r.serve_speculative(l.id, k as u32, (emitted - 1) as u32);
+                r.serve_speculative_outputs(l.id, k as u32, a as u32, emitted as u32);
             }
         }
         verified
@@ -594,7 +594,7 @@ fn spec_step(
     if let Some(r) = round {
         r.phase(Phase::Maint);
         // The round verifies the batch: its accepted count is the decoding sequences' mean
-        // (rounded down); each request's own is exact (`serve_speculative`).
+        // (rounded down); each request's own is exact (`serve_speculative_outputs`).
         r.end((kept / decoding.max(1)) as u32);
     }
     Ok(())
