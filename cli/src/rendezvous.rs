@@ -6,12 +6,12 @@
 //! like a straggler), and a peer that dies is seen by every other rank on its own connection.
 //! Nothing waits forever: every read and write has the rendezvous timeout.
 //!
-//! Every connection to a rank's listener starts with a handshake (`door.rs`, bytes in
-//! `wire.rs`): the connector proves it knows the group secret (`PHASETRACE_RENDEZVOUS_SECRET`,
-//! or a file: [`group_secret`]) by an HMAC of the listener's challenge, and the listener proves
-//! it back. Handshakes are served concurrently, each with a short timeout of its own: a stranger
-//! (random bytes, silence, a wrong secret) is closed and counted, never fatal, and cannot hold
-//! the door while the group forms.
+//! Every connection to a rank's listener starts with a handshake (`rendezvous/door.rs`, the
+//! bytes in `rendezvous/wire.rs`): the connector proves it knows the group secret
+//! (`PHASETRACE_RENDEZVOUS_SECRET`, or a file: [`group_secret`]) by an HMAC of the listener's
+//! challenge, and the listener proves it back. Handshakes are served concurrently, each with a
+//! short timeout of its own: a stranger (random bytes, silence, a wrong secret) is closed and
+//! counted, never fatal, and cannot hold the door while the group forms.
 //!
 //! ```text
 //! rank r --knock(hello: rank, ranks, listen port, group)--> rank 0 --admitted | refused(why)

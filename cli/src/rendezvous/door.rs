@@ -7,8 +7,9 @@
 //! never fatal: its caller prints the counts in one line.
 //!
 //! ```text
-//! accept -> challenge(nonce) -> poll: bytes -> parse_hello -> verify mac -> Knock (caller decides)
-//!                                  \-> not the protocol | silent past its deadline | wrong secret: closed, counted
+//! accept -> challenge(nonce) -> poll: bytes -> parse_hello -> verify mac -> Knock (to the caller)
+//!                                       '-> not the protocol, silent past its deadline, or a
+//!                                           wrong secret: closed, counted in Strangers
 //! ```
 
 use super::wire::{self, Answer, Hello, MAC, MAX_HELLO, NONCE};

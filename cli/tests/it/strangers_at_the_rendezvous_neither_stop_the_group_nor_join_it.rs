@@ -165,6 +165,7 @@ fn strangers_at_rank_0_neither_stop_the_group_nor_join_it() {
         .lines()
         .find(|l| l.contains("connections that were not ranks of this group"))
         .unwrap_or_else(|| panic!("rank 0's strangers line: {root}"));
+    eprintln!("rank 0: {line}");
     for part in [
         "1 wrong group secret",
         "not the protocol",
