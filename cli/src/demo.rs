@@ -22,7 +22,7 @@ mod validate;
 
 use crate::Failure;
 use crate::flags::ProfilerFlags;
-use crate::rendezvous::{RendezvousError, TcpRendezvous};
+use crate::rendezvous::{GroupKey, RendezvousError, TcpRendezvous, group_secret};
 use crate::requests::{RequestArgs, Scheduler, Serving};
 use clap::Args;
 use phasetrace::{
@@ -89,6 +89,12 @@ pub(crate) struct DemoArgs {
     /// Seconds a rank waits for its peers, to join and at each all-reduce, before failing.
     #[arg(long, default_value_t = 60.0)]
     rendezvous_timeout: f64,
+    /// A file holding the group secret (at least 16 bytes; a trailing line break is not part
+    /// of it) that every rank proves at the rendezvous; beats PHASETRACE_RENDEZVOUS_SECRET_FILE
+    /// and PHASETRACE_RENDEZVOUS_SECRET. Without one, any process that reaches the rendezvous
+    /// can join the group (docs/security.md).
+    #[arg(long, requires = "rank")]
+    rendezvous_secret_file: Option<PathBuf>,
     /// Transformer layers.
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..=512))]
     layers: u32,
@@ -894,6 +900,14 @@ impl Plan {
     }
 }
 
+/// The group secret's key: `--rendezvous-secret-file`, else the variables
+/// (`rendezvous::group_secret`); a bad one is a usage error naming its input.
+fn group_key(a: &DemoArgs) -> Result<GroupKey, Failure> {
+    group_secret(a.rendezvous_secret_file.as_deref())
+        .map(|s| GroupKey::new(s.as_deref()))
+        .map_err(Failure::config)
+}
+
 /// The group the local ranks meet in (threads, or a TCP rendezvous with --rank), with the
 /// request scheduler when this process schedules requests.
 fn setup_group(
@@ -910,11 +924,13 @@ fn setup_group(
                 profiler.config().group,
                 if r == 0 { "listening for" } else { "joining" }
             );
+            let key = group_key(a).inspect_err(|_| profiler.shutdown())?;
             let t = TcpRendezvous::join(
                 addr,
                 r,
                 a.ranks,
                 &profiler.config().group,
+                &key,
                 Duration::from_secs_f64(a.rendezvous_timeout),
             )
             .map_err(|e| {

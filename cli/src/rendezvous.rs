@@ -6,33 +6,112 @@
 //! like a straggler), and a peer that dies is seen by every other rank on its own connection.
 //! Nothing waits forever: every read and write has the rendezvous timeout.
 //!
+//! Every connection to a rank's listener starts with a handshake (`rendezvous/door.rs`, the
+//! bytes in `rendezvous/wire.rs`): the connector proves it knows the group secret
+//! (`PHASETRACE_RENDEZVOUS_SECRET`, or a file: [`group_secret`]) by an HMAC of the listener's
+//! challenge, and the listener proves it back. Handshakes are served concurrently, each with a
+//! short timeout of its own: a stranger (random bytes, silence, a wrong secret) is closed and
+//! counted, never fatal, and cannot hold the door while the group forms.
+//!
 //! ```text
-//! rank r --hello(rank, ranks, listen port, group)--> rank 0 --addresses of all ranks | refusal
-//! rank r --join(rank)--> each lower rank s > 0 (the higher ones join r)
+//! rank r --knock(hello: rank, ranks, listen port, group)--> rank 0 --admitted | refused(why)
+//!        rank 0, once all joined --table: addresses of all ranks--> every rank
+//! rank r --knock(hello: rank)--> each lower rank s > 0 (the higher ones knock on r)
 //! meet:  rank r --arrive(seq, stop?)--> every other rank; reads arrive(seq) from every other
 //!        rank (or abort(why) from one that saw a peer die)
 //! exchange: rank r --data(seq, len, bytes)--> every other rank (on a writer thread); reads
 //!        data(seq) from every other rank: the candle engine's all-reduce of partial outputs
 //! ```
 
+mod door;
+mod wire;
+
+pub(crate) use door::GroupKey;
+use door::{Door, Knocked};
+#[cfg_attr(not(feature = "candle"), allow(unused_imports))]
+use wire::{ABORT, ARRIVE, ARRIVE_STOP, DATA, Hello, MAC, MAX_PAYLOAD, To};
+
 use std::fmt;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 5] = b"PTRV2";
-const ARRIVE: u8 = 1;
-const ARRIVE_STOP: u8 = 2;
-const ABORT: u8 = 3;
-#[cfg_attr(not(feature = "candle"), allow(dead_code))]
-const DATA: u8 = 4;
-/// Most bytes one rank's part of an exchange may hold: a broken or hostile peer cannot make
-/// a rank allocate more (the candle engine's largest partial, a prefill of 64 prompts of 768
-/// tokens at width 4096, is 0.8 GB).
-#[cfg_attr(not(feature = "candle"), allow(dead_code))]
-pub(crate) const MAX_PAYLOAD: u32 = 1 << 30;
-/// Pause between connection attempts while a peer is not listening yet.
+/// Pause between connection attempts while a peer is not listening yet (or was busy).
 const RETRY: Duration = Duration::from_millis(100);
+/// The variable holding the group secret itself.
+pub(crate) const SECRET_VAR: &str = "PHASETRACE_RENDEZVOUS_SECRET";
+/// The variable naming a file that holds the group secret (`--rendezvous-secret-file`).
+pub(crate) const SECRET_FILE_VAR: &str = "PHASETRACE_RENDEZVOUS_SECRET_FILE";
+/// The shortest group secret accepted.
+pub(crate) const MIN_SECRET: usize = 16;
+/// The largest secret file read.
+const MAX_SECRET_FILE: u64 = 64 * 1024;
+/// What a rank refused for a wrong secret adds to its error.
+const SECRET_HINT: &str = "every rank of a group needs the same PHASETRACE_RENDEZVOUS_SECRET, \
+     PHASETRACE_RENDEZVOUS_SECRET_FILE or --rendezvous-secret-file";
+
+/// The group secret: `--rendezvous-secret-file` (`file`), else the file that
+/// `PHASETRACE_RENDEZVOUS_SECRET_FILE` names, else `PHASETRACE_RENDEZVOUS_SECRET`; `None` when
+/// none is set. A file's trailing line break is not part of it. The error names the input and
+/// what was expected, never the secret.
+pub(crate) fn group_secret(file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let (value, file_var) = (var(SECRET_VAR), var(SECRET_FILE_VAR));
+    let (secret, from) = match (file, file_var, value) {
+        (Some(f), ..) => (
+            read_secret(f, "--rendezvous-secret-file")?,
+            "--rendezvous-secret-file",
+        ),
+        (None, Some(_), Some(_)) => {
+            return Err(format!(
+                "{SECRET_VAR} and {SECRET_FILE_VAR} are both set: expected one of them"
+            ));
+        }
+        (None, Some(f), None) => (
+            read_secret(Path::new(&f), SECRET_FILE_VAR)?,
+            SECRET_FILE_VAR,
+        ),
+        (None, None, Some(v)) => {
+            let v = v
+                .into_string()
+                .map_err(|_| format!("{SECRET_VAR} (masked): expected UTF-8 text"))?;
+            (v.into_bytes(), SECRET_VAR)
+        }
+        (None, None, None) => return Ok(None),
+    };
+    if secret.len() < MIN_SECRET {
+        return Err(format!(
+            "{from} (masked): a group secret of {} bytes, expected at least {MIN_SECRET}",
+            secret.len()
+        ));
+    }
+    Ok(Some(secret))
+}
+
+fn read_secret(path: &Path, input: &str) -> Result<Vec<u8>, String> {
+    let shown = path.display();
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_SECRET_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| {
+            format!(
+                "{input} {shown}: cannot read it ({e}); expected a file holding the group secret"
+            )
+        })?;
+    if bytes.len() as u64 > MAX_SECRET_FILE {
+        return Err(format!(
+            "{input} {shown}: over {MAX_SECRET_FILE} bytes; expected a file holding the group secret"
+        ));
+    }
+    for end in [&b"\r\n"[..], b"\n"] {
+        if bytes.ends_with(end) {
+            bytes.truncate(bytes.len() - end.len());
+            break;
+        }
+    }
+    Ok(bytes)
+}
 
 /// Why a rank cannot go on.
 #[derive(Debug)]
@@ -97,51 +176,6 @@ fn configure(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
     s.set_write_timeout(Some(timeout))
 }
 
-fn read_u32(s: &mut TcpStream) -> std::io::Result<u32> {
-    let mut b = [0u8; 4];
-    s.read_exact(&mut b)?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_u16(s: &mut TcpStream) -> std::io::Result<u16> {
-    let mut b = [0u8; 2];
-    s.read_exact(&mut b)?;
-    Ok(u16::from_le_bytes(b))
-}
-
-fn read_text(s: &mut TcpStream) -> std::io::Result<String> {
-    let len = read_u16(s)?;
-    let mut text = vec![0u8; usize::from(len)];
-    s.read_exact(&mut text)?;
-    Ok(String::from_utf8_lossy(&text).into_owned())
-}
-
-fn text(t: &str) -> Vec<u8> {
-    let t = &t.as_bytes()[..t.len().min(usize::from(u16::MAX))];
-    let mut out = (t.len() as u16).to_le_bytes().to_vec();
-    out.extend_from_slice(t);
-    out
-}
-
-/// Accepts one connection before `deadline` (the listener is non-blocking).
-fn accept_until(
-    listener: &TcpListener,
-    deadline: Instant,
-) -> std::io::Result<Option<(TcpStream, SocketAddr)>> {
-    loop {
-        match listener.accept() {
-            Ok(c) => return Ok(Some(c)),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Ok(None);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Connects to `at`, retrying until `deadline` while nothing listens there yet.
 fn connect_until(at: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     loop {
@@ -154,24 +188,84 @@ fn connect_until(at: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream
     }
 }
 
+/// Knocks on the listener at `at` until admitted, refused, or `deadline`: a connection closed
+/// before its challenge (a listener evicting handshakes under a flood) is retried. `hello`
+/// gives the port this rank listens on (`listen` is called once, with the address the first
+/// connection came from) and gets a fresh nonce each time.
+fn knock_until(
+    at: SocketAddr,
+    key: &GroupKey,
+    deadline: Instant,
+    mut listen: impl FnMut(SocketAddr) -> Result<u16, String>,
+    hello: impl Fn(u16, [u8; wire::NONCE]) -> Hello,
+) -> Result<TcpStream, Knocked> {
+    loop {
+        let stream = connect_until(at, deadline).map_err(Knocked::Closed)?;
+        let local = stream
+            .local_addr()
+            .map_err(|e| Knocked::Failed(e.to_string()))?;
+        let port = listen(local).map_err(Knocked::Failed)?;
+        let nonce = door::nonce().map_err(|e| Knocked::Failed(e.to_string()))?;
+        match door::knock(stream, hello(port, nonce), key) {
+            Knocked::Admitted(s) => return Ok(s),
+            Knocked::Closed(_) if Instant::now() + RETRY < deadline => std::thread::sleep(RETRY),
+            other => return Err(other),
+        }
+    }
+}
+
+/// What a knock that failed says, from the rank that knocked.
+fn knock_failed(k: Knocked, whom: &str, at: SocketAddr, timeout: Duration) -> String {
+    match k {
+        Knocked::Admitted(_) => format!("{whom} at {at} admitted this rank"),
+        Knocked::Refused(why) if why == door::WRONG_SECRET => {
+            format!("{whom} at {at} refused to form the group: {why} ({SECRET_HINT})")
+        }
+        Knocked::Refused(why) => format!("{whom} at {at} refused to form the group: {why}"),
+        Knocked::Closed(e) => format!(
+            "cannot reach {whom} at {at} within {}s ({})",
+            timeout.as_secs_f64(),
+            describe(&e, timeout)
+        ),
+        Knocked::Failed(m) => format!("{whom} at {at}: {m}"),
+    }
+}
+
+/// Closes a listener, saying in one line what it closed (nothing when it closed nothing).
+fn summarise(door: Door) {
+    let at = door
+        .local_addr()
+        .map_or_else(|_| "its listener".to_owned(), |a| a.to_string());
+    if let Some(line) = door.close().summary() {
+        eprintln!("phasetrace: rendezvous at {at}: {line}");
+    }
+}
+
 impl TcpRendezvous {
     /// Forms the group: rank 0 listens at `addr` and waits for the other `ranks - 1`; any other
     /// rank connects to it (retrying while rank 0 is not up yet), then to the ranks below it,
-    /// and accepts the ranks above it. Everyone gives up after `timeout`.
+    /// and accepts the ranks above it. Every connection proves `key`. Everyone gives up after
+    /// `timeout`.
     pub(crate) fn join(
         addr: &str,
         rank: u32,
         ranks: u32,
         group: &str,
+        key: &GroupKey,
         timeout: Duration,
     ) -> Result<TcpRendezvous, RendezvousError> {
         let at = resolve(addr)?;
-        let deadline = Instant::now() + timeout;
+        let began = Instant::now();
+        let deadline = began + timeout;
         let peers = if rank == 0 {
-            Self::host(at, ranks, group, timeout, deadline)?
+            Self::host(at, ranks, group, key, timeout, deadline)?
         } else {
-            Self::member(at, rank, ranks, group, timeout, deadline)?
+            Self::member(at, rank, ranks, group, key, timeout, deadline)?
         };
+        eprintln!(
+            "phasetrace: rendezvous: rank {rank} of {ranks}: the group formed in {:.3}s",
+            began.elapsed().as_secs_f64()
+        );
         Ok(TcpRendezvous {
             peers,
             seq: 0,
@@ -179,11 +273,15 @@ impl TcpRendezvous {
         })
     }
 
-    /// Rank 0: admits every other rank, then tells each where the others listen.
+    /// Rank 0: admits every other rank, then tells each where the others listen. A hello that
+    /// does not match this group is fatal when a secret is set (a member started wrong: the
+    /// whole group fails at once, naming both sides); without one anyone can send it, so it is
+    /// refused and the wait goes on.
     fn host(
         at: SocketAddr,
         ranks: u32,
         group: &str,
+        key: &GroupKey,
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Vec<Peer>, RendezvousError> {
@@ -192,96 +290,96 @@ impl TcpRendezvous {
                 "--rendezvous {at}: rank 0 cannot listen there ({e}); expected a free local address"
             ))
         })?;
+        if !key.is_set() && !at.ip().is_loopback() {
+            eprintln!(
+                "phasetrace: rendezvous at {at}: no group secret ({SECRET_VAR} or \
+                 {SECRET_FILE_VAR}): any process that reaches this address can join the group"
+            );
+        }
         let setup = |m: String| RendezvousError::Setup(format!("rendezvous at {at}: {m}"));
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| setup(e.to_string()))?;
+        let mut door = Door::new(listener).map_err(|e| setup(e.to_string()))?;
         // (peer, the port it listens on for the ranks above it)
         let mut joined: Vec<(Peer, u16)> = Vec::new();
-        while joined.len() + 1 < ranks as usize {
-            let Some((mut stream, addr)) =
-                accept_until(&listener, deadline).map_err(|e| setup(format!("accept: {e}")))?
-            else {
+        let mut refusals: Vec<String> = Vec::new();
+        let formed = loop {
+            if joined.len() + 1 >= ranks as usize {
+                break Ok(());
+            }
+            let Some(k) = door.next(key, deadline) else {
                 let missing: Vec<String> = (1..ranks)
                     .filter(|r| !joined.iter().any(|(p, _)| p.rank == *r))
                     .map(|r| r.to_string())
                     .collect();
-                return Err(setup(format!(
-                    "only {} of {} ranks joined within {}s (missing ranks {})",
+                let refused = match refusals.last() {
+                    Some(last) => format!("; refused {} (the last: {last})", refusals.len()),
+                    None => String::new(),
+                };
+                break Err(setup(format!(
+                    "only {} of {} ranks joined within {}s (missing ranks {}){refused}",
                     joined.len() + 1,
                     ranks,
                     timeout.as_secs_f64(),
                     missing.join(", ")
                 )));
             };
-            configure(&stream, timeout).map_err(|e| setup(format!("{addr}: {e}")))?;
-            let hello = (|| -> std::io::Result<(bool, u32, u32, u16, String)> {
-                let mut magic = [0u8; 5];
-                stream.read_exact(&mut magic)?;
-                let (r, n, port) = (
-                    read_u32(&mut stream)?,
-                    read_u32(&mut stream)?,
-                    read_u16(&mut stream)?,
-                );
-                let g = read_text(&mut stream)?;
-                Ok((&magic == MAGIC, r, n, port, g))
-            })();
-            let (their_rank, port, refusal) = match hello {
-                Err(e) => {
-                    eprintln!(
-                        "phasetrace: rendezvous: ignoring a connection from {addr} ({})",
-                        describe(&e, timeout)
-                    );
-                    continue;
-                }
-                Ok((false, ..)) => (0, 0, Some(format!("{addr} is not a phasetrace demo rank"))),
-                Ok((true, r, n, port, g)) => {
-                    let why = if n != ranks {
-                        Some(format!(
-                            "rank {r} at {addr} was started with --ranks {n}, rank 0 with --ranks {ranks}"
-                        ))
-                    } else if g != group {
-                        Some(format!(
-                            "rank {r} at {addr} is in group {g:?}, rank 0 in group {group:?}"
-                        ))
-                    } else if r == 0 || r >= ranks {
-                        Some(format!(
-                            "a rank at {addr} says it is rank {r}; expected 1 to {}",
-                            ranks - 1
-                        ))
-                    } else if let Some((p, _)) = joined.iter().find(|(p, _)| p.rank == r) {
-                        Some(format!(
-                            "rank {r} joined twice (from {} and {addr})",
-                            p.addr
-                        ))
-                    } else {
-                        None
-                    };
-                    (r, port, why)
-                }
+            let (h, addr) = (&k.hello, k.addr);
+            let why = if h.to != To::Root {
+                Some(format!("{addr} sent rank 0 a hello for another rank"))
+            } else if h.ranks != ranks {
+                Some(format!(
+                    "rank {} at {addr} was started with --ranks {}, rank 0 with --ranks {ranks}",
+                    h.rank, h.ranks
+                ))
+            } else if h.group != group {
+                Some(format!(
+                    "rank {} at {addr} is in group {:?}, rank 0 in group {group:?}",
+                    h.rank, h.group
+                ))
+            } else if h.rank == 0 || h.rank >= ranks {
+                Some(format!(
+                    "a rank at {addr} says it is rank {}; expected 1 to {}",
+                    h.rank,
+                    ranks - 1
+                ))
+            } else if let Some((p, _)) = joined.iter().find(|(p, _)| p.rank == h.rank) {
+                Some(format!(
+                    "rank {} joined twice (from {} and {addr})",
+                    h.rank, p.addr
+                ))
+            } else {
+                None
             };
-            if let Some(why) = refusal {
-                let mut msg = vec![1u8];
-                msg.extend(text(&why));
-                let _ = stream.write_all(&msg);
-                return Err(setup(why));
+            match why {
+                Some(why) if key.is_set() => {
+                    k.refuse(&why);
+                    break Err(setup(why));
+                }
+                Some(why) => {
+                    door.refused(k, &why);
+                    refusals.push(why);
+                }
+                None => {
+                    let (rank, port) = (h.rank, h.port);
+                    // A rank that vanished between its hello and the answer knocks again.
+                    match k
+                        .admit(key)
+                        .and_then(|s| configure(&s, timeout).map(|()| s))
+                    {
+                        Ok(stream) => joined.push((Peer { rank, addr, stream }, port)),
+                        Err(_) => door.strangers.left += 1,
+                    }
+                }
             }
-            joined.push((
-                Peer {
-                    rank: their_rank,
-                    addr,
-                    stream,
-                },
-                port,
-            ));
-        }
+        };
+        summarise(door);
+        formed?;
         joined.sort_by_key(|(p, _)| p.rank);
         // Every rank learns where every other listens: the address rank 0 sees it at.
-        let mut table = vec![0u8];
-        for (p, port) in &joined {
-            table.extend(text(&p.addr.ip().to_string()));
-            table.extend_from_slice(&port.to_le_bytes());
-        }
+        let addrs: Vec<SocketAddr> = joined
+            .iter()
+            .map(|(p, port)| SocketAddr::new(p.addr.ip(), *port))
+            .collect();
+        let table = wire::table(&addrs);
         let mut peers = Vec::new();
         for (mut p, _) in joined {
             p.stream.write_all(&table).map_err(|e| {
@@ -303,6 +401,7 @@ impl TcpRendezvous {
         rank: u32,
         ranks: u32,
         group: &str,
+        key: &GroupKey,
         timeout: Duration,
         deadline: Instant,
     ) -> Result<Vec<Peer>, RendezvousError> {
@@ -310,53 +409,38 @@ impl TcpRendezvous {
         if rank >= ranks {
             return Err(setup(format!("expected a rank below --ranks {ranks}")));
         }
-        let mut root = connect_until(at, deadline).map_err(|e| {
-            setup(format!(
-                "cannot reach rank 0 at {at} within {}s ({e})",
-                timeout.as_secs_f64()
-            ))
-        })?;
-        configure(&root, timeout).map_err(|e| setup(e.to_string()))?;
         // Listen where rank 0 reached us: the ranks above us come the same way.
-        let local = root.local_addr().map_err(|e| setup(e.to_string()))?;
-        let listener = TcpListener::bind((local.ip(), 0))
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| {
-                setup(format!(
-                    "cannot listen on {} for the other ranks ({e})",
-                    local.ip()
-                ))
-            })?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| setup(e.to_string()))?
-            .port();
-        let lost0 = |e: std::io::Error| {
-            RendezvousError::LostPeer(format!("rank 0 ({at}): {}", describe(&e, timeout)))
+        let mut door: Option<Door> = None;
+        let listen = |local: SocketAddr| -> Result<u16, String> {
+            if door.is_none() {
+                let l = TcpListener::bind((local.ip(), 0)).map_err(|e| {
+                    format!("cannot listen on {} for the other ranks ({e})", local.ip())
+                })?;
+                door = Some(Door::new(l).map_err(|e| e.to_string())?);
+            }
+            let d = door.as_ref().ok_or("no listener")?;
+            d.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
         };
-        let mut hello = MAGIC.to_vec();
-        hello.extend_from_slice(&rank.to_le_bytes());
-        hello.extend_from_slice(&ranks.to_le_bytes());
-        hello.extend_from_slice(&port.to_le_bytes());
-        hello.extend(text(group));
-        root.write_all(&hello).map_err(lost0)?;
-        let mut answer = [0u8; 1];
-        root.read_exact(&mut answer).map_err(lost0)?;
-        if answer[0] != 0 {
-            let why = read_text(&mut root).unwrap_or_else(|_| "no reason given".into());
-            return Err(setup(format!(
-                "rank 0 at {at} refused to form the group: {why}"
-            )));
-        }
-        let mut table = Vec::new();
-        for r in 1..ranks {
-            let ip = read_text(&mut root).map_err(lost0)?;
-            let port = read_u16(&mut root).map_err(lost0)?;
-            let ip: IpAddr = ip
-                .parse()
-                .map_err(|_| setup(format!("rank 0 sent a bad address for rank {r}: {ip:?}")))?;
-            table.push(SocketAddr::new(ip, port));
-        }
+        let hello = |to, port, nonce| Hello {
+            to,
+            rank,
+            ranks,
+            port,
+            group: group.to_owned(),
+            nonce,
+            mac: [0; MAC],
+        };
+        let mut root = knock_until(at, key, deadline, listen, |port, n| {
+            hello(To::Root, port, n)
+        })
+        .map_err(|k| setup(knock_failed(k, "rank 0", at, timeout)))?;
+        let Some(mut door) = door else {
+            return Err(setup("no listener for the other ranks".into()));
+        };
+        configure(&root, timeout).map_err(|e| setup(e.to_string()))?;
+        let table = wire::read_table(&mut root, ranks).map_err(|e| {
+            RendezvousError::LostPeer(format!("rank 0 ({at}): {}", describe(&e, timeout)))
+        })?;
         let mut peers = vec![Peer {
             rank: 0,
             addr: at,
@@ -364,59 +448,82 @@ impl TcpRendezvous {
         }];
         for s in 1..rank {
             let addr = table[s as usize - 1];
-            let mut stream = connect_until(addr, deadline)
-                .map_err(|e| setup(format!("cannot reach rank {s} at {addr} ({e})")))?;
+            let whom = format!("rank {s}");
+            let stream = knock_until(addr, key, deadline, |_| Ok(0), |_, n| hello(To::Mesh, 0, n))
+                .map_err(|k| setup(knock_failed(k, &whom, addr, timeout)))?;
             configure(&stream, timeout).map_err(|e| setup(e.to_string()))?;
-            let mut join = MAGIC.to_vec();
-            join.extend_from_slice(&rank.to_le_bytes());
-            stream.write_all(&join).map_err(|e| {
-                RendezvousError::LostPeer(format!("rank {s} ({addr}): {}", describe(&e, timeout)))
-            })?;
             peers.push(Peer {
                 rank: s,
                 addr,
                 stream,
             });
         }
+        let formed = Self::admit_above(
+            &mut door, &mut peers, rank, ranks, group, key, &table, deadline, timeout,
+        );
+        summarise(door);
+        formed.map_err(setup)?;
+        peers.sort_by_key(|p| p.rank);
+        Ok(peers)
+    }
+
+    /// Rank r > 0 admits the ranks above it, refusing (not failing on) anything else.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_above(
+        door: &mut Door,
+        peers: &mut Vec<Peer>,
+        rank: u32,
+        ranks: u32,
+        group: &str,
+        key: &GroupKey,
+        table: &[SocketAddr],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), String> {
         while peers.len() < ranks as usize - 1 {
-            let Some((mut stream, addr)) =
-                accept_until(&listener, deadline).map_err(|e| setup(format!("accept: {e}")))?
-            else {
+            let Some(k) = door.next(key, deadline) else {
                 let missing: Vec<String> = (rank + 1..ranks)
                     .filter(|r| !peers.iter().any(|p| p.rank == *r))
                     .map(|r| r.to_string())
                     .collect();
-                return Err(setup(format!(
+                return Err(format!(
                     "ranks {} did not connect within {}s",
                     missing.join(", "),
                     timeout.as_secs_f64()
-                )));
+                ));
             };
-            configure(&stream, timeout).map_err(|e| setup(e.to_string()))?;
-            let mut magic = [0u8; 5];
-            let r = stream
-                .read_exact(&mut magic)
-                .and_then(|()| read_u32(&mut stream));
-            match r {
-                Ok(r)
-                    if &magic == MAGIC
-                        && r > rank
-                        && r < ranks
-                        && !peers.iter().any(|p| p.rank == r) =>
-                {
-                    // Where it listens (not the ephemeral port it came from), for messages.
-                    let addr = SocketAddr::new(addr.ip(), table[r as usize - 1].port());
-                    peers.push(Peer {
-                        rank: r,
-                        addr,
-                        stream,
-                    });
-                }
-                _ => eprintln!("phasetrace: rendezvous: ignoring a connection from {addr}"),
+            let h = &k.hello;
+            let r = h.rank;
+            if h.to != To::Mesh
+                || h.ranks != ranks
+                || h.group != group
+                || r <= rank
+                || r >= ranks
+                || peers.iter().any(|p| p.rank == r)
+            {
+                let why = format!(
+                    "rank {rank} expected a hello from one of ranks {} to {}",
+                    rank + 1,
+                    ranks - 1
+                );
+                door.refused(k, &why);
+                continue;
+            }
+            // Where it listens (not the ephemeral port it came from), for messages.
+            let addr = SocketAddr::new(k.addr.ip(), table[r as usize - 1].port());
+            match k
+                .admit(key)
+                .and_then(|s| configure(&s, timeout).map(|()| s))
+            {
+                Ok(stream) => peers.push(Peer {
+                    rank: r,
+                    addr,
+                    stream,
+                }),
+                Err(_) => door.strangers.left += 1,
             }
         }
-        peers.sort_by_key(|p| p.rank);
-        Ok(peers)
+        Ok(())
     }
 
     /// One rendezvous of the whole group: returns once every rank has arrived. `stop` asks the
@@ -444,26 +551,8 @@ impl TcpRendezvous {
         let mut decision = stop;
         if failed.is_none() {
             for p in &mut self.peers {
-                let mut kind = [0u8; 1];
-                let got = p.stream.read_exact(&mut kind).and_then(|()| {
-                    if kind[0] == ABORT {
-                        return read_text(&mut p.stream).map(Err);
-                    }
-                    let mut b = [0u8; 8];
-                    p.stream.read_exact(&mut b)?;
-                    Ok(Ok(u64::from_le_bytes(b)))
-                });
-                match got {
-                    Ok(Ok(s)) if s == seq && matches!(kind[0], ARRIVE | ARRIVE_STOP) => {
-                        decision |= kind[0] == ARRIVE_STOP;
-                    }
-                    Ok(Ok(s)) => {
-                        failed = Some(format!(
-                            "rank {} ({}): out of step (collective {s}, expected {seq})",
-                            p.rank, p.addr
-                        ));
-                        break;
-                    }
+                match wire::read_arrival(&mut p.stream, seq) {
+                    Ok(Ok(stop)) => decision |= stop,
                     Ok(Err(why)) => {
                         let why = format!("{why} (reported by rank {})", p.rank);
                         self.abort(&why);
@@ -533,7 +622,7 @@ impl TcpRendezvous {
             });
             let mut read = Ok(());
             for p in &mut self.peers {
-                match read_data(&mut p.stream, seq) {
+                match wire::read_data(&mut p.stream, seq) {
                     Ok(Ok(bytes)) => parts.push((p.rank, bytes)),
                     Ok(Err(why)) => {
                         read = Err((why, true));
@@ -573,47 +662,24 @@ impl TcpRendezvous {
 
     fn abort(&mut self, why: &str) {
         let mut msg = vec![ABORT];
-        msg.extend(text(why));
+        msg.extend(wire::text(why));
         for p in &mut self.peers {
             let _ = p.stream.write_all(&msg);
         }
     }
 }
 
-/// Reads one peer's part of exchange `seq`: its bytes, or `Err(why)` where the peer aborted
-/// (a peer of its died); an I/O error, a message out of step or a part over [`MAX_PAYLOAD`] is
-/// an I/O error.
-#[cfg_attr(not(feature = "candle"), allow(dead_code))]
-fn read_data(s: &mut TcpStream, seq: u64) -> std::io::Result<Result<Vec<u8>, String>> {
-    let bad = |m: String| std::io::Error::new(ErrorKind::InvalidData, m);
-    let mut kind = [0u8; 1];
-    s.read_exact(&mut kind)?;
-    if kind[0] == ABORT {
-        return read_text(s).map(Err);
-    }
-    let mut b = [0u8; 12];
-    s.read_exact(&mut b)?;
-    let their = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
-    let len = u32::from_le_bytes(b[8..].try_into().unwrap_or_default());
-    if kind[0] != DATA || their != seq {
-        return Err(bad(format!(
-            "out of step (message {} of collective {their}, expected data of {seq})",
-            kind[0]
-        )));
-    }
-    if len > MAX_PAYLOAD {
-        return Err(bad(format!(
-            "a part of {len} bytes, expected at most {MAX_PAYLOAD}"
-        )));
-    }
-    let mut bytes = vec![0u8; len as usize];
-    s.read_exact(&mut bytes)?;
-    Ok(Ok(bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn none() -> GroupKey {
+        GroupKey::new(None)
+    }
+
+    fn secret() -> GroupKey {
+        GroupKey::new(Some(b"sixteen bytes or more"))
+    }
 
     fn free_addr() -> String {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -628,7 +694,7 @@ mod tests {
             .map(|r| {
                 let addr = addr.clone();
                 std::thread::spawn(move || {
-                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", t).unwrap();
+                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", &none(), t).unwrap();
                     let mut n = 0;
                     // Rank 2 asks to stop at its fifth meeting; everyone stops there.
                     while !rv.meet(r == 2 && n == 4).unwrap() {
@@ -638,7 +704,7 @@ mod tests {
                 })
             })
             .collect();
-        let mut root = TcpRendezvous::join(&addr, 0, 3, "g", t).unwrap();
+        let mut root = TcpRendezvous::join(&addr, 0, 3, "g", &none(), t).unwrap();
         let mut n = 0;
         while !root.meet(false).unwrap() {
             n += 1;
@@ -659,7 +725,7 @@ mod tests {
             .map(|r| {
                 let addr = addr.clone();
                 std::thread::spawn(move || {
-                    let mut rv = TcpRendezvous::join(&addr, r, 4, "g", t).unwrap();
+                    let mut rv = TcpRendezvous::join(&addr, r, 4, "g", &none(), t).unwrap();
                     rv.meet(false).unwrap();
                     let mut waited = Duration::ZERO;
                     for _ in 0..50 {
@@ -693,7 +759,7 @@ mod tests {
         let t = Duration::from_secs(10);
         let a = addr.clone();
         let survivor = std::thread::spawn(move || {
-            let mut rv = TcpRendezvous::join(&a, 1, 3, "g", t).unwrap();
+            let mut rv = TcpRendezvous::join(&a, 1, 3, "g", &none(), t).unwrap();
             loop {
                 if let Err(e) = rv.meet(false) {
                     return e.to_string();
@@ -702,11 +768,11 @@ mod tests {
         });
         let a = addr.clone();
         let doomed = std::thread::spawn(move || {
-            let mut rv = TcpRendezvous::join(&a, 2, 3, "g", t).unwrap();
+            let mut rv = TcpRendezvous::join(&a, 2, 3, "g", &none(), t).unwrap();
             rv.meet(false).unwrap();
             // Dropping the connection stands in for the process dying.
         });
-        let mut root = TcpRendezvous::join(&addr, 0, 3, "g", t).unwrap();
+        let mut root = TcpRendezvous::join(&addr, 0, 3, "g", &none(), t).unwrap();
         root.meet(false).unwrap();
         doomed.join().unwrap();
         let err = root.meet(false).unwrap_err().to_string();
@@ -727,11 +793,11 @@ mod tests {
         let t = Duration::from_secs(10);
         let a = addr.clone();
         let member = std::thread::spawn(move || {
-            TcpRendezvous::join(&a, 1, 2, "tp1", t)
+            TcpRendezvous::join(&a, 1, 2, "tp1", &secret(), t)
                 .err()
                 .map(|e| e.to_string())
         });
-        let err = TcpRendezvous::join(&addr, 0, 2, "tp0", t)
+        let err = TcpRendezvous::join(&addr, 0, 2, "tp0", &secret(), t)
             .err()
             .unwrap()
             .to_string();
@@ -745,9 +811,136 @@ mod tests {
     }
 
     #[test]
+    fn without_a_secret_a_mismatched_hello_is_refused_and_the_group_still_forms() {
+        let addr = free_addr();
+        let t = Duration::from_secs(20);
+        let a = addr.clone();
+        let stranger = std::thread::spawn(move || {
+            TcpRendezvous::join(&a, 1, 2, "other", &none(), t)
+                .err()
+                .map(|e| e.to_string())
+        });
+        let a = addr.clone();
+        let member = std::thread::spawn(move || {
+            // After the stranger's refusal, or beside it: either way rank 0 admits it.
+            std::thread::sleep(Duration::from_millis(300));
+            TcpRendezvous::join(&a, 1, 2, "g", &none(), t).map(|_| ())
+        });
+        let root = TcpRendezvous::join(&addr, 0, 2, "g", &none(), t);
+        assert!(root.is_ok(), "{:?}", root.err());
+        member.join().unwrap().unwrap();
+        let theirs = stranger.join().unwrap().unwrap();
+        assert!(
+            theirs.contains("refused to form the group: rank 1 at 127.0.0.1:"),
+            "{theirs}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_secret_is_refused_on_both_sides_and_the_group_forms() {
+        let addr = free_addr();
+        let t = Duration::from_secs(20);
+        let a = addr.clone();
+        let wrong = std::thread::spawn(move || {
+            let key = GroupKey::new(Some(b"not the group's secret"));
+            TcpRendezvous::join(&a, 1, 2, "g", &key, t)
+                .err()
+                .map(|e| e.to_string())
+        });
+        let a = addr.clone();
+        let member = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            TcpRendezvous::join(&a, 1, 2, "g", &secret(), t).map(|_| ())
+        });
+        let root = TcpRendezvous::join(&addr, 0, 2, "g", &secret(), t);
+        assert!(root.is_ok(), "{:?}", root.err());
+        member.join().unwrap().unwrap();
+        let theirs = wrong.join().unwrap().unwrap();
+        assert!(
+            theirs.contains("rank 0 at 127.0.0.1:")
+                && theirs.contains("refused to form the group: wrong group secret")
+                && theirs.contains("PHASETRACE_RENDEZVOUS_SECRET"),
+            "{theirs}"
+        );
+        // A rank with a secret refuses a rank 0 without one.
+        let addr = free_addr();
+        let a = addr.clone();
+        let member = std::thread::spawn(move || {
+            TcpRendezvous::join(&a, 1, 2, "g", &secret(), Duration::from_secs(3))
+                .err()
+                .map(|e| e.to_string())
+        });
+        let root = TcpRendezvous::join(&addr, 0, 2, "g", &none(), Duration::from_secs(3));
+        assert!(root.is_err());
+        let theirs = member.join().unwrap().unwrap();
+        assert!(theirs.contains("wrong group secret"), "{theirs}");
+    }
+
+    #[test]
+    fn strangers_at_rank_0_do_not_stop_the_group() {
+        // Silent connections and random bytes at rank 0 before the ranks come.
+        let addr = free_addr();
+        let t = Duration::from_secs(30);
+        let at: SocketAddr = addr.parse().unwrap();
+        let a = addr.clone();
+        let root = std::thread::spawn(move || {
+            let mut rv = TcpRendezvous::join(&a, 0, 3, "g", &secret(), t).unwrap();
+            rv.meet(false).unwrap()
+        });
+        let connect = || loop {
+            match TcpStream::connect(at) {
+                Ok(s) => break s,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let mut strangers: Vec<TcpStream> = (0..20).map(|_| connect()).collect();
+        let mut junk = connect();
+        junk.write_all(&[0xff; 64]).unwrap();
+        strangers.push(junk);
+        let ranks: Vec<_> = (1..3u32)
+            .map(|r| {
+                let addr = addr.clone();
+                std::thread::spawn(move || {
+                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", &secret(), t).unwrap();
+                    rv.meet(false).unwrap()
+                })
+            })
+            .collect();
+        assert!(!root.join().unwrap());
+        for r in ranks {
+            assert!(!r.join().unwrap());
+        }
+        drop(strangers);
+    }
+
+    #[test]
+    fn the_secret_comes_from_a_file_without_its_line_break_and_never_prints() {
+        let dir = std::env::temp_dir().join(format!("phasetrace-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("secret");
+        std::fs::write(&f, "a secret of some length\n").unwrap();
+        assert_eq!(
+            group_secret(Some(&f)).unwrap().unwrap(),
+            b"a secret of some length"
+        );
+        std::fs::write(&f, "short\n").unwrap();
+        let e = group_secret(Some(&f)).unwrap_err();
+        assert!(
+            e.contains(
+                "--rendezvous-secret-file (masked): a group secret of 5 bytes, expected at least 16"
+            ) && !e.contains("short"),
+            "{e}"
+        );
+        let missing = dir.join("missing");
+        let e = group_secret(Some(&missing)).unwrap_err();
+        assert!(e.contains("cannot read it") && e.contains("missing"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn nobody_waits_forever_for_a_missing_rank() {
         let addr = free_addr();
-        let err = TcpRendezvous::join(&addr, 0, 2, "g", Duration::from_millis(300))
+        let err = TcpRendezvous::join(&addr, 0, 2, "g", &none(), Duration::from_millis(300))
             .err()
             .unwrap()
             .to_string();
@@ -755,7 +948,7 @@ mod tests {
             err.contains("only 1 of 2 ranks joined within 0.3s (missing ranks 1)"),
             "{err}"
         );
-        let err = TcpRendezvous::join(&addr, 1, 2, "g", Duration::from_millis(300))
+        let err = TcpRendezvous::join(&addr, 1, 2, "g", &none(), Duration::from_millis(300))
             .err()
             .unwrap()
             .to_string();
@@ -772,7 +965,7 @@ mod tests {
             .map(|r| {
                 let addr = addr.clone();
                 std::thread::spawn(move || {
-                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", t).unwrap();
+                    let mut rv = TcpRendezvous::join(&addr, r, 3, "g", &none(), t).unwrap();
                     let mut got = Vec::new();
                     for round in 0..3u8 {
                         let mine = vec![r as u8 * 10 + round; 4 << 20];
@@ -794,23 +987,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn a_peer_that_announces_an_oversized_part_is_refused_without_allocating_it() {
-        let (mut a, mut b) = {
-            let l = TcpListener::bind("127.0.0.1:0").unwrap();
-            let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-            (l.accept().unwrap().0, c)
-        };
-        let mut msg = vec![DATA];
-        msg.extend_from_slice(&1u64.to_le_bytes());
-        msg.extend_from_slice(&u32::MAX.to_le_bytes());
-        b.write_all(&msg).unwrap();
-        let e = read_data(&mut a, 1).unwrap_err().to_string();
-        assert!(
-            e.contains("4294967295 bytes") && e.contains("at most"),
-            "{e}"
-        );
     }
 }

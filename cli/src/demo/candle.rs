@@ -448,11 +448,13 @@ fn join_group(a: &DemoArgs, profiler: &Profiler) -> Result<Option<TcpAllReduce>,
         a.ranks,
         if r == 0 { "listening for" } else { "joining" }
     );
+    let key = super::group_key(a)?;
     let rv = TcpRendezvous::join(
         addr,
         r,
         a.ranks,
         group,
+        &key,
         Duration::from_secs_f64(a.rendezvous_timeout),
     )
     .map_err(|e| Failure::runtime(format!("rank {r} of {}: {e}", a.ranks)))?;

@@ -140,3 +140,53 @@ fn the_import_summary_escapes_the_lines_it_quotes() {
     assert_no_controls("import", &run.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_rendezvous_secret_never_prints() {
+    let short = "S3CRET-CLI";
+    let demo = [
+        "demo",
+        "--ranks",
+        "2",
+        "--rank",
+        "1",
+        "--rendezvous",
+        "127.0.0.1:1",
+        "--rendezvous-timeout",
+        "1",
+        "--steps",
+        "1",
+        "--prometheus",
+        "off",
+    ];
+    // Too short: a usage error naming the variable, the value masked.
+    let run = phasetrace(&demo, &[("PHASETRACE_RENDEZVOUS_SECRET", short)], RUN);
+    assert_eq!(run.code, Some(3), "{run}");
+    assert!(
+        run.stderr.contains(
+            "PHASETRACE_RENDEZVOUS_SECRET (masked): a group secret of 10 bytes, expected at least 16"
+        ),
+        "{run}"
+    );
+    assert!(!run.all().contains(short), "{run}");
+    // Accepted, then the rendezvous fails (nothing listens): still never printed.
+    let run = phasetrace(&demo, &[("PHASETRACE_RENDEZVOUS_SECRET", MARKER)], RUN);
+    assert_eq!(run.code, Some(1), "{run}");
+    assert!(
+        run.stderr.contains("cannot reach rank 0 at 127.0.0.1:1"),
+        "{run}"
+    );
+    assert!(!run.all().contains(MARKER), "{run}");
+    // Both variables: which to take is ambiguous.
+    let run = phasetrace(
+        &demo,
+        &[
+            ("PHASETRACE_RENDEZVOUS_SECRET", MARKER),
+            ("PHASETRACE_RENDEZVOUS_SECRET_FILE", "/nonexistent"),
+        ],
+        RUN,
+    );
+    assert_eq!(run.code, Some(3), "{run}");
+    assert!(run.stderr.contains("are both set"), "{run}");
+    assert!(!run.all().contains(MARKER), "{run}");
+}

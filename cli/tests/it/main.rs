@@ -26,6 +26,8 @@ mod prometheus_3_scrapes_per_layer_native_histograms_within_the_budget;
 mod prometheus_3_takes_the_demos_metrics_over_otlp_with_no_collector;
 mod requests_reach_a_collector_and_prometheus_with_the_genai_names;
 #[cfg(feature = "candle")]
+mod strangers_at_the_rendezvous_neither_stop_the_group_nor_join_it;
+#[cfg(feature = "candle")]
 mod the_candle_demo_ends_with_a_checksum_that_telemetry_does_not_change;
 #[cfg(feature = "candle")]
 mod the_candle_engines_ranks_as_processes_generate_what_rank_threads_generate;
