@@ -9,6 +9,7 @@ mod manual_clock;
 
 mod a_changed_web_config_applies_without_a_restart;
 mod a_collector_outage_loses_nothing_silently;
+mod a_hostile_collector_cannot_hang_or_bloat_a_rank;
 mod a_meter_provider_that_is_not_the_sdks_receives_every_record;
 mod a_meter_provider_without_the_view_is_named_once_on_stderr;
 mod a_profiler_built_again_on_the_engines_provider_reports_exact_counts;
