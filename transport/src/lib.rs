@@ -309,7 +309,9 @@ mod grpc {
     pub fn status_failure(status: &tonic::Status) -> Failure {
         use tonic::Code;
         match status.code() {
-            Code::DeadlineExceeded | Code::Cancelled => return Failure::Timeout,
+            // tonic's own timeout is `Cancelled` ("Timeout expired"); a connection closed
+            // under a call is `Cancelled` too, and says so.
+            Code::DeadlineExceeded => return Failure::Timeout,
             Code::OutOfRange if status.message().contains("too large") => {
                 return Failure::ResponseTooLarge;
             }
