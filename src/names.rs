@@ -7,9 +7,15 @@
 //! the enums and that data equal.
 
 pub use phasetrace_names::{
-    SCOPE, attr, auth_refusal, connection_close, env, metric, outcome, prometheus, reason,
-    resource, span,
+    SCOPE, attr, auth_refusal, connection_close, env, export_failure, metric, outcome, prometheus,
+    reason, resource, signal, span,
 };
+
+/// Why an OTLP export failed: the `reason` attribute of `phasetrace.otlp.export.failures`
+/// (`ExportFailure::ALL`, `as_str`), in the order of [`export_failure::ALL`]. It is the
+/// transport's own type (`phasetrace-transport`), which says why each request failed.
+#[cfg(feature = "transport")]
+pub use phasetrace_transport::Failure as ExportFailure;
 
 /// Why a record was dropped: the `reason` attribute of `phasetrace.records.dropped`, and the
 /// index of [`crate::Stats::dropped`]. Every reason has a series from the start (at 0), so that
@@ -295,5 +301,11 @@ mod tests {
         let refusals: Vec<&str> = AuthRefusal::ALL.iter().map(|r| r.as_str()).collect();
         let data: Vec<&str> = auth_refusal::ALL.iter().map(|n| n.value).collect();
         assert_eq!(refusals, data);
+        #[cfg(feature = "transport")]
+        {
+            let failures: Vec<&str> = ExportFailure::ALL.iter().map(|r| r.as_str()).collect();
+            let data: Vec<&str> = export_failure::ALL.iter().map(|n| n.value).collect();
+            assert_eq!(failures, data);
+        }
     }
 }

@@ -339,6 +339,18 @@ pub mod metric {
             unit: UNIT_EXPORTS,
             attributes: [attr::RESULT, attr::GROUP],
         }
+        /// Counter of failed OTLP exports, attributes `signal` (`metrics`, `traces`) and `reason`
+        /// (`phasetrace::names::ExportFailure`: timeout, connect, tls, redirect,
+        /// response_too_large, bad_response, rejected, other); every (signal, reason) of an OTLP
+        /// exporter that is on is a series from the start
+        /// (`phasetrace_otlp_export_failures_total`). Each export ends within the OTLP timeout,
+        /// reads at most 64 KiB of an answer and follows no redirect; the first failure of an
+        /// outage is said once on stderr with its reason.
+        OTLP_EXPORT_FAILURES = "phasetrace.otlp.export.failures" {
+            instrument: Counter,
+            unit: UNIT_EXPORTS,
+            attributes: [attr::SIGNAL, attr::REASON, attr::GROUP],
+        }
         /// Counter of the connections the Prometheus endpoint closed before their client was
         /// done, attribute `reason` (`phasetrace::names::ConnectionClose`: evicted or refused at
         /// the bound on connections, no request head in time, idle too long); every reason a
@@ -604,6 +616,8 @@ pub mod attr {
         /// How a re-read of the web configuration file or a metrics export ended
         /// (`phasetrace::names::Outcome`).
         RESULT = "result";
+        /// The OTLP signal an export carried (`phasetrace_names::signal`).
+        SIGNAL = "signal";
         /// Speculative phase.
         PHASE = "phase";
         /// Verify part.
@@ -929,6 +943,41 @@ pub mod outcome {
         /// It failed: a reload keeps the configuration read before (a warning on stderr says
         /// why); a failed export is retried with the next interval's cumulative totals.
         FAILED = "failed";
+    }
+}
+
+/// The values of the `reason` attribute of [`metric::OTLP_EXPORT_FAILURES`]: why an OTLP export
+/// failed (`phasetrace::names::ExportFailure`). Every reason has a series from the start (at 0).
+pub mod export_failure {
+    names! {
+        /// The export did not end within the OTLP timeout (no answer, an answer too slow, an
+        /// HTTP/2 connection kept busy with PINGs or SETTINGS).
+        TIMEOUT = "timeout";
+        /// No connection to the endpoint (refused, unreachable, closed before an answer).
+        CONNECT = "connect";
+        /// The TLS handshake failed (a certificate for another name, not signed by a trusted CA).
+        TLS = "tls";
+        /// The endpoint answered with a redirect (3xx); an OTLP exporter follows none.
+        REDIRECT = "redirect";
+        /// The answer was larger than the exporter reads (64 KiB): the connection was dropped.
+        RESPONSE_TOO_LARGE = "response_too_large";
+        /// The answer was not OTLP: not protobuf, or not HTTP/2 frames.
+        BAD_RESPONSE = "bad_response";
+        /// The endpoint refused the export (an HTTP status of 400 or more, a gRPC error status).
+        REJECTED = "rejected";
+        /// Anything else (the text is on stderr).
+        OTHER = "other";
+    }
+}
+
+/// The values of the `signal` attribute of [`metric::OTLP_EXPORT_FAILURES`]: the OTLP signal an
+/// export carried.
+pub mod signal {
+    names! {
+        /// Metrics (`/v1/metrics`, `MetricsService/Export`).
+        METRICS = "metrics";
+        /// Traces (`/v1/traces`, `TraceService/Export`).
+        TRACES = "traces";
     }
 }
 

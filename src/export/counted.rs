@@ -1,5 +1,5 @@
 //! Export accounting: spans handed to the exporter, exported, and lost to failed exports; OTLP
-//! metrics exports by outcome.
+//! metrics exports by outcome; failed OTLP exports of each signal by reason ([`FailureCounts`]).
 //!
 //! The batch processor drops spans silently when its queue is full or an export fails; wrapping
 //! the exporter lets the worker count what was lost and report it as
@@ -7,9 +7,13 @@
 //! spans reached the collector (their exemplars become visible) and which were lost.
 
 use super::exemplars::ExemplarStore;
+#[cfg(feature = "otlp")]
+use crate::names::ExportFailure;
 use crate::names::{Outcome, attr, metric};
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::Resource;
+#[cfg(feature = "otlp")]
+use opentelemetry_sdk::error::OTelSdkError;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::Temporality;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
@@ -197,6 +201,81 @@ impl<E: PushMetricExporter> PushMetricExporter for CountedMetrics<E> {
 
     fn temporality(&self) -> Temporality {
         self.inner.temporality()
+    }
+}
+
+/// Failed OTLP exports of one signal by reason (`phasetrace.otlp.export.failures`), and the
+/// current run of failures; the exporters of [`super::proto_metrics`] and
+/// [`super::proto_spans`] count here.
+#[derive(Debug)]
+#[cfg(feature = "otlp")]
+pub(crate) struct FailureCounts {
+    /// `metrics` or `traces`.
+    pub(crate) signal: &'static str,
+    /// Named in the stderr line.
+    endpoint: String,
+    counts: [AtomicU64; ExportFailure::ALL.len()],
+    failing: AtomicU64,
+    /// Whether the first failure of a run is said on stderr here (the metrics' is said by
+    /// [`ExportCounts::record`], with the error text that names the reason).
+    warn: bool,
+}
+
+#[cfg(feature = "otlp")]
+impl FailureCounts {
+    pub(crate) fn new(signal: &'static str, endpoint: String, warn: bool) -> Self {
+        FailureCounts {
+            signal,
+            endpoint,
+            counts: Default::default(),
+            failing: AtomicU64::new(0),
+            warn,
+        }
+    }
+
+    fn index(reason: ExportFailure) -> usize {
+        // `ALL` lists every variant: the fallback is never taken.
+        ExportFailure::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(ExportFailure::ALL.len() - 1)
+    }
+
+    /// Failed exports for `reason` so far.
+    pub(crate) fn get(&self, reason: ExportFailure) -> u64 {
+        self.counts[Self::index(reason)].load(Relaxed)
+    }
+
+    /// An export worked: the run of failures, if any, is over.
+    pub(crate) fn ok(&self) {
+        let failed = self.failing.swap(0, Relaxed);
+        if failed > 0 && self.warn {
+            crate::diag::notice!(
+                "OTLP {} export to {} works again after {failed} failed export(s)",
+                self.signal,
+                self.endpoint
+            );
+        }
+    }
+
+    /// Counts a failed export and gives the error the exporter returns, which names the
+    /// reason; the first failure of a run is said on stderr.
+    pub(crate) fn failed(&self, (reason, detail): (ExportFailure, String)) -> OTelSdkError {
+        self.counts[Self::index(reason)].fetch_add(1, Relaxed);
+        if self.failing.fetch_add(1, Relaxed) == 0 && self.warn {
+            crate::diag::warning!(
+                "OTLP {} export to {} failed, reason {reason} ({detail}); the spans of a failed \
+                 export are lost, counted in {}{{{}=\"{}\"}} and {}{{{}=\"{reason}\"}}",
+                self.signal,
+                self.endpoint,
+                metric::RECORDS_DROPPED,
+                attr::REASON,
+                crate::names::reason::SPAN_EXPORT,
+                metric::OTLP_EXPORT_FAILURES,
+                attr::REASON,
+            );
+        }
+        OTelSdkError::InternalFailure(format!("reason {reason}: {detail}"))
     }
 }
 

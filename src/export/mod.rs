@@ -4,8 +4,8 @@
 //! server or tracer provider to the one `Install` they all share.
 //!
 //! ```text
-//! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: SDK exporter (traces off) |
-//!                               │        ^          proto_metrics + exemplars over transport
+//! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: proto_metrics (+ exemplars
+//!                               │        ^          when traces are on) over transport
 //!                               │        (both on, same aggregation: scrapes collect here too)
 //!                               └─ ManualReader <── GET /metrics (export::prometheus: hyper,
 //!                                                   TLS, basic auth, classic | OpenMetrics |
@@ -13,7 +13,7 @@
 //!        ──> native provider (with the endpoint): ManualReader that only the protobuf
 //!            scrape reads: the per-layer distributions and the exponential twins of the
 //!            explicit-bucket duration histograms (see `ProviderMeter::distributions`, `twins`)
-//!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans | console
+//!        ──> SdkTracerProvider ─── BatchSpanProcessor ─ OTLP spans (proto_spans) | console
 //!                                       (delivered spans settle ExemplarStore entries)
 //! ```
 
@@ -27,6 +27,8 @@ pub(crate) mod otlp;
 pub(crate) mod prometheus;
 #[cfg(feature = "otlp")]
 mod proto_metrics;
+#[cfg(feature = "otlp")]
+mod proto_spans;
 #[cfg(feature = "otlp")]
 pub(crate) mod transport;
 pub(crate) mod views;
@@ -72,50 +74,10 @@ pub(crate) fn scope() -> InstrumentationScope {
 pub(crate) type OtlpMetricReader =
     opentelemetry_sdk::metrics::PeriodicReader<counted::CountedMetrics<MetricsExporter>>;
 
-/// The OTLP metrics exporter: the SDK's when traces are off, phasetrace's own (the same
-/// requests plus the exemplars of delivered traces) when they are on.
+/// The OTLP metrics exporter: phasetrace's own (opentelemetry-proto's conversion, plus the
+/// exemplars of delivered traces when traces are on), bounded against a hostile collector.
 #[cfg(feature = "otlp")]
-#[derive(Debug)]
-pub(crate) enum MetricsExporter {
-    /// opentelemetry-otlp's exporter.
-    Sdk(opentelemetry_otlp::MetricExporter),
-    /// opentelemetry-proto requests with exemplars, over [`transport`].
-    WithExemplars(proto_metrics::ProtoMetricExporter),
-}
-
-#[cfg(feature = "otlp")]
-impl opentelemetry_sdk::metrics::exporter::PushMetricExporter for MetricsExporter {
-    async fn export(
-        &self,
-        metrics: &opentelemetry_sdk::metrics::data::ResourceMetrics,
-    ) -> opentelemetry_sdk::error::OTelSdkResult {
-        match self {
-            MetricsExporter::Sdk(e) => e.export(metrics).await,
-            MetricsExporter::WithExemplars(e) => e.export(metrics).await,
-        }
-    }
-
-    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
-        match self {
-            MetricsExporter::Sdk(e) => e.force_flush(),
-            MetricsExporter::WithExemplars(e) => e.force_flush(),
-        }
-    }
-
-    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
-        match self {
-            MetricsExporter::Sdk(e) => e.shutdown_with_timeout(timeout),
-            MetricsExporter::WithExemplars(e) => e.shutdown_with_timeout(timeout),
-        }
-    }
-
-    fn temporality(&self) -> opentelemetry_sdk::metrics::Temporality {
-        match self {
-            MetricsExporter::Sdk(e) => e.temporality(),
-            MetricsExporter::WithExemplars(e) => e.temporality(),
-        }
-    }
-}
+pub(crate) type MetricsExporter = proto_metrics::ProtoMetricExporter;
 
 /// Spans the batch processor queues (its `max_queue_size`).
 const SPAN_QUEUE: usize = 16_384;

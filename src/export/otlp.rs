@@ -1,125 +1,56 @@
-//! OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest).
+//! The OTLP exporters over gRPC (tonic) and HTTP/protobuf (blocking reqwest): phasetrace's
+//! own ([`super::proto_metrics`], [`super::proto_spans`]) over the shared transport, each export
+//! bounded against a hostile collector, and their failures by signal and reason
+//! (`phasetrace.otlp.export.failures`).
 
 use super::ExportError;
-use super::transport;
+use super::counted::FailureCounts;
 use crate::config::{OtlpConfig, Protocol};
-#[cfg(feature = "otlp-http")]
-use opentelemetry_otlp::WithHttpConfig;
-#[cfg(feature = "otlp-grpc")]
-use opentelemetry_otlp::WithTonicConfig;
-use opentelemetry_otlp::{Compression, MetricExporter, SpanExporter, WithExportConfig};
-use opentelemetry_sdk::metrics::Temporality;
-#[cfg(feature = "otlp-http")]
-use std::collections::HashMap;
+use crate::names::{ExportFailure, attr, metric, signal};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Meter;
+use std::sync::Arc;
 
-fn err(signal: &'static str, o: &OtlpConfig, e: impl std::fmt::Display) -> ExportError {
-    ExportError::Otlp {
-        signal,
-        var: o.endpoint_var(),
-        endpoint: o.endpoint.clone(),
-        detail: e.to_string(),
-    }
+/// `phasetrace.otlp.export.failures` of one signal on `meter`: a series per reason from the
+/// start.
+fn failure_counter(
+    meter: &Meter,
+    group: &str,
+    counts: Arc<FailureCounts>,
+) -> opentelemetry::metrics::ObservableCounter<u64> {
+    let series = ExportFailure::ALL.map(|r| {
+        (
+            r,
+            [
+                KeyValue::new(attr::SIGNAL, counts.signal),
+                KeyValue::new(attr::REASON, r.as_str()),
+                KeyValue::new(attr::GROUP, group.to_owned()),
+            ],
+        )
+    });
+    meter
+        .u64_observable_counter(metric::OTLP_EXPORT_FAILURES)
+        .with_unit(metric::UNIT_EXPORTS)
+        .with_description("Failed OTLP exports, by signal and reason")
+        .with_callback(move |o| {
+            for (r, kv) in &series {
+                o.observe(counts.get(*r), kv);
+            }
+        })
+        .build()
 }
 
-/// A protocol this build has no exporter for (refused earlier, by the configuration).
-#[allow(dead_code)]
-fn not_compiled(signal: &'static str, o: &OtlpConfig) -> ExportError {
-    err(
-        signal,
-        o,
-        format!(
-            "this build of phasetrace has no OTLP {} exporter",
-            o.protocol
-        ),
-    )
-}
-
-pub(super) fn span_exporter(
-    o: &OtlpConfig,
-    rt: Option<&tokio::runtime::Runtime>,
-) -> Result<SpanExporter, ExportError> {
-    let _ = &rt;
-    match o.protocol {
-        #[cfg(not(feature = "otlp-grpc"))]
-        Protocol::Grpc => Err(not_compiled("traces", o)),
-        #[cfg(not(feature = "otlp-http"))]
-        Protocol::HttpProtobuf => Err(not_compiled("traces", o)),
-        #[cfg(feature = "otlp-grpc")]
-        Protocol::Grpc => {
-            let _guard = rt.map(|r| r.enter());
-            let mut b = SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(o.endpoint.clone())
-                .with_timeout(o.timeout)
-                .with_metadata(transport::metadata(&o.target()).map_err(|e| err("traces", o, e))?);
-            if o.gzip {
-                b = b.with_compression(Compression::Gzip);
-            }
-            if let Some(t) = transport::tls("traces", o)? {
-                b = b.with_tls_config(t);
-            }
-            b.build().map_err(|e| err("traces", o, e))
-        }
-        #[cfg(feature = "otlp-http")]
-        Protocol::HttpProtobuf => {
-            let mut b = SpanExporter::builder()
-                .with_http()
-                .with_http_client(transport::client("traces", o)?)
-                .with_endpoint(o.endpoint.clone())
-                .with_timeout(o.timeout)
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>());
-            if o.gzip {
-                b = b.with_compression(Compression::Gzip);
-            }
-            b.build().map_err(|e| err("traces", o, e))
-        }
-    }
-}
-
-pub(super) fn metric_exporter(
-    o: &OtlpConfig,
-    rt: Option<&tokio::runtime::Runtime>,
-) -> Result<MetricExporter, ExportError> {
-    let _ = &rt;
-    match o.protocol {
-        #[cfg(not(feature = "otlp-grpc"))]
-        Protocol::Grpc => Err(not_compiled("metrics", o)),
-        #[cfg(not(feature = "otlp-http"))]
-        Protocol::HttpProtobuf => Err(not_compiled("metrics", o)),
-        #[cfg(feature = "otlp-grpc")]
-        Protocol::Grpc => {
-            let _guard = rt.map(|r| r.enter());
-            let mut b = MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(o.endpoint.clone())
-                .with_timeout(o.timeout)
-                .with_metadata(transport::metadata(&o.target()).map_err(|e| err("metrics", o, e))?)
-                .with_temporality(Temporality::Cumulative);
-            if o.gzip {
-                b = b.with_compression(Compression::Gzip);
-            }
-            if let Some(t) = transport::tls("metrics", o)? {
-                b = b.with_tls_config(t);
-            }
-            b.build().map_err(|e| err("metrics", o, e))
-        }
-        #[cfg(feature = "otlp-http")]
-        Protocol::HttpProtobuf => {
-            let mut b = MetricExporter::builder()
-                .with_http()
-                .with_http_client(transport::client("metrics", o)?)
-                .with_endpoint(o.endpoint.clone())
-                .with_timeout(o.timeout)
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_headers(o.headers.iter().cloned().collect::<HashMap<_, _>>())
-                .with_temporality(Temporality::Cumulative);
-            if o.gzip {
-                b = b.with_compression(Compression::Gzip);
-            }
-            b.build().map_err(|e| err("metrics", o, e))
-        }
-    }
+/// Registers `counts` on every meter (see [`failure_counter`]).
+fn count_failures(x: &mut super::Install<'_>, counts: &Arc<FailureCounts>) {
+    let group = x.cfg.group.clone();
+    let counts = counts.clone();
+    x.own_metrics.push(Box::new(move |m, kept| {
+        kept.push(super::OwnMetric::Counter(failure_counter(
+            m,
+            &group,
+            counts.clone(),
+        )));
+    }));
 }
 
 /// The runtime of the tonic channels: only when an OTLP exporter of phasetrace's own uses gRPC.
@@ -143,11 +74,11 @@ pub(super) fn runtime(
         .map_err(ExportError::Thread)
 }
 
-/// Installs OTLP metrics (when wanted): the SDK's periodic reader over the counted exporter,
-/// the SDK's when traces are off, phasetrace's own (with the exemplars of delivered traces)
-/// when they are on; and its exports, by result, as a metric of its own.
+/// Installs OTLP metrics (when wanted): the SDK's periodic reader over the counted exporter
+/// (phasetrace's own, with the exemplars of delivered traces when traces are on); and its
+/// exports, by result, and its failures, by reason, as metrics of its own.
 pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportError> {
-    use super::{MetricsExporter, counted, proto_metrics};
+    use super::{counted, proto_metrics};
     let Some(o) = x
         .cfg
         .metrics_otlp
@@ -157,14 +88,16 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
         return Ok(());
     };
     let counts = std::sync::Arc::new(counted::ExportCounts::default());
-    let inner = match x.exemplars {
-        Some(store) => MetricsExporter::WithExemplars(proto_metrics::ProtoMetricExporter::new(
-            o,
-            x.runtime,
-            store.clone(),
-        )?),
-        None => MetricsExporter::Sdk(metric_exporter(o, x.runtime)?),
-    };
+    // Said on stderr by `ExportCounts::record`, with the error's text that names the reason.
+    let failures = Arc::new(FailureCounts::new(
+        signal::METRICS,
+        o.endpoint.clone(),
+        false,
+    ));
+    // Without traces the store stays empty: the requests are the conversion's alone.
+    let store = x.exemplars.clone().unwrap_or_default();
+    let inner = proto_metrics::ProtoMetricExporter::new(o, x.runtime, store, failures.clone())?;
+    count_failures(x, &failures);
     let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
     x.otlp_reader = Some(
         opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
@@ -190,12 +123,14 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
 }
 
 /// Installs OTLP spans (when wanted): phasetrace's own tracer provider over the counted
-/// exporter.
+/// exporter; its failures, by reason, as a metric of its own.
 pub(super) fn install_traces(x: &mut super::Install<'_>) -> Result<(), ExportError> {
     let Some(o) = x.cfg.traces_otlp.as_ref().filter(|_| x.wanted.traces_otlp) else {
         return Ok(());
     };
-    let exporter = span_exporter(o, x.runtime)?;
+    let failures = Arc::new(FailureCounts::new(signal::TRACES, o.endpoint.clone(), true));
+    let exporter = super::proto_spans::ProtoSpanExporter::new(o, x.runtime, failures.clone())?;
+    count_failures(x, &failures);
     x.tracer_provider = Some(super::tracer_provider(
         x.resource.clone(),
         super::counted::Counted::new(exporter, x.span_counts.clone(), x.exemplars.clone()),

@@ -7,9 +7,15 @@
 //! ```text
 //! PeriodicReader ──ResourceMetrics──> ExportMetricsServiceRequest::from (opentelemetry-proto)
 //!   + per data point of step/section/wait: every bucket's exemplar of its series (ExemplarStore)
-//!   ──grpc──> MetricsServiceClient::export on the OTLP runtime (metadata, gzip, timeout, TLS)
-//!   ──http──> POST {endpoint}/v1/metrics (protobuf, gzip, headers, timeout, TLS)
+//!   ──grpc──> MetricsServiceClient::export on the OTLP runtime (metadata, gzip, TLS; whole call
+//!             within the timeout, message at most 64 KiB)
+//!   ──http──> POST {endpoint}/v1/metrics (protobuf, gzip, headers, TLS, timeout; body capped)
 //! ```
+//!
+//! It is the OTLP metrics exporter whether traces are on or not (without them the store stays
+//! empty and the request is the conversion's alone), so that every export has the bounds a
+//! hostile collector cannot stretch and its failures are counted by reason
+//! ([`FailureCounts`]).
 //!
 //! The SDK's exporter cannot carry these exemplars: its data points' exemplar fields are
 //! crate-private. An exemplar is in the store only once the span it names was exported
@@ -18,10 +24,13 @@
 //! attached, in bucket order, after any the SDK itself sampled.
 
 use super::ExportError;
+use super::counted::FailureCounts;
 use super::exemplars::{EXEMPLAR_METRICS, Exemplar, ExemplarStore};
 use super::transport;
 use crate::config::{OtlpConfig, Protocol};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+#[cfg(feature = "otlp-http")]
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
 #[cfg(feature = "otlp-grpc")]
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_client::MetricsServiceClient;
 use opentelemetry_proto::tonic::metrics::v1 as proto;
@@ -47,14 +56,16 @@ enum Transport {
     Http {
         client: reqwest::blocking::Client,
         url: String,
-        otlp: OtlpConfig,
     },
 }
 
-/// An OTLP metrics exporter that adds the exemplars of an [`ExemplarStore`].
+/// An OTLP metrics exporter that adds the exemplars of an [`ExemplarStore`] and counts its
+/// failures by reason.
 pub(crate) struct ProtoMetricExporter {
     transport: Transport,
+    otlp: OtlpConfig,
     exemplars: Arc<ExemplarStore>,
+    failures: Arc<FailureCounts>,
     shut_down: AtomicBool,
 }
 
@@ -82,11 +93,13 @@ fn err(o: &OtlpConfig, detail: impl std::fmt::Display) -> ExportError {
 }
 
 impl ProtoMetricExporter {
-    /// The exporter for `o`; gRPC needs `rt`, the OTLP runtime.
+    /// The exporter for `o`, counting its failures in `failures`; gRPC needs `rt`, the OTLP
+    /// runtime.
     pub(crate) fn new(
         o: &OtlpConfig,
         rt: Option<&tokio::runtime::Runtime>,
         exemplars: Arc<ExemplarStore>,
+        failures: Arc<FailureCounts>,
     ) -> Result<Self, ExportError> {
         let _ = &rt;
         let transport = match (o.protocol, rt) {
@@ -96,7 +109,8 @@ impl ProtoMetricExporter {
                     let _guard = rt.enter();
                     transport::channel(&o.target()).map_err(|e| err(o, e))?
                 };
-                let mut client = MetricsServiceClient::new(channel);
+                let mut client = MetricsServiceClient::new(channel)
+                    .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
                 if o.gzip {
                     client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
                 }
@@ -112,7 +126,6 @@ impl ProtoMetricExporter {
             (Protocol::HttpProtobuf, _) => Transport::Http {
                 client: super::transport::client("metrics", o)?,
                 url: o.endpoint.clone(),
-                otlp: o.clone(),
             },
             #[allow(unreachable_patterns)]
             (p, _) => {
@@ -124,9 +137,40 @@ impl ProtoMetricExporter {
         };
         Ok(ProtoMetricExporter {
             transport,
+            otlp: o.clone(),
             exemplars,
+            failures,
             shut_down: AtomicBool::new(false),
         })
+    }
+
+    async fn send(&self, message: ExportMetricsServiceRequest) -> Result<(), transport::Failed> {
+        match &self.transport {
+            #[cfg(feature = "otlp-grpc")]
+            Transport::Grpc {
+                client,
+                metadata,
+                runtime,
+            } => {
+                let mut client = client.clone();
+                let req = transport::request(message, metadata);
+                transport::grpc_call(runtime, self.otlp.timeout, async move {
+                    client.export(req).await
+                })
+                .await
+                .map(drop)
+            }
+            #[cfg(feature = "otlp-http")]
+            Transport::Http { client, url } => {
+                transport::http_call::<ExportMetricsServiceResponse>(
+                    client,
+                    &self.otlp,
+                    url,
+                    message.encode_to_vec(),
+                )
+                .map(drop)
+            }
+        }
     }
 
     /// The request for `rm`, with the store's exemplars on the duration histograms' points.
@@ -209,34 +253,12 @@ impl PushMetricExporter for ProtoMetricExporter {
             let Some(message) = message else {
                 return Err(OTelSdkError::AlreadyShutdown);
             };
-            match &self.transport {
-                #[cfg(feature = "otlp-grpc")]
-                Transport::Grpc {
-                    client,
-                    metadata,
-                    runtime,
-                } => {
-                    let mut client = client.clone();
-                    let req = transport::request(message, metadata);
-                    // On the OTLP runtime: tonic's timeout and the channel need its timer and
-                    // reactor; the reader's thread only waits.
-                    let task = runtime.spawn(async move { client.export(req).await });
-                    match task.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err(status)) => Err(OTelSdkError::InternalFailure(
-                            transport::status_text(&status),
-                        )),
-                        Err(e) => Err(OTelSdkError::InternalFailure(format!(
-                            "the export task failed: {e}"
-                        ))),
-                    }
+            match self.send(message).await {
+                Ok(()) => {
+                    self.failures.ok();
+                    Ok(())
                 }
-                #[cfg(feature = "otlp-http")]
-                Transport::Http { client, url, otlp } => {
-                    transport::post(client, &otlp.target(), url, message.encode_to_vec())
-                        .map(drop)
-                        .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))
-                }
+                Err(failed) => Err(self.failures.failed(failed)),
             }
         }
     }

@@ -1,14 +1,15 @@
-//! The OTLP transport of the exporters built here (the live metrics exporter with exemplars,
-//! [`super::proto_metrics`], and the TLS and HTTP client of the opentelemetry-otlp exporters) is
+//! The OTLP transport of the exporters built here ([`super::proto_metrics`],
+//! [`super::proto_spans`]) is
 //! `phasetrace-transport`'s, the one the importer and `phasetrace check` use too; this is the
-//! glue: its errors as [`ExportError`]s. What it reads of the settings is
+//! glue: its errors as [`ExportError`]s, and one bounded exchange per export ([`grpc_call`],
+//! [`http_call`]) that says why it failed ([`Failure`]). What it reads of the settings is
 //! [`OtlpConfig::target`] (`config/transport.rs`), the conversion the importer and `check` use.
 
 use super::ExportError;
 use crate::config::OtlpConfig;
-pub(crate) use phasetrace_transport::Error;
+pub(crate) use phasetrace_transport::{Error, Failure};
 #[cfg(feature = "otlp-grpc")]
-pub(crate) use phasetrace_transport::{channel, metadata, request, status_text};
+pub(crate) use phasetrace_transport::{channel, metadata, request, status_failure, status_text};
 #[cfg(feature = "otlp-http")]
 pub(crate) use phasetrace_transport::{http_client, post};
 
@@ -38,11 +39,45 @@ pub(crate) fn client(
     http_client(&o.target()).map_err(|e| export_err(signal, o, e))
 }
 
-/// The TLS configuration of a gRPC channel to `https://` endpoints (`None` for `http://`).
+/// Why an export failed, and what was said (the error's text, never a header value).
+pub(crate) type Failed = (Failure, String);
+
+/// One gRPC call on the OTLP runtime, bounded as a whole (head and message) by `timeout`:
+/// tonic's own timeout ends at the response's head.
 #[cfg(feature = "otlp-grpc")]
-pub(crate) fn tls(
-    signal: &'static str,
+pub(crate) async fn grpc_call<T, F>(
+    runtime: &tokio::runtime::Handle,
+    timeout: std::time::Duration,
+    call: F,
+) -> Result<T, Failed>
+where
+    F: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'static,
+    T: Send + 'static,
+{
+    // On the OTLP runtime: the timer and the channel need its reactor; the caller only waits.
+    let task = runtime.spawn(phasetrace_transport::within(timeout, call));
+    match task.await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(status)) => Err((status_failure(&status), status_text(&status))),
+        Err(e) => Err((Failure::Other, format!("the export task failed: {e}"))),
+    }
+}
+
+/// One OTLP/HTTP POST of `body` to `url` (the client's timeout bounds it, the answer read up to
+/// [`phasetrace_transport::MAX_RESPONSE_BYTES`]); a 2xx answer must decode as `R`, the
+/// signal's OTLP response.
+#[cfg(feature = "otlp-http")]
+pub(crate) fn http_call<R: prost::Message + Default>(
+    client: &reqwest::blocking::Client,
     o: &OtlpConfig,
-) -> Result<Option<tonic::transport::ClientTlsConfig>, ExportError> {
-    phasetrace_transport::tls(&o.target()).map_err(|e| export_err(signal, o, e))
+    url: &str,
+    body: Vec<u8>,
+) -> Result<R, Failed> {
+    let bytes = post(client, &o.target(), url, body).map_err(|e| (e.failure(), e.to_string()))?;
+    R::decode(bytes.as_slice()).map_err(|e| {
+        (
+            Failure::BadResponse,
+            format!("answered 2xx with a body that is not an OTLP response ({e})"),
+        )
+    })
 }

@@ -12,11 +12,14 @@
 //!   queried through its API v3.
 //! - [`free_port`], [`http_get`], [`TempDir`] and other small helpers in [`process`].
 //! - [`TlsProxy`] and [`certificates`]: a collector behind TLS with a generated CA, in [`tls`].
+//! - [`HostileCollector`]: a collector that answers OTLP badly (huge, endless, garbage,
+//!   redirecting, flooding, a certificate for another name), in [`hostile`].
 //! - [`require_tools!`]: skips a test whose tools are missing (fails it under CI), see [`tools`].
 //!
 //! Both integration test binaries (the library's and the CLI's) use it.
 #![allow(dead_code, unused_imports)]
 
+pub mod hostile;
 pub mod jaeger;
 pub mod otelcol;
 pub mod otlp_debug;
@@ -27,6 +30,7 @@ pub mod rotel;
 pub mod tls;
 pub mod tools;
 
+pub use hostile::{HostileCollector, HostileMode};
 pub use jaeger::{Jaeger, JaegerSpan, bundled_jaeger_config, jaeger_binary};
 /// The OTLP messages [`OtlpReceiver`] decodes into, at the version it was built with.
 pub use opentelemetry_proto;

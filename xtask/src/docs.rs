@@ -159,7 +159,8 @@ fn list(names: &[&str]) -> String {
 
 fn telemetry() -> String {
     use names::{
-        attr, auth_refusal, connection_close, env, metric, outcome, reason, resource, span, vocab,
+        attr, auth_refusal, connection_close, env, export_failure, metric, outcome, reason,
+        resource, signal, span, vocab,
     };
     let mut out = String::new();
     metrics_table(&mut out, metric::ALL);
@@ -238,6 +239,22 @@ fn telemetry() -> String {
          start, at 0.",
         "auth_refusal",
         auth_refusal::ALL,
+    );
+    names_table(
+        &mut out,
+        "Export failures (`phasetrace_names::export_failure::ALL`, \
+         `phasetrace::names::ExportFailure`)",
+        "The `reason` values of `phasetrace.otlp.export.failures`; each is a series from the \
+         start, at 0.",
+        "export_failure",
+        export_failure::ALL,
+    );
+    names_table(
+        &mut out,
+        "Signals (`phasetrace_names::signal::ALL`)",
+        "The `signal` values of `phasetrace.otlp.export.failures`.",
+        "signal",
+        signal::ALL,
     );
     out.push_str(
         "### Built-in sections (`phasetrace_names::vocab::SECTIONS`)\n\nThe `bucket` values \
