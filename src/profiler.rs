@@ -629,6 +629,12 @@ impl Profiler {
         crate::current::install(self.recorder())
     }
 
+    /// [`Profiler::install_thread_recorder`] with a rank or clock of its own
+    /// ([`Profiler::recorder_with`]).
+    pub fn install_thread_recorder_with(&self, opts: RecorderOptions) -> crate::current::Installed {
+        crate::current::install(self.recorder_with(opts))
+    }
+
     fn warn_if_off_by_default(&self) {
         let cfg = &self.inner.cfg;
         let unset = |var| cfg.origin(var) == Origin::Default;

@@ -233,3 +233,55 @@ impl Drop for CurrentSection {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Profiler, SectionLevel};
+
+    fn profiler() -> Profiler {
+        Profiler::builder()
+            .without_env()
+            .with_level(SectionLevel::Full)
+            .without_prometheus()
+            .build()
+            .expect("a profiler without exporters builds")
+    }
+
+    #[test]
+    fn an_uninstalled_recorder_is_dropped_and_a_section_keeps_its_recorder_to_its_end() {
+        let p = profiler();
+        let installed = install(p.recorder());
+        let weak = Rc::downgrade(&installed.rec);
+        let open = section(Section::KDA_MIXER, 0u32, Site::ATTN);
+        drop(installed);
+        assert!(!is_installed());
+        // The open section still holds its recorder, so its end lands on the same lane.
+        assert!(weak.upgrade().is_some());
+        drop(open);
+        assert!(weak.upgrade().is_none(), "the recorder is dropped, not leaked");
+        p.flush();
+        let s = p.stats();
+        assert_eq!((s.sections, s.dropped.total()), (1, 0), "{s:?}");
+        p.shutdown();
+    }
+
+    #[test]
+    fn installing_inside_with_leaves_the_slot_alone_and_records_through_the_guard() {
+        let p = profiler();
+        let outer = install(p.recorder());
+        let inner = with(|_| install(p.recorder())).expect("a recorder is installed");
+        assert!(!inner.installed);
+        {
+            let _step = inner.step();
+        }
+        assert!(with(|r| std::ptr::eq(r, &*outer)).unwrap_or(false));
+        drop(inner);
+        assert!(with(|r| std::ptr::eq(r, &*outer)).unwrap_or(false));
+        drop(outer);
+        assert!(!is_installed());
+        p.flush();
+        assert_eq!(p.stats().steps, 1);
+        p.shutdown();
+    }
+}
