@@ -259,7 +259,10 @@ mod tests {
         // The open section still holds its recorder, so its end lands on the same lane.
         assert!(weak.upgrade().is_some());
         drop(open);
-        assert!(weak.upgrade().is_none(), "the recorder is dropped, not leaked");
+        assert!(
+            weak.upgrade().is_none(),
+            "the recorder is dropped, not leaked"
+        );
         p.flush();
         let s = p.stats();
         assert_eq!((s.sections, s.dropped.total()), (1, 0), "{s:?}");

@@ -52,7 +52,7 @@ async fn speculative_step(rec: phasetrace::Recorder, i: u64) -> (phasetrace::Rec
     let began_on = std::thread::current().id();
     rec.begin_step_of(StepKind::Speculative);
     let round = rec.begin_round(K);
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         tokio::time::sleep(Duration::from_micros(100)).await;
     } else {
         tokio::task::yield_now().await;
@@ -140,7 +140,9 @@ fn rounds_phases_parts_steps_and_sections_held_across_await_are_counted_exactly(
     assert_eq!(stats.dropped.total(), 2 * TASKS, "{stats:?}");
 
     meters.force_flush().expect("the engine's provider flushes");
-    let got = metrics.get_finished_metrics().expect("the engine's metrics");
+    let got = metrics
+        .get_finished_metrics()
+        .expect("the engine's metrics");
     let phases = counts_by(&got, metric::SPEC_PHASE_DURATION, attr::PHASE);
     for p in [Phase::Draft, Phase::Verify, Phase::Accept] {
         assert_eq!(phases.get(p.as_str()), Some(&n), "{phases:?}");

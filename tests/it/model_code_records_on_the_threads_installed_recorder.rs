@@ -63,7 +63,8 @@ fn layers_without_a_handle_record_on_their_threads_recorder_and_nowhere_else() {
             let profiler = &profiler;
             s.spawn(move || {
                 assert!(!current::is_installed());
-                let rec = current::install(profiler.recorder_with(RecorderOptions::new().rank(rank)));
+                let rec =
+                    current::install(profiler.recorder_with(RecorderOptions::new().rank(rank)));
                 assert!(current::is_installed());
                 for _ in 0..STEPS {
                     let _step = rec.step_of(StepKind::Decode);
@@ -106,17 +107,15 @@ fn layers_without_a_handle_record_on_their_threads_recorder_and_nowhere_else() {
     assert_eq!(stats.dropped.total(), 0, "{stats:?}");
 
     meters.force_flush().expect("the engine's provider flushes");
-    let got = metrics.get_finished_metrics().expect("the engine's metrics");
+    let got = metrics
+        .get_finished_metrics()
+        .expect("the engine's metrics");
     let sections = counts_by_rank(&got, metric::SECTION_DURATION);
-    let want: BTreeMap<String, u64> = [
-        ("0", 2 * per_rank),
-        ("1", 2 * per_rank),
-        ("5", 4),
-        ("7", 4),
-    ]
-    .into_iter()
-    .map(|(r, n)| (r.to_owned(), n))
-    .collect();
+    let want: BTreeMap<String, u64> =
+        [("0", 2 * per_rank), ("1", 2 * per_rank), ("5", 4), ("7", 4)]
+            .into_iter()
+            .map(|(r, n)| (r.to_owned(), n))
+            .collect();
     assert_eq!(sections, want);
     let waits = counts_by_rank(&got, metric::COLLECTIVE_WAIT);
     assert_eq!(waits.get("0"), Some(&per_rank), "{waits:?}");

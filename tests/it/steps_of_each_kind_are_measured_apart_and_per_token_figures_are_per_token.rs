@@ -112,7 +112,9 @@ fn step_kinds_reach_metrics_spans_and_the_summary_with_per_token_figures() {
     profiler.shutdown();
     meters.force_flush().expect("the engine's provider flushes");
 
-    let got = metrics.get_finished_metrics().expect("the engine's metrics");
+    let got = metrics
+        .get_finished_metrics()
+        .expect("the engine's metrics");
     let want: BTreeMap<String, u64> = [("", 1), ("decode", 10), ("mixed", 2), ("prefill", 3)]
         .into_iter()
         .map(|(k, n)| (k.to_owned(), n))
@@ -133,7 +135,10 @@ fn step_kinds_reach_metrics_spans_and_the_summary_with_per_token_figures() {
         summary.contains("after 16 steps: 0.000 ms/step in sections, 5.625 ms/step, 1.731 ms/token over 52 output tokens"),
         "{summary}"
     );
-    assert!(summary.contains("ms/step") && summary.contains("calls/step"), "{summary}");
+    assert!(
+        summary.contains("ms/step") && summary.contains("calls/step"),
+        "{summary}"
+    );
     for line in [
         " unstated 1 at 2.000 ms/step",
         " prefill 3 at 12.000 ms/step, 9.000 ms/token over 4 tokens",
