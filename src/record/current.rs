@@ -4,7 +4,7 @@
 //! ```text
 //! engine thread start:  let rec = current::install(profiler.recorder());  (or
 //!                       Profiler::install_thread_recorder)
-//! anywhere below it:    let _s = current::section(Section::MLP, layer, Site::MLP);
+//! anywhere below it:    let _s = current::section(Section::MLP_DENSE, layer, Site::MLP);
 //!                       ── thread-local slot ── Recorder::section's marks, same lane
 //! thread's loop ends:   drop(rec): the slot is cleared, the recorder dropped (its lane drained
 //!                       and forgotten by the worker)
@@ -95,7 +95,7 @@ impl Drop for Installed {
 ///
 /// /// A layer's forward, deep in model code: no recorder in sight.
 /// fn mlp_forward(layer: u32) {
-///     let _s = current::section(Section::MLP, layer, Site::MLP);
+///     let _s = current::section(Section::MLP_DENSE, layer, Site::MLP);
 ///     // ... the layer's kernels
 /// }
 ///
