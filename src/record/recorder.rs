@@ -258,6 +258,7 @@ impl Recorder {
     }
 
     /// Begins a decode step (one token); it ends when the guard drops or [`StepGuard::end`].
+    /// It states no kind (its measurements carry no `step.kind`): [`Recorder::step_of`] does.
     ///
     /// Sampling is decided here, once per step: one step in `PHASETRACE_TRACE_EVERY` gets spans.
     /// Steps slower than `PHASETRACE_TRACE_SLOWER_THAN` get spans too; the worker decides that
