@@ -29,6 +29,14 @@
 //! - `recorder/create`: one `Profiler::recorder()` created and dropped (8 others live, drained
 //!   every 64 creations), against the allocation of its ring alone.
 //!
+//! - `current_thread_section/*`: one section begin+end through `phasetrace::current` (the
+//!   thread's installed recorder, for model code with no handle): no recorder installed,
+//!   installed with recording off, installed and on, beside `baseline_recorder_on`, the same
+//!   section through the recorder itself in the same run.
+//!
+//! - `step_kind/*`: one empty step begin+end, kindless (`Recorder::step`) and of a kind
+//!   (`Recorder::step_of`), on, side by side.
+//!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -766,10 +774,77 @@ fn recorder(c: &mut Criterion) {
     p.shutdown();
 }
 
+/// `phasetrace::current::section` against the recorder's own `section`, in one run.
+fn current_thread(c: &mut Criterion) {
+    let mut g = c.benchmark_group("current_thread_section");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("not_installed", |b| {
+        b.iter(|| {
+            let _s = phasetrace::current::section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+        })
+    });
+    let off = profiler(SectionLevel::Off, SpecLevel::Off);
+    let installed = off.install_thread_recorder();
+    g.bench_function("off", |b| {
+        b.iter(|| {
+            let _s = phasetrace::current::section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+        })
+    });
+    drop(installed);
+    off.shutdown();
+    let on = profiler(SectionLevel::Full, SpecLevel::Off);
+    let installed = on.install_thread_recorder();
+    g.bench_function("on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |_| {
+                let _s =
+                    phasetrace::current::section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+            })
+        })
+    });
+    g.bench_function("baseline_recorder_on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |_| {
+                let _s = installed.section(black_box(Section::KDA_MIXER), 12u32, Site::ATTN);
+            })
+        })
+    });
+    drop(installed);
+    g.finish();
+    on.shutdown();
+}
+
+/// A step of a stated kind against a kindless one, in one run.
+fn step_kind(c: &mut Criterion) {
+    let mut g = c.benchmark_group("step_kind");
+    g.throughput(Throughput::Elements(1));
+    let on = profiler(SectionLevel::Full, SpecLevel::Off);
+    let rec = on.recorder();
+    g.bench_function("kindless_on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |_| {
+                let _s = black_box(&rec).step();
+            })
+        })
+    });
+    g.bench_function("decode_on", |b| {
+        b.iter_custom(|iters| {
+            batched(&on, iters, |_| {
+                let _s = black_box(&rec).step_of(black_box(phasetrace::StepKind::Decode));
+            })
+        })
+    });
+    g.finish();
+    drop(rec);
+    on.shutdown();
+}
+
 criterion_group!(
     benches,
     request,
     recorder,
+    current_thread,
+    step_kind,
     section,
     step,
     spec,

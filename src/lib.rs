@@ -65,10 +65,11 @@ pub use export::view;
 pub use names::DropReason;
 pub use profiler::{Error, Profiler, ProfilerBuilder};
 pub use provider::{EngineMeterProvider, EngineTracerProvider};
+pub use record::current;
 pub use record::{
     CapturedGraph, ErrorType, Finish, GraphCapture, PartGuard, Recorder, RecorderOptions,
     ReplayGuard, RequestClass, RequestKind, RoundGuard, RoundRef, SectionGuard, StepGuard,
 };
-pub use vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart, VocabError};
+pub use vocab::{Layer, Phase, Section, SectionKind, Site, StepKind, VerifyPart, VocabError};
 pub use worker::sinks::metrics::experts::{ExpertLoad, LayerLoad};
 pub use worker::{Dropped, Stats};

@@ -622,6 +622,19 @@ impl Profiler {
         Recorder::new(self.inner.shared.clone(), opts)
     }
 
+    /// A recorder made current on this thread ([`crate::current::install`]): model code
+    /// that has no handle to it (a layer's `forward`) records on it with
+    /// [`crate::current::section`]. Dropping the guard uninstalls and drops it.
+    pub fn install_thread_recorder(&self) -> crate::current::Installed {
+        crate::current::install(self.recorder())
+    }
+
+    /// [`Profiler::install_thread_recorder`] with a rank or clock of its own
+    /// ([`Profiler::recorder_with`]).
+    pub fn install_thread_recorder_with(&self, opts: RecorderOptions) -> crate::current::Installed {
+        crate::current::install(self.recorder_with(opts))
+    }
+
     fn warn_if_off_by_default(&self) {
         let cfg = &self.inner.cfg;
         let unset = |var| cfg.origin(var) == Origin::Default;

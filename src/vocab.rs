@@ -493,6 +493,54 @@ impl VerifyPart {
     }
 }
 
+/// What a step computes, given when it begins ([`crate::Recorder::step_of`]): the `step.kind`
+/// attribute of the step histograms and spans, and the summary's lines by kind. Steps begun
+/// with [`crate::Recorder::step`] state no kind and carry no attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum StepKind {
+    /// Prompt tokens only (a prompt, or a chunk of one); it may sample each request's first
+    /// output token.
+    Prefill = 1,
+    /// One output token per request of the batch (and no prompt tokens).
+    Decode = 2,
+    /// Prompt chunks and decode tokens in one batch (chunked prefill).
+    Mixed = 3,
+    /// The target model verifies drafted tokens (a speculative round's verify step).
+    Speculative = 4,
+}
+
+impl StepKind {
+    /// All kinds, in the order of the vocabulary.
+    pub const ALL: [StepKind; 4] = [
+        StepKind::Prefill,
+        StepKind::Decode,
+        StepKind::Mixed,
+        StepKind::Speculative,
+    ];
+
+    /// The `step.kind` attribute value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            StepKind::Prefill => "prefill",
+            StepKind::Decode => "decode",
+            StepKind::Mixed => "mixed",
+            StepKind::Speculative => "speculative",
+        }
+    }
+
+    /// The kind of code `v` (`as u8`); `None` for 0 (no kind stated) or an unknown code.
+    pub(crate) fn from_u8(v: u8) -> Option<StepKind> {
+        StepKind::ALL.get(usize::from(v).checked_sub(1)?).copied()
+    }
+}
+
+impl std::fmt::Display for StepKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,6 +612,14 @@ mod tests {
             .collect();
         let data: Vec<&str> = vocab::VERIFY_PARTS.iter().map(|n| n.value).collect();
         assert_eq!(parts, data);
+        let kinds: Vec<&str> = StepKind::ALL.iter().map(|k| k.as_str()).collect();
+        let data: Vec<&str> = vocab::STEP_KINDS.iter().map(|n| n.value).collect();
+        assert_eq!(kinds, data);
+        for k in StepKind::ALL {
+            assert_eq!(StepKind::from_u8(k as u8), Some(k));
+        }
+        assert_eq!(StepKind::from_u8(0), None);
+        assert_eq!(StepKind::from_u8(5), None);
     }
 
     #[test]

@@ -161,28 +161,30 @@ pub mod metric {
             unit: UNIT_CALLS,
             attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
         }
-        /// Histogram of one decode step (token) in seconds, attributes `rank`, `group`.
+        /// Histogram of one step (a forward pass over the batch) in seconds, attributes `rank`,
+        /// `group` and, for a step whose kind the engine stated, `step.kind` (a series per kind
+        /// used: prefill and decode steps apart).
         STEP_DURATION = "phasetrace.step.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
-            attributes: [attr::RANK, attr::GROUP],
+            attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Histogram of the time one decode step spent waiting at collective rendezvous probes, in
         /// seconds (the sum over the step's probe sections and reported waits; 0 for a step without
-        /// any), attributes `rank`, `group`.
+        /// any), attributes `rank`, `group`, `step.kind` (as [`STEP_DURATION`]).
         /// Divided by [`STEP_DURATION`] it is the rank's wait share: the straggler's is the lowest,
         /// and what the others wait beyond it is the step time lost to it. Per step, not per layer:
         /// it costs one histogram per rank whatever the model's depth.
         STEP_COLLECTIVE_WAIT = "phasetrace.step.collective_wait" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
-            attributes: [attr::RANK, attr::GROUP],
+            attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
-        /// Counter of decode steps, attribute `rank`.
+        /// Counter of steps, attributes `rank`, `group`, `step.kind` (as [`STEP_DURATION`]).
         STEPS = "phasetrace.steps" {
             instrument: Counter,
             unit: UNIT_STEPS,
-            attributes: [attr::RANK, attr::GROUP],
+            attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Gauge of how long the rank's current decode step has been open, in seconds, attributes
         /// `rank`, `group` (`phasetrace_step_open_duration_seconds`); 0 while no step is open, so an
@@ -486,13 +488,13 @@ pub mod metric {
             unit: UNIT_TOKENS,
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
-        /// Histogram of the requests one step served (its batch), attributes `rank`, `group`
-        /// (`phasetrace_batch_size`), steps that served at least one; boundaries
-        /// [`BATCH_SIZE_BOUNDARIES`].
+        /// Histogram of the requests one step served (its batch), attributes `rank`, `group`,
+        /// `step.kind` (as [`STEP_DURATION`]) (`phasetrace_batch_size`), steps that served at
+        /// least one; boundaries [`BATCH_SIZE_BOUNDARIES`].
         BATCH_SIZE = "phasetrace.batch.size" {
             instrument: Histogram,
             unit: UNIT_REQUESTS,
-            attributes: [attr::RANK, attr::GROUP],
+            attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Gauge of the requests begun and not yet served by any step (the queue), attribute
         /// `group` (`phasetrace_requests_waiting`).
@@ -624,6 +626,12 @@ pub mod attr {
         PART = "part";
         /// Step number (span attribute).
         STEP = "step";
+        /// What a step computed: `prefill`, `decode`, `mixed` (chunked prefill) or `speculative`
+        /// (`vocab::STEP_KINDS`), as the engine stated it when the step began; absent for a step
+        /// of no stated kind. On the step metrics and the step span. SGLang's `forward_mode`
+        /// (`extend`, `decode`, `mixed`, `target_verify`) in the OpenTelemetry attribute style;
+        /// the GenAI conventions define no step-level attribute.
+        STEP_KIND = "step.kind";
         /// Expert ids routed in a layer at a step (on the step's `moe.route` events, and on the
         /// layer's rendezvous-probe spans, at most 256 there).
         EXPERT_IDS = "moe.expert_ids";
@@ -1131,6 +1139,23 @@ pub mod vocab {
         label("accept", "Accepted tokens are committed."),
         label("rollback", "Rejected state is rolled back."),
         label("maint", "Source maintenance (caches, drafter state)."),
+    ];
+
+    /// The kinds of step (`step.kind`), closed: what the engine says a step computed.
+    pub const STEP_KINDS: &[crate::Name] = &[
+        label(
+            "prefill",
+            "Prompt tokens only (a prompt or a chunk of one); it may sample first tokens.",
+        ),
+        label("decode", "One output token per request of the batch."),
+        label(
+            "mixed",
+            "Prompt chunks and decode tokens in one batch (chunked prefill).",
+        ),
+        label(
+            "speculative",
+            "The target model verifies drafted tokens (a speculative round's verify).",
+        ),
     ];
 
     /// The verify parts (`part`, level 2); `rest` is derived: verify - kda - mla.

@@ -4,7 +4,7 @@
 //! by a constructor named for its kind and read through accessors named for what they return.
 //! The recorder builds a mark without its time, then [`Mark::at`] stamps the clock's token.
 
-use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, Section, Site, StepKind, VerifyPart};
 
 /// What a mark says. The worker pairs begins with ends and turns marks into durations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +96,7 @@ const ACCEPTED_UNKNOWN: u32 = u32::MAX;
 ///
 /// | kind | `wide` | `id` | `aux` | `token` |
 /// | --- | --- | --- | --- | --- |
-/// | `StepBegin` | step index (low 32 bits) | | | time |
+/// | `StepBegin` | step index (low 32 bits) | kind (0: none stated) | | time |
 /// | `SectionBegin` | layer | section | site | time |
 /// | `SectionEnd` | | section | | time |
 /// | `Wait` | layer | | site | wait ns |
@@ -150,13 +150,18 @@ impl Mark {
         if host { FLAG_HOST } else { 0 }
     }
 
-    /// Step `index` (the recorder's count, low 32 bits) begins; `sampled` when it gets spans.
+    /// Step `index` (the recorder's count, low 32 bits) of `kind` begins; `sampled` when it
+    /// gets spans.
     #[inline]
-    pub(crate) const fn step_begin(sampled: bool, index: u32) -> Mark {
+    pub(crate) const fn step_begin(sampled: bool, index: u32, kind: Option<StepKind>) -> Mark {
+        let kind = match kind {
+            Some(k) => k as u16,
+            None => 0,
+        };
         Mark::new(
             MarkKind::StepBegin,
             index,
-            0,
+            kind,
             0,
             Mark::sampled_flag(sampled),
         )
@@ -490,6 +495,12 @@ impl Mark {
         self.wide
     }
 
+    /// The kind of a `StepBegin` (`None`: none stated).
+    #[inline]
+    pub(crate) fn step_kind(&self) -> Option<StepKind> {
+        u8::try_from(self.id).ok().and_then(StepKind::from_u8)
+    }
+
     /// The recorder's index of a `StepBegin` (low 32 bits).
     #[inline]
     pub(crate) const fn step_index(&self) -> u32 {
@@ -581,12 +592,13 @@ mod tests {
         assert!(!m.with_sampled(false).is_sampled());
         let m = Mark::replay_end(7, 0x0001_0004);
         assert_eq!((m.graph(), m.replay_seq()), (7, 0x0001_0004));
-        let m = Mark::step_begin(false, 0x8000_0001).with_sampled(true);
+        let m = Mark::step_begin(false, 0x8000_0001, Some(StepKind::Mixed)).with_sampled(true);
         assert!(m.is_sampled());
         assert_eq!(
-            (m.kind(), m.step_index()),
-            (MarkKind::StepBegin, 0x8000_0001)
+            (m.kind(), m.step_index(), m.step_kind()),
+            (MarkKind::StepBegin, 0x8000_0001, Some(StepKind::Mixed))
         );
+        assert_eq!(Mark::step_begin(true, 7, None).step_kind(), None);
 
         let m = Mark::wait(Site::MLP, Layer(4), 1_500);
         assert_eq!(

@@ -7,6 +7,8 @@
 //!                                                                      crate::worker
 //! ```
 
+mod begun;
+pub mod current;
 #[cfg(feature = "tracing")]
 mod engine_span;
 pub(crate) mod graph;

@@ -5,7 +5,7 @@ use super::{Lane, Shared};
 use crate::config::{SectionLevel, SpecLevel};
 use crate::names::DropReason;
 use crate::timing::{Clock, HostReader};
-use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, Section, Site, StepKind, VerifyPart};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -88,6 +88,8 @@ pub struct Recorder {
     requests: Cell<u64>,
     /// The step begun by [`Recorder::begin_step`] and not yet ended (its index), if recorded.
     open_step: Cell<Option<u32>>,
+    /// The round begun by [`Recorder::begin_round`] and not yet ended (its sequence); 0: none.
+    pub(super) begun_round: Cell<u32>,
     capture: CaptureSlot,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -158,6 +160,7 @@ impl Recorder {
             round_seq: Cell::new(0),
             requests: Cell::new(0),
             open_step: Cell::new(None),
+            begun_round: Cell::new(0),
             capture: Default::default(),
             _not_sync: PhantomData,
         }
@@ -188,6 +191,10 @@ impl Recorder {
         self.lane.count_drop(DropReason::Clock);
     }
 
+    pub(super) fn count_unbalanced(&self) {
+        self.lane.count_drop(DropReason::Unbalanced);
+    }
+
     #[inline]
     pub(super) fn level(&self) -> SectionLevel {
         if cfg!(not(feature = "record-off")) {
@@ -198,7 +205,7 @@ impl Recorder {
     }
 
     #[inline]
-    fn spec_level(&self) -> SpecLevel {
+    pub(super) fn spec_level(&self) -> SpecLevel {
         if cfg!(not(feature = "record-off")) {
             self.shared.spec_level.load()
         } else {
@@ -208,7 +215,7 @@ impl Recorder {
 
     /// Whether `section` is recorded at `level`.
     #[inline]
-    fn records(level: SectionLevel, section: Section) -> bool {
+    pub(super) fn records(level: SectionLevel, section: Section) -> bool {
         match level {
             SectionLevel::Off => false,
             SectionLevel::Full => true,
@@ -251,6 +258,7 @@ impl Recorder {
     }
 
     /// Begins a decode step (one token); it ends when the guard drops or [`StepGuard::end`].
+    /// It states no kind (its measurements carry no `step.kind`): [`Recorder::step_of`] does.
     ///
     /// Sampling is decided here, once per step: one step in `PHASETRACE_TRACE_EVERY` gets spans.
     /// Steps slower than `PHASETRACE_TRACE_SLOWER_THAN` get spans too; the worker decides that
@@ -263,6 +271,22 @@ impl Recorder {
     #[inline]
     #[must_use = "the step ends when the guard is dropped"]
     pub fn step(&self) -> StepGuard<'_> {
+        self.step_on(None)
+    }
+
+    /// Begins a step of `kind` (prefill, decode, mixed, speculative): [`Recorder::step`], and
+    /// the step's metrics and span carry `step.kind`, so that prefill and decode steps have
+    /// distributions apart (a series per kind used). Its batch's output tokens
+    /// ([`Recorder::serve`]) give the summary's per-token figure by kind. Same cost as
+    /// [`Recorder::step`] (the kind rides in the step's begin record).
+    #[inline]
+    #[must_use = "the step ends when the guard is dropped"]
+    pub fn step_of(&self, kind: StepKind) -> StepGuard<'_> {
+        self.step_on(Some(kind))
+    }
+
+    #[inline]
+    fn step_on(&self, kind: Option<StepKind>) -> StepGuard<'_> {
         if self.level() == SectionLevel::Off {
             return StepGuard {
                 rec: None,
@@ -278,7 +302,7 @@ impl Recorder {
         if sampled || self.shared.parent_always {
             self.push_parent();
         }
-        let ok = self.push_timed(Mark::step_begin(sampled, n as u32));
+        let ok = self.push_timed(Mark::step_begin(sampled, n as u32, kind));
         StepGuard {
             rec: ok.then_some(self),
             index: n as u32,
@@ -328,7 +352,19 @@ impl Recorder {
     /// ```
     #[inline]
     pub fn begin_step(&self) {
-        let guard = self.step();
+        self.begin_step_on(None);
+    }
+
+    /// [`Recorder::begin_step`] for a step of `kind` ([`Recorder::step_of`]); end it with
+    /// [`Recorder::end_step`].
+    #[inline]
+    pub fn begin_step_of(&self, kind: StepKind) {
+        self.begin_step_on(Some(kind));
+    }
+
+    #[inline]
+    fn begin_step_on(&self, kind: Option<StepKind>) {
+        let guard = self.step_on(kind);
         if guard.rec.is_some() {
             self.open_step.set(Some(guard.index));
         }
@@ -629,6 +665,8 @@ impl Recorder {
             s => s,
         };
         self.round_seq.set(seq);
+        // A round begun by `begin_round` and still open is now over (counted by the worker).
+        self.begun_round.set(0);
         let every = self.shared.trace_every;
         let sampled = every != 0 && n.is_multiple_of(every);
         if sampled || self.shared.parent_always {

@@ -40,9 +40,17 @@ pub(crate) fn wait_attrs(group: &KeyValue, site: Site, rank: u32) -> ([KeyValue;
     (kv, n)
 }
 
-/// The attributes of a step measurement.
-pub(crate) fn step_attrs(group: &KeyValue, rank: u32) -> [KeyValue; 2] {
-    [rank_attr(rank), group.clone()]
+/// The attributes of a step measurement: `rank`, `group`, and `step.kind` when stated.
+pub(crate) fn step_attrs(
+    group: &KeyValue,
+    rank: u32,
+    kind: Option<crate::vocab::StepKind>,
+) -> Vec<KeyValue> {
+    let mut kv = vec![rank_attr(rank), group.clone()];
+    if let Some(k) = kind {
+        kv.push(KeyValue::new(attr::STEP_KIND, k.as_str()));
+    }
+    kv
 }
 
 pub(crate) fn rank_attr(rank: u32) -> KeyValue {

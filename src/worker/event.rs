@@ -18,7 +18,7 @@ use super::trace::{Interval, StepTrace};
 use crate::config::Timing;
 use crate::names::DropReason;
 use crate::record::{Finish, RequestKind};
-use crate::vocab::{Layer, Phase, Section, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, Section, Site, StepKind, VerifyPart};
 use std::sync::Arc;
 
 /// One measured thing, in the order pairing found it.
@@ -66,6 +66,11 @@ pub(crate) enum Event<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Step<'a> {
     pub(crate) rank: u32,
+    /// What the engine said the step computes (`None`: not stated).
+    pub(crate) kind: Option<StepKind>,
+    /// The output tokens of its batch ([`crate::Recorder::serve`]); 0 for an engine that
+    /// does not use the request API.
+    pub(crate) outputs: u64,
     pub(crate) ns: u64,
     /// Of `ns`, the time spent at rendezvous probes and in waits the engine reported.
     pub(crate) wait_ns: u64,
@@ -87,6 +92,8 @@ pub(crate) struct HeldStep<'a> {
     pub(crate) end: u64,
     /// One in N, flagged on the hot path.
     pub(crate) sampled: bool,
+    /// What the engine said the step computes (`None`: not stated).
+    pub(crate) kind: Option<StepKind>,
     /// The lane's timing backend.
     pub(crate) timing: Timing,
 }

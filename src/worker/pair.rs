@@ -18,7 +18,7 @@ use crate::names::DropReason;
 use crate::record::mark::{Mark, MarkKind};
 use crate::record::{Lane, RoundRef, Shared};
 use crate::timing::{Conversion, Resolved, Token};
-use crate::vocab::{Layer, Phase, Section, SectionKind, Site, VerifyPart};
+use crate::vocab::{Layer, Phase, Section, SectionKind, Site, StepKind, VerifyPart};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -56,6 +56,8 @@ struct OpenStep {
     /// The recorder's index of a step recorded live (`None`: replayed from a graph, whose
     /// captured index repeats).
     index: Option<u32>,
+    /// What the engine said it computes (`None`: not stated).
+    kind: Option<StepKind>,
 }
 
 /// A round as the worker keys it: its [`RoundRef`] and, for a round captured inside a CUDA
@@ -750,6 +752,7 @@ impl LaneState {
             sampled,
             collect: sampled || s.hold.every || (s.hold.sampled && s.requests.any_traced()),
             index: (self.in_replay == 0).then(|| m.step_index()),
+            kind: m.step_kind(),
         });
     }
 
@@ -779,9 +782,12 @@ impl LaneState {
         if let Some(round) = self.round.as_mut() {
             take_batch(round, &self.served);
         }
+        let outputs = self.served.iter().map(|r| u64::from(r.outputs)).sum();
         self.served.clear();
         s.emit(&Event::Step(Step {
             rank,
+            kind: step.kind,
+            outputs,
             ns: t.saturating_sub(step.start),
             wait_ns: step.wait_ns,
             batch: &self.batch,
@@ -791,6 +797,7 @@ impl LaneState {
                 start: step.start,
                 end: t,
                 sampled: step.sampled,
+                kind: step.kind,
                 timing: self.lane.clock.timing(),
             }),
         }));

@@ -1,9 +1,12 @@
 //! No panic is reachable from the public hot-path API: arbitrary sequences of calls (unbalanced
 //! begin/end, wrong nesting, forgotten guards, huge layer ids, stale round handles, huge expert
-//! ids and waits) are recorded, paired where they pair, and counted where they do not.
+//! ids and waits, begun rounds ended twice or with another round's handle, steps of any kind,
+//! sections through the thread's installed recorder) are recorded, paired where they pair, and
+//! counted where they do not.
 
 use phasetrace::{
-    Phase, Profiler, Recorder, Section, SectionKind, SectionLevel, Site, SpecLevel, VerifyPart,
+    Phase, Profiler, Recorder, Section, SectionKind, SectionLevel, Site, SpecLevel, StepKind,
+    VerifyPart, current,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -20,6 +23,15 @@ enum Call {
     Route(Vec<u32>),
     Round(u32, Vec<u8>, Option<u32>),
     StalePart(u8),
+    BeginRound(u32),
+    RoundPhase(u8),
+    EndRound(u32),
+    BeginPart(u8),
+    EndPart(u8),
+    StepOf(u8),
+    BeginStepOf(u8),
+    EndStep,
+    Current(u8, u32),
 }
 
 fn section(i: u8) -> Section {
@@ -48,6 +60,15 @@ fn call() -> impl Strategy<Value = Call> {
         )
             .prop_map(|(k, p, a)| Call::Round(k, p, a)),
         any::<u8>().prop_map(Call::StalePart),
+        any::<u32>().prop_map(Call::BeginRound),
+        any::<u8>().prop_map(Call::RoundPhase),
+        any::<u32>().prop_map(Call::EndRound),
+        any::<u8>().prop_map(Call::BeginPart),
+        any::<u8>().prop_map(Call::EndPart),
+        any::<u8>().prop_map(Call::StepOf),
+        any::<u8>().prop_map(Call::BeginStepOf),
+        Just(Call::EndStep),
+        (any::<u8>(), any::<u32>()).prop_map(|(s, l)| Call::Current(s, l)),
     ]
 }
 
@@ -84,6 +105,35 @@ fn apply(rec: &Recorder, c: &Call, stale: &mut Option<phasetrace::RoundRef>) {
                 let _v = rec.verify_part(r, VerifyPart::ALL[*p as usize % 4]);
             }
         }
+        Call::BeginRound(k) => *stale = Some(rec.begin_round(*k)),
+        Call::RoundPhase(p) => {
+            if let Some(r) = *stale {
+                rec.round_phase(r, Phase::ALL[*p as usize % 5]);
+            }
+        }
+        Call::EndRound(a) => {
+            if let Some(r) = *stale {
+                rec.end_round(r, *a);
+            }
+        }
+        Call::BeginPart(p) => {
+            if let Some(r) = *stale {
+                rec.begin_verify_part(r, VerifyPart::ALL[*p as usize % 4]);
+            }
+        }
+        Call::EndPart(p) => {
+            if let Some(r) = *stale {
+                rec.end_verify_part(r, VerifyPart::ALL[*p as usize % 4]);
+            }
+        }
+        Call::StepOf(k) => {
+            let _s = rec.step_of(StepKind::ALL[*k as usize % 4]);
+        }
+        Call::BeginStepOf(k) => rec.begin_step_of(StepKind::ALL[*k as usize % 4]),
+        Call::EndStep => rec.end_step(),
+        Call::Current(s, l) => {
+            let _g = current::section(section(*s), *l, Site::ATTN);
+        }
     }
 }
 
@@ -101,7 +151,7 @@ proptest! {
             .with_queue(256)
             .build()
             .expect("profiler");
-        let rec = p.recorder();
+        let rec = p.install_thread_recorder();
         let mut stale = None;
         for c in &calls {
             apply(&rec, c, &mut stale);

@@ -282,6 +282,14 @@ fn telemetry() -> String {
     );
     names_table(
         &mut out,
+        "Step kinds (`phasetrace_names::vocab::STEP_KINDS`)",
+        "The `step.kind` values (closed): what the engine says a step computed \
+         (`Recorder::step_of`). A step begun without a kind carries no `step.kind`.",
+        "vocab",
+        vocab::STEP_KINDS,
+    );
+    names_table(
+        &mut out,
         "Environment variables (`phasetrace_names::env::ALL`)",
         &format!(
             "The variables `phasetrace::Config::from_env` reads (what each accepts and its \

@@ -3,12 +3,16 @@
 //! and per-window phase totals for the speculative lines (every
 //! `PHASETRACE_SPEC_SUMMARY_EVERY` rounds).
 //!
+//! Per-step figures are labelled `ms/step`; per-token figures (`ms/token`) are step time over
+//! the output tokens the steps produced ([`crate::Recorder::serve`]), by step kind, and appear
+//! only where those tokens are known.
+//!
 //! ```text
 //! Section ──> Tally.add      Step ──> Tally.step     Drained ──> summary table, when due
 //! Round ──> SpecTally.add ──> the spec lines, when due
 //! ```
 
-use crate::vocab::{Phase, Section};
+use crate::vocab::{Phase, Section, StepKind};
 use crate::worker::event::{Event, VerifySplit};
 use std::io::Write;
 
@@ -59,6 +63,7 @@ impl ConsoleSink {
         match e {
             Event::Step(s) => {
                 self.tally.step(s.rank, s.ns);
+                self.tally.by_kind(s.kind, s.ns, s.outputs);
                 if !s.batch.is_empty() {
                     self.tally.requests.batch(s.batch.len());
                 }
@@ -119,7 +124,44 @@ fn steps_per_rank(t: &Tally) -> String {
     }
 }
 
-/// The console summary table: per bucket ms/token, share %, calls/token, µs/call, sorted.
+/// The summary's line of steps by kind, once a step stated a kind or produced known tokens:
+/// each kind's steps, ms/step and, where its steps produced tokens, ms/token.
+fn kinds_line(t: &Tally) -> Option<String> {
+    use std::fmt::Write as _;
+    let stated = t.kinds[1..].iter().any(|k| k.steps > 0);
+    if !stated && t.kinds[0].outputs == 0 {
+        return None;
+    }
+    let mut line = String::from("  steps by kind:");
+    let names = std::iter::once("unstated").chain(StepKind::ALL.iter().map(|k| k.as_str()));
+    let mut first = true;
+    for (name, k) in names.zip(&t.kinds) {
+        if k.steps == 0 {
+            continue;
+        }
+        let _ = write!(
+            line,
+            "{} {name} {} at {:.3} ms/step",
+            if first { "" } else { ";" },
+            k.steps,
+            k.ns as f64 / 1e6 / k.steps as f64,
+        );
+        first = false;
+        if k.outputs > 0 {
+            let _ = write!(
+                line,
+                ", {:.3} ms/token over {} tokens",
+                k.ns as f64 / 1e6 / k.outputs as f64,
+                k.outputs
+            );
+        }
+    }
+    line.push('\n');
+    Some(line)
+}
+
+/// The console summary table: per bucket ms/step, share %, calls/step, µs/call, sorted; the
+/// steps by kind (ms/step, and ms/token where the tokens are known) and the requests.
 pub(crate) fn summary_table(t: &Tally) -> String {
     use std::fmt::Write as _;
     let steps = t.steps.max(1) as f64;
@@ -138,9 +180,18 @@ pub(crate) fn summary_table(t: &Tally) -> String {
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.ns));
     let mut out = String::new();
+    let outputs: u64 = t.kinds.iter().map(|k| k.outputs).sum();
+    let per_token = if outputs > 0 {
+        format!(
+            ", {:.3} ms/token over {outputs} output tokens",
+            t.step_ns as f64 / 1e6 / outputs as f64
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "phasetrace decode profile after {}: {:.3} ms/token in sections, {:.3} ms/token per step",
+        "phasetrace decode profile after {}: {:.3} ms/step in sections, {:.3} ms/step{per_token}",
         steps_per_rank(t),
         top as f64 / 1e6 / steps,
         t.step_ns as f64 / 1e6 / steps,
@@ -148,8 +199,11 @@ pub(crate) fn summary_table(t: &Tally) -> String {
     let _ = writeln!(
         out,
         "  {:<16} {:>10} {:>7} {:>10} {:>10}",
-        "bucket", "ms/token", "share", "calls/tok", "us/call"
+        "bucket", "ms/step", "share", "calls/step", "us/call"
     );
+    if let Some(line) = kinds_line(t) {
+        out.push_str(&line);
+    }
     if let Some(line) = t.requests.line() {
         out.push_str(&line);
     }
@@ -236,6 +290,8 @@ pub(crate) struct Tally {
     pub(crate) step_ns: u64,
     /// Steps per rank.
     pub(crate) ranks: std::collections::BTreeMap<u32, u64>,
+    /// Steps by kind: none stated, then `StepKind::ALL`.
+    pub(crate) kinds: [KindTally; 1 + StepKind::ALL.len()],
     /// The requests' figures.
     pub(crate) requests: RequestTally,
 }
@@ -327,11 +383,29 @@ impl Tally {
         e.nested |= nested;
     }
 
+    /// A step of `kind` that took `ns` and produced `outputs` tokens (0: none known).
+    pub(crate) fn by_kind(&mut self, kind: Option<StepKind>, ns: u64, outputs: u64) {
+        // Codes 1 to 4, in the order of `StepKind::ALL`; 0 is "none stated".
+        let k = &mut self.kinds[kind.map_or(0, |k| k as usize)];
+        k.steps += 1;
+        k.ns += ns;
+        k.outputs += outputs;
+    }
+
     pub(crate) fn step(&mut self, rank: u32, ns: u64) {
         self.steps += 1;
         self.step_ns += ns;
         *self.ranks.entry(rank).or_default() += 1;
     }
+}
+
+/// The steps of one kind, for the summary's line by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KindTally {
+    pub(crate) steps: u64,
+    pub(crate) ns: u64,
+    /// Output tokens its steps' batches got.
+    pub(crate) outputs: u64,
 }
 
 /// Per-round-window totals for the speculative console line.

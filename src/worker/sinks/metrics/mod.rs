@@ -92,7 +92,8 @@ impl MetricsSink {
             }
             Event::Step(s) => {
                 let (secs, wait) = (s.ns as f64 * 1e-9, s.wait_ns as f64 * 1e-9);
-                let kv = series_of(&mut self.series, &mut self.last, &self.layers, s.rank).step();
+                let kv =
+                    series_of(&mut self.series, &mut self.last, &self.layers, s.rank).step(s.kind);
                 for inst in &self.inst {
                     inst.step(kv, secs, wait);
                     if !s.batch.is_empty() {

@@ -19,7 +19,7 @@
 
 use super::aggregate::{Handles, Instruments};
 use super::layers::{LayerTotals, Row, RowKey, RowKind};
-use crate::vocab::{Layer, Section, Site};
+use crate::vocab::{Layer, Section, Site, StepKind};
 use crate::worker::attrs::{section_attrs, step_attrs, wait_attrs};
 use opentelemetry::KeyValue;
 use std::sync::Arc;
@@ -51,7 +51,8 @@ struct WaitSeries {
 pub(crate) struct LaneSeries {
     rank: u32,
     totals: Arc<LayerTotals>,
-    step: [KeyValue; 2],
+    /// The step measurements' attributes by kind: no kind stated, then `StepKind::ALL`.
+    step: [Vec<KeyValue>; 1 + StepKind::ALL.len()],
     /// Indexed by section id; a few sites each, searched in order.
     sections: Vec<Vec<SectionSeries>>,
     waits: Vec<WaitSeries>,
@@ -61,16 +62,20 @@ impl LaneSeries {
     pub(crate) fn new(rank: u32, totals: Arc<LayerTotals>) -> LaneSeries {
         LaneSeries {
             rank,
-            step: step_attrs(&totals.group, rank),
+            step: std::array::from_fn(|i| {
+                let kind = i.checked_sub(1).map(|k| StepKind::ALL[k]);
+                step_attrs(&totals.group, rank, kind)
+            }),
             totals,
             sections: Vec::new(),
             waits: Vec::new(),
         }
     }
 
-    /// The attributes of this lane's steps.
-    pub(crate) fn step(&self) -> &[KeyValue] {
-        &self.step
+    /// The attributes of this lane's steps of `kind`.
+    pub(crate) fn step(&self, kind: Option<StepKind>) -> &[KeyValue] {
+        // Codes 1 to 4, in the order of `StepKind::ALL`; 0 is "none stated".
+        &self.step[kind.map_or(0, |k| k as usize)]
     }
 
     /// One section of `ns` nanoseconds: every provider's histogram and, with the layer

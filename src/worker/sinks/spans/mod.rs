@@ -24,7 +24,6 @@ use crate::vocab::SectionKind;
 use crate::worker::attrs::{section_attrs, step_attrs, wait_attrs};
 use crate::worker::event::{BatchEntry, Request, TracedRequest, TracedWhy};
 use crate::worker::event::{Event, HeldRound, HeldStep, Hold, Round};
-use crate::worker::trace::StepTrace;
 use build::{BatchSpans, BuiltStep, RoundSpans, Why};
 use opentelemetry::Context;
 use opentelemetry::KeyValue;
@@ -178,6 +177,9 @@ impl SpanSink {
         }
         let links_dropped = traced.len().saturating_sub(STEP_LINKS_MAX);
         let mut attrs = Vec::new();
+        if let Some(kind) = step.kind {
+            attrs.push(KeyValue::new(crate::names::attr::STEP_KIND, kind.as_str()));
+        }
         if !batch.is_empty() {
             attrs.push(KeyValue::new(
                 crate::names::attr::BATCH_SIZE,
@@ -214,7 +216,7 @@ impl SpanSink {
                     Default::default(),
                 ));
                 if let Some(store) = exemplars {
-                    offer_step_exemplars(store, group, step.trace, built, rank, ns, step.end);
+                    offer_step_exemplars(store, group, step, built, rank, ns);
                 }
             },
         );
@@ -511,13 +513,13 @@ impl SpanSink {
 fn offer_step_exemplars(
     store: &ExemplarStore,
     group: &KeyValue,
-    trace: &StepTrace,
+    step: &HeldStep<'_>,
     built: &BuiltStep,
     rank: u32,
     ns: u64,
-    end: u64,
 ) {
     use crate::names::metric;
+    let (trace, end) = (step.trace, step.end);
     let ex = |span_id, ns: u64, at: u64| Exemplar {
         trace_id: built.trace_id,
         span_id,
@@ -526,7 +528,7 @@ fn offer_step_exemplars(
     };
     store.offer(
         metric::STEP_DURATION,
-        &step_attrs(group, rank),
+        &step_attrs(group, rank, step.kind),
         ex(built.root, ns, end),
     );
     for (sec, id) in trace.sections.iter().zip(&built.sections) {
