@@ -273,7 +273,8 @@ def start_tier(a, t: dict, procs: Procs, work: Path, sink: AlertSink, targets: l
     cfg = ROOT / "otel-config" / "thanos"
     hashring = work / "hashring.json"
     hashring.write_text(fill((cfg / "hashring.json").read_text(), {
-        "RECEIVE_0_GRPC": f"127.0.0.1:{ports['r0_grpc']}", "RECEIVE_1_GRPC": f"127.0.0.1:{ports['r1_grpc']}"}))
+        "RECEIVE_0_GRPC": f"127.0.0.1:{ports['r0_grpc']}", "RECEIVE_1_GRPC": f"127.0.0.1:{ports['r1_grpc']}",
+        "RECEIVE_0_CAPNP": f"127.0.0.1:{ports['r0_capnp']}", "RECEIVE_1_CAPNP": f"127.0.0.1:{ports['r1_capnp']}"}))
     for i in (0, 1):
         procs.start(f"receive-{i}", [
             thanos, "receive",
@@ -286,6 +287,10 @@ def start_tier(a, t: dict, procs: Procs, work: Path, sink: AlertSink, targets: l
             f"--receive.local-endpoint=127.0.0.1:{ports[f'r{i}_grpc']}",
             f"--receive.hashrings-file={hashring}",
             "--receive.replication-factor=1",
+            # A forward to the receiver that owns a series waits up to 5 s by default: on a
+            # loaded machine that failed whole batches, whose retries then collided with the
+            # half already written (409, out of order). The agent's own timeout is 30 s.
+            "--receive-forward-timeout=30s",
             f'--label=receive_replica="{i}"',
             "--tsdb.retention=1d",
             "--log.level=warn",
