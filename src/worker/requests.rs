@@ -350,6 +350,7 @@ impl Requests {
             } else if r.wait_by_rank.len() < 64 {
                 r.wait_by_rank.push((rank, wait_share_ns));
             }
+            let prefill = r.first_token.is_none();
             let home = r.home.is_none_or(|h| h == lane);
             if home {
                 if r.first_step.is_none() {
@@ -394,6 +395,7 @@ impl Requests {
                 traced: false,
                 share_ns,
                 wait_share_ns,
+                prefill,
             });
         }
         for (id, why) in newly {
