@@ -104,8 +104,9 @@ impl Recorder {
     /// (the gauges carry `group`, not `rank`). A used count above the total is exported as
     /// given (a usage above 1 shows the engine's report).
     ///
-    /// Cost: off, one relaxed load; on, one relaxed 8-byte store (and, once, a flag set): no
-    /// record, no clock read, no lock. Measured: [`crate::benchmarks`].
+    /// Cost: off, one relaxed load; on, one relaxed 8-byte store and one relaxed load of the
+    /// reported flags (a read-modify-write the first time only): no record, no clock read, no
+    /// lock (not benchmarked on its own: fewer instructions than one `Recorder::serve`).
     #[inline]
     pub fn kv_cache(&self, used_blocks: u32, total_blocks: u32) {
         if let Some(s) = self.engine_state() {
