@@ -82,14 +82,17 @@ impl RequestArgs {
         self.request_rate.unwrap_or(REQUEST_RATE)
     }
 
+    /// The blocks of a long request: three times the mean prompt and the most output.
+    fn long_request_blocks(&self) -> u64 {
+        let longest = u64::from(self.prompt_tokens) * 3 + u64::from(self.max_output_tokens);
+        longest.div_ceil(u64::from(self.kv_block_size.max(1)))
+    }
+
     /// KV-cache blocks in all: `--kv-blocks`, or a full batch of long requests' worth.
     pub(crate) fn total_kv_blocks(&self) -> u32 {
         match self.kv_blocks {
-            0 => {
-                let longest = u64::from(self.prompt_tokens) * 3 + u64::from(self.max_output_tokens);
-                let per = longest.div_ceil(u64::from(self.kv_block_size.max(1)));
-                (per * u64::from(self.max_batch)).min(u64::from(u32::MAX)) as u32
-            }
+            0 => (self.long_request_blocks() * u64::from(self.max_batch)).min(u64::from(u32::MAX))
+                as u32,
             n => n,
         }
     }
@@ -104,6 +107,13 @@ impl RequestArgs {
         }
         if self.model_name.trim().is_empty() {
             return Err("--model-name: expected a model name".to_owned());
+        }
+        let one = self.long_request_blocks();
+        if self.kv_blocks != 0 && u64::from(self.kv_blocks) < one {
+            return Err(format!(
+                "--kv-blocks {}: a request of three times --prompt-tokens and --max-output-tokens needs {one} blocks of --kv-block-size {}; expected at least {one} (or 0: enough for a full batch)",
+                self.kv_blocks, self.kv_block_size
+            ));
         }
         Ok(())
     }
@@ -305,7 +315,11 @@ impl Scheduler {
             if !self.running.is_empty() && used + need > u64::from(self.kv_total) {
                 break;
             }
-            let Some(w) = self.resumed.pop_front().or_else(|| self.waiting.pop_front()) else {
+            let Some(w) = self
+                .resumed
+                .pop_front()
+                .or_else(|| self.waiting.pop_front())
+            else {
                 break;
             };
             used += need;
@@ -385,7 +399,11 @@ impl Scheduler {
                 let bit = 1u64 << s;
                 let cached = self.cached_systems & bit != 0;
                 self.cached_systems |= bit;
-                if cached { len / self.block * self.block } else { 0 }
+                if cached {
+                    len / self.block * self.block
+                } else {
+                    0
+                }
             }
             None => 0,
         };

@@ -51,7 +51,12 @@ fn kv_cache_prefix_cache_preemptions_and_step_tokens_reach_prometheus_and_the_en
     rec.request_begin(2, class);
     p.flush();
     let before = scrape(addr);
-    for name in ["phasetrace_kv_cache", "phasetrace_prefix_cache", "phasetrace_preemptions", "phasetrace_step_tokens"] {
+    for name in [
+        "phasetrace_kv_cache",
+        "phasetrace_prefix_cache",
+        "phasetrace_preemptions",
+        "phasetrace_step_tokens",
+    ] {
         assert!(
             !before.lines().any(|l| l.starts_with(name)),
             "{name} exported before the engine reported it:\n{before}"
@@ -98,10 +103,22 @@ fn kv_cache_prefix_cache_preemptions_and_step_tokens_reach_prometheus_and_the_en
         ("phasetrace_prefix_cache_queries_total{", 19.0),
         ("phasetrace_prefix_cache_hits_total{", 8.0),
         ("phasetrace_preemptions_total{", 1.0),
-        ("phasetrace_step_tokens_sum{gen_ai_token_type=\"input\"", 24.0),
-        ("phasetrace_step_tokens_count{gen_ai_token_type=\"input\"", 2.0),
-        ("phasetrace_step_tokens_sum{gen_ai_token_type=\"output\"", 3.0),
-        ("phasetrace_step_tokens_count{gen_ai_token_type=\"output\"", 2.0),
+        (
+            "phasetrace_step_tokens_sum{gen_ai_token_type=\"input\"",
+            24.0,
+        ),
+        (
+            "phasetrace_step_tokens_count{gen_ai_token_type=\"input\"",
+            2.0,
+        ),
+        (
+            "phasetrace_step_tokens_sum{gen_ai_token_type=\"output\"",
+            3.0,
+        ),
+        (
+            "phasetrace_step_tokens_count{gen_ai_token_type=\"output\"",
+            2.0,
+        ),
     ];
     for (series, v) in want {
         assert_eq!(value(&body, series), Some(v), "{series} in:\n{body}");

@@ -429,7 +429,11 @@ impl<'o> Scheduler<'o> {
 
     /// The run stopped: what is still open ends cancelled; every request's tokens, by id.
     fn close(mut self, rec: Option<&Recorder>) -> (Vec<(u64, Vec<u32>)>, Served) {
-        let open: Vec<Live> = self.running.drain(..).chain(self.preempted.drain(..)).collect();
+        let open: Vec<Live> = self
+            .running
+            .drain(..)
+            .chain(self.preempted.drain(..))
+            .collect();
         for l in open {
             if let Some(r) = rec {
                 r.request_end(l.id, Finish::Cancelled);

@@ -251,7 +251,10 @@ fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_th
     let roomy = serve_blocks(0, None);
     let r = roomy.served.expect("serving figures");
     assert_eq!(r.preemptions, 0, "{r:?}");
-    assert!(r.max_kv_blocks > 0 && r.max_kv_blocks <= r.kv_blocks, "{r:?}");
+    assert!(
+        r.max_kv_blocks > 0 && r.max_kv_blocks <= r.kv_blocks,
+        "{r:?}"
+    );
 
     // 10 blocks of 4 positions: two long sequences (up to 6 x 3 + 12 positions) fill them, so
     // a batch of 4 outgrows them and the latest admitted are preempted.
@@ -266,7 +269,9 @@ fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_th
     let t = tight.served.expect("serving figures");
     profiler.flush();
     profiler.shutdown();
-    provider.force_flush().expect("flushing the engine's provider");
+    provider
+        .force_flush()
+        .expect("flushing the engine's provider");
     assert!(t.preemptions > 0, "nothing preempted: {t:?}");
     assert_eq!(t.kv_blocks, 10);
     assert!(t.max_kv_blocks <= 10, "{t:?}");
@@ -300,7 +305,9 @@ fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_th
             AggregatedMetrics::U64(MetricData::Sum(s)) => {
                 s.data_points().map(|d| d.value() as f64).sum()
             }
-            AggregatedMetrics::F64(MetricData::Gauge(g)) => g.data_points().map(|d| d.value()).sum(),
+            AggregatedMetrics::F64(MetricData::Gauge(g)) => {
+                g.data_points().map(|d| d.value()).sum()
+            }
             other => panic!("{name}: {other:?}"),
         }
     };

@@ -750,7 +750,9 @@ impl Instruments {
     /// A step of `kv`'s rank served `batch`: its tokens by prefill and decode.
     pub(crate) fn step_tokens(&self, kv: &[KeyValue], batch: &[crate::worker::event::BatchEntry]) {
         if let Some(e) = self.engine.as_deref() {
-            e.step(kv, batch, |attrs, v| self.note(metric::STEP_TOKENS, attrs, v));
+            e.step(kv, batch, |attrs, v| {
+                self.note(metric::STEP_TOKENS, attrs, v)
+            });
         }
     }
 

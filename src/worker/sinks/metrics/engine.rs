@@ -52,20 +52,21 @@ impl EngineInstruments {
                 })
                 .build()
         };
-        let counter = |name: &'static str, unit: &'static str, desc: &'static str, read: Read<u64>| {
-            let (a, group) = (attachment.clone(), group.clone());
-            let s = a.hold(state);
-            meter
-                .u64_observable_counter(name)
-                .with_unit(unit)
-                .with_description(desc)
-                .with_callback(move |o| {
-                    if let Some(v) = a.read(&s).and_then(|s| read(&s)) {
-                        o.observe(v, std::slice::from_ref(&group));
-                    }
-                })
-                .build()
-        };
+        let counter =
+            |name: &'static str, unit: &'static str, desc: &'static str, read: Read<u64>| {
+                let (a, group) = (attachment.clone(), group.clone());
+                let s = a.hold(state);
+                meter
+                    .u64_observable_counter(name)
+                    .with_unit(unit)
+                    .with_description(desc)
+                    .with_callback(move |o| {
+                        if let Some(v) = a.read(&s).and_then(|s| read(&s)) {
+                            o.observe(v, std::slice::from_ref(&group));
+                        }
+                    })
+                    .build()
+            };
         let usage_gauge = {
             let (a, group) = (attachment.clone(), group.clone());
             let s = a.hold(state);
@@ -84,7 +85,9 @@ impl EngineInstruments {
             step_tokens: meter
                 .u64_histogram(metric::STEP_TOKENS)
                 .with_unit(metric::UNIT_TOKENS)
-                .with_description("Tokens one step computed for its requests, by prefill and decode")
+                .with_description(
+                    "Tokens one step computed for its requests, by prefill and decode",
+                )
                 .with_boundaries(metric::STEP_TOKEN_BOUNDARIES.to_vec())
                 .build(),
             input: KeyValue::new(attr::GEN_AI_TOKEN_TYPE, "input"),
