@@ -773,6 +773,20 @@ mod tests {
                 },
                 "prompt tokens 100000",
             ),
+            (
+                Workload {
+                    kv_blocks: 1,
+                    ..Workload::default()
+                },
+                "KV blocks 1: the longest sequence may need 9 blocks",
+            ),
+            (
+                Workload {
+                    kv_block_size: 0,
+                    ..Workload::default()
+                },
+                "KV block size 0",
+            ),
         ] {
             let e = w.validate().expect_err(named).to_string();
             assert!(e.contains(named), "{e}");
