@@ -227,9 +227,14 @@ fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
 
 /// One rank serving with KV-cache blocks of 4 positions, `kv_blocks` in all (0: plenty).
 fn serve_blocks(kv_blocks: usize, p: Option<&Profiler>) -> RunOutput {
+    serve_blocks_spec(kv_blocks, None, p)
+}
+
+fn serve_blocks_spec(kv_blocks: usize, spec: Option<Spec>, p: Option<&Profiler>) -> RunOutput {
     let cfg = small_moe();
     let tensors = weights::random(&cfg, 11).expect("random weights");
     let opts = RunOptions {
+        spec,
         serving: Some(Workload {
             requests_per_step: 0.5,
             max_batch: 4,
@@ -272,6 +277,7 @@ fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_th
     provider
         .force_flush()
         .expect("flushing the engine's provider");
+    eprintln!("10 blocks of 4 positions: {t:?}; with room: {r:?}");
     assert!(t.preemptions > 0, "nothing preempted: {t:?}");
     assert_eq!(t.kv_blocks, 10);
     assert!(t.max_kv_blocks <= 10, "{t:?}");
@@ -287,6 +293,27 @@ fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_th
         compared += 1;
     }
     assert!(compared >= 5, "{compared} requests compared");
+
+    // Under speculative decoding too: a round reserves k + 1 positions per decoding sequence,
+    // and a preempted sequence's draft cache is rebuilt with its target's.
+    let spec = Spec {
+        k: 2,
+        draft: Draft::Shallow { layers: 2 },
+    };
+    let spec_tight = serve_blocks_spec(12, Some(spec), None);
+    let s = spec_tight.served.expect("serving figures");
+    assert!(s.preemptions > 0 && s.max_kv_blocks <= 12, "{s:?}");
+    let mut compared = 0;
+    for (id, tokens) in &spec_tight.requests {
+        let Some(r) = reference.get(id) else { continue };
+        let n = tokens.len().min(r.len());
+        assert_eq!(tokens[..n], r[..n], "speculative, request {id}");
+        compared += 1;
+    }
+    assert!(
+        compared >= 5,
+        "{compared} requests compared under speculative decoding"
+    );
 
     // Exported: the preemptions counted, the total, and every block freed at the end.
     let metrics = exporter.get_finished_metrics().expect("exported metrics");
