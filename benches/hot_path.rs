@@ -37,6 +37,10 @@
 //! - `step_kind/*`: one empty step begin+end, kindless (`Recorder::step`) and of a kind
 //!   (`Recorder::step_of`), on, side by side.
 //!
+//! - `engine_state/*`: the serving engine's state: one `Recorder::kv_cache` off and on, one
+//!   `Recorder::prefix_cache` and one `Recorder::preempted` on, against the floor of one
+//!   relaxed atomic store.
+//!
 //! Run: `cargo bench --bench hot_path`. Figures go to BENCHMARKS.md.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -839,6 +843,42 @@ fn step_kind(c: &mut Criterion) {
     on.shutdown();
 }
 
+fn engine_state(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine_state");
+    g.throughput(Throughput::Elements(1));
+    let off = profiler(SectionLevel::Off, SpecLevel::Off);
+    let rec_off = off.recorder();
+    g.bench_function("kv_cache_off", |b| {
+        b.iter(|| rec_off.kv_cache(black_box(7), black_box(100)))
+    });
+    let on = profiler(SectionLevel::Full, SpecLevel::Off);
+    let rec_on = on.recorder();
+    g.bench_function("kv_cache_on", |b| {
+        let mut i = 0u32;
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            rec_on.kv_cache(black_box(i & 63), black_box(100))
+        })
+    });
+    g.bench_function("prefix_cache_on", |b| {
+        b.iter(|| rec_on.prefix_cache(black_box(256), black_box(64)))
+    });
+    g.bench_function("preempted_on", |b| {
+        b.iter(|| rec_on.preempted(black_box(1)))
+    });
+    let floor = AtomicU64::new(0);
+    g.bench_function("baseline_atomic_store", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            floor.store(black_box(i), Relaxed)
+        })
+    });
+    g.finish();
+    off.shutdown();
+    on.shutdown();
+}
+
 criterion_group!(
     benches,
     request,
@@ -851,6 +891,7 @@ criterion_group!(
     worker,
     graph,
     worker_tail,
-    moe
+    moe,
+    engine_state
 );
 criterion_main!(benches);

@@ -307,6 +307,7 @@ impl ProfilerBuilder {
             spec_off_hint: AtomicBool::new(
                 !cfg.sdk_disabled && cfg.origin(crate::names::env::SPEC_LEVEL) == Origin::Default,
             ),
+            engine: Default::default(),
         });
         let start = Start {
             k_max: self.spec_k_max.unwrap_or(16),
@@ -371,6 +372,7 @@ impl Start {
                     Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
                         .with_experts(m, &self.experts)
                         .with_requests(m, &request_gauges)
+                        .with_engine(m, &shared.engine)
                         .with_bind(bind)
                 });
                 if pm.given {

@@ -1128,10 +1128,12 @@ fn report(a: &DemoArgs, profiler: &Profiler, group: &Group, plan: &Plan) {
     );
     if let Some(r) = group.serving.figures() {
         eprintln!(
-            "demo: {} requests begun, {} ended, {} still open cancelled at the stop; --request-rate {}/s, --max-batch {}",
+            "demo: {} requests begun, {} ended, {} still open cancelled at the stop, {} preempted for KV-cache blocks ({} in all); --request-rate {}/s, --max-batch {}",
             r.begun,
             r.ended,
             r.cancelled + (r.waiting + r.running) as u64,
+            r.preemptions,
+            a.requests.total_kv_blocks(),
             a.requests.rate(),
             a.requests.max_batch,
         );

@@ -5,11 +5,21 @@
 //!
 //! ```text
 //! scheduling rank, at each step boundary: arrivals so far ──request_begin──> waiting
-//!   waiting ──(room in the batch)──> running: this step's batch (prefill: the whole prompt
-//!   and the first token; decode: one token, or a speculative round's accepted + 1)
+//!   running that outgrew the KV-cache blocks ──preempted──> resumed first (recomputed)
+//!   waiting ──(room in the batch and the blocks; prefix_cache lookup)──> running: this
+//!   step's batch (prefill: the prompt less its cached prefix, and the first token; decode:
+//!   one token, or a speculative round's accepted + 1); kv_cache(blocks reserved, total)
 //! every rank, inside its step: serve(id, tokens, outputs) for each request of the batch
-//! scheduling rank, after the step: request_end for those that got their last token
+//! scheduling rank, after the step: request_end for those that got their last token,
+//!   kv_cache(blocks held, total)
 //! ```
+//!
+//! The KV cache is simulated as a paged block manager's: blocks of `--kv-block-size` tokens,
+//! `--kv-blocks` in all, a request holding the blocks its prompt and output fill. Half the
+//! requests open with one of [`SYSTEM_PROMPTS`] system prompts of [`SYSTEM_PROMPT_TOKENS`]
+//! tokens; the prefix cache keeps every system prompt once computed (no eviction), and a hit
+//! spares the prefill its full blocks. Shared blocks are counted once per request that holds
+//! them (a real block manager counts them once).
 
 use clap::Args;
 use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind};
@@ -47,7 +57,21 @@ pub(crate) struct RequestArgs {
     /// engine's checkpoint directory).
     #[arg(long, default_value = "glm-sim")]
     pub(crate) model_name: String,
+    /// KV-cache blocks in all; 0: as many as a full batch of requests of three times the mean
+    /// prompt and the most output needs (nothing preempted). Fewer: the scheduler admits less
+    /// and preempts the latest admitted requests when the running ones outgrow the blocks
+    /// (`phasetrace.preemptions`).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) kv_blocks: u32,
+    /// Tokens (positions) per KV-cache block.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) kv_block_size: u32,
 }
+
+/// How many system prompts the synthetic requests share (half of them open with one).
+pub(crate) const SYSTEM_PROMPTS: u64 = 8;
+/// Tokens of each system prompt (at most the request's prompt less one).
+pub(crate) const SYSTEM_PROMPT_TOKENS: u32 = 64;
 
 /// `--request-rate`'s default, requests a second.
 const REQUEST_RATE: f64 = 12.0;
@@ -56,6 +80,21 @@ impl RequestArgs {
     /// Requests a second: `--request-rate` or its default.
     pub(crate) fn rate(&self) -> f64 {
         self.request_rate.unwrap_or(REQUEST_RATE)
+    }
+
+    /// The blocks of a long request: three times the mean prompt and the most output.
+    fn long_request_blocks(&self) -> u64 {
+        let longest = u64::from(self.prompt_tokens) * 3 + u64::from(self.max_output_tokens);
+        longest.div_ceil(u64::from(self.kv_block_size.max(1)))
+    }
+
+    /// KV-cache blocks in all: `--kv-blocks`, or a full batch of long requests' worth.
+    pub(crate) fn total_kv_blocks(&self) -> u32 {
+        match self.kv_blocks {
+            0 => (self.long_request_blocks() * u64::from(self.max_batch)).min(u64::from(u32::MAX))
+                as u32,
+            n => n,
+        }
     }
 
     /// Checks the flags that clap cannot.
@@ -68,6 +107,13 @@ impl RequestArgs {
         }
         if self.model_name.trim().is_empty() {
             return Err("--model-name: expected a model name".to_owned());
+        }
+        let one = self.long_request_blocks();
+        if self.kv_blocks != 0 && u64::from(self.kv_blocks) < one {
+            return Err(format!(
+                "--kv-blocks {}: a request of three times --prompt-tokens and --max-output-tokens needs {one} blocks of --kv-block-size {}; expected at least {one} (or 0: enough for a full batch)",
+                self.kv_blocks, self.kv_block_size
+            ));
         }
         Ok(())
     }
@@ -114,10 +160,15 @@ struct Waiting {
     id: u64,
     prompt: u32,
     output: u32,
+    /// Output tokens it got before it was preempted (0 for a new request).
+    produced: u32,
+    /// Its system prompt, if it opens with one.
+    system: Option<u64>,
 }
 
 struct Running {
     id: u64,
+    prompt: u32,
     output: u32,
     produced: u32,
 }
@@ -131,6 +182,8 @@ pub(crate) struct Figures {
     pub(crate) running: usize,
     /// Ended as cancelled because the demo stopped.
     pub(crate) cancelled: u64,
+    /// Running requests preempted for want of KV-cache blocks.
+    pub(crate) preemptions: u64,
 }
 
 /// The scheduler, run by one rank at each step boundary.
@@ -148,7 +201,14 @@ pub(crate) struct Scheduler {
     next_arrival: f64,
     next_id: u64,
     waiting: VecDeque<Waiting>,
+    /// Preempted requests, in arrival order: admitted before any waiting one.
+    resumed: VecDeque<Waiting>,
     running: Vec<Running>,
+    /// The simulated block manager: tokens per block, blocks in all, and the system prompts
+    /// the prefix cache holds (a bit each).
+    block: u32,
+    kv_total: u32,
+    cached_systems: u64,
     figures: Figures,
     /// The batch of the step being run, shared with the other ranks.
     batch: Arc<Batch>,
@@ -189,7 +249,11 @@ impl Scheduler {
             next_arrival,
             next_id: 1,
             waiting: VecDeque::new(),
+            resumed: VecDeque::new(),
             running: Vec::new(),
+            block: a.kv_block_size.max(1),
+            kv_total: a.total_kv_blocks(),
+            cached_systems: 0,
             figures: Figures::default(),
             batch: Arc::new(Batch::default()),
         })
@@ -206,11 +270,20 @@ impl Scheduler {
             self.next_id += 1;
             let prompt = (self.prompt.sample(&mut self.rng) as u32).max(1);
             let output = (self.output.sample(&mut self.rng) as u32).max(1);
+            let system = (prompt > 1 && self.rng.random::<bool>())
+                .then(|| self.rng.random_range(0..SYSTEM_PROMPTS));
             rec.request_begin(id, self.class);
             self.figures.begun += 1;
-            self.waiting.push_back(Waiting { id, prompt, output });
+            self.waiting.push_back(Waiting {
+                id,
+                prompt,
+                output,
+                produced: 0,
+                system,
+            });
             self.next_arrival += gap.sample(&mut self.rng);
         }
+        self.preempt(rec);
         let mut batch = Batch::default();
         for r in &self.running {
             let left = r.output.min(self.max_output) - r.produced;
@@ -236,27 +309,111 @@ impl Scheduler {
             batch.tokens += u64::from(s.tokens);
             batch.served.push(s);
         }
+        let mut used: u64 = self.running.iter().map(|r| self.need(r)).sum();
         while self.running.len() < self.max_batch {
-            let Some(w) = self.waiting.pop_front() else {
+            let Some(w) = self.resumed.front().or(self.waiting.front()) else {
                 break;
             };
-            // Prefill: the whole prompt, and the first output token.
+            // Its prompt, its output so far (a resumed one) and its next token.
+            let need = u64::from(w.prompt + w.produced + 1).div_ceil(u64::from(self.block));
+            if !self.running.is_empty() && used + need > u64::from(self.kv_total) {
+                break;
+            }
+            let Some(w) = self
+                .resumed
+                .pop_front()
+                .or_else(|| self.waiting.pop_front())
+            else {
+                break;
+            };
+            used += need;
+            // Prefill: the prompt less what the prefix cache holds (a resumed request
+            // recomputes its output too), and the next output token.
+            let hit = if w.produced == 0 {
+                self.prefix_lookup(rec, &w)
+            } else {
+                0
+            };
+            let tokens = (w.prompt + w.produced - hit).max(1);
             batch.served.push(Served {
                 id: w.id,
-                tokens: w.prompt,
+                tokens,
                 outputs: 1,
                 drafted: 0,
                 accepted: 0,
             });
-            batch.tokens += u64::from(w.prompt);
+            batch.tokens += u64::from(tokens);
             self.running.push(Running {
                 id: w.id,
+                prompt: w.prompt,
                 output: w.output,
-                produced: 0,
+                produced: w.produced,
             });
         }
+        rec.kv_cache(used.min(u64::from(u32::MAX)) as u32, self.kv_total);
         self.batch = Arc::new(batch);
         self.batch.clone()
+    }
+
+    /// The blocks `r` holds once its next step cached its new tokens (a speculative round
+    /// reserves k + 1).
+    fn need(&self, r: &Running) -> u64 {
+        let new = self.spec.map_or(1, |(k, _)| k + 1);
+        u64::from(r.prompt + r.produced + new).div_ceil(u64::from(self.block))
+    }
+
+    /// The blocks the running requests hold now.
+    fn held(&self) -> u32 {
+        let held: u64 = self
+            .running
+            .iter()
+            .map(|r| u64::from(r.prompt + r.produced).div_ceil(u64::from(self.block)))
+            .sum();
+        held.min(u64::from(u32::MAX)) as u32
+    }
+
+    /// While the running requests' next step needs more blocks than there are, the latest
+    /// admitted is preempted: it goes back to the front of the queue, to be recomputed.
+    fn preempt(&mut self, rec: &Recorder) {
+        while self.running.len() > 1
+            && self.running.iter().map(|r| self.need(r)).sum::<u64>() > u64::from(self.kv_total)
+        {
+            let Some(r) = self.running.pop() else { break };
+            rec.preempted(1);
+            self.figures.preemptions += 1;
+            let at = self.resumed.partition_point(|w| w.id < r.id);
+            self.resumed.insert(
+                at,
+                Waiting {
+                    id: r.id,
+                    prompt: r.prompt,
+                    output: r.output,
+                    produced: r.produced,
+                    system: None,
+                },
+            );
+        }
+    }
+
+    /// The prefix-cache lookup of a new request's prompt: the full blocks of its system
+    /// prompt when that was computed before (then cached for good), else none.
+    fn prefix_lookup(&mut self, rec: &Recorder, w: &Waiting) -> u32 {
+        let hit = match w.system {
+            Some(s) => {
+                let len = SYSTEM_PROMPT_TOKENS.min(w.prompt - 1);
+                let bit = 1u64 << s;
+                let cached = self.cached_systems & bit != 0;
+                self.cached_systems |= bit;
+                if cached {
+                    len / self.block * self.block
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        };
+        rec.prefix_cache(u64::from(w.prompt), u64::from(hit));
+        hit
     }
 
     /// After the step: the requests that got their last token end.
@@ -284,6 +441,7 @@ impl Scheduler {
             false
         });
         self.figures.ended += ended;
+        rec.kv_cache(self.held(), self.kv_total);
     }
 
     /// The requests still open end, cancelled (the demo is stopping).
@@ -292,15 +450,16 @@ impl Scheduler {
             rec.request_end(r.id, Finish::Cancelled);
             self.figures.cancelled += 1;
         }
-        for w in self.waiting.drain(..) {
+        for w in self.resumed.drain(..).chain(self.waiting.drain(..)) {
             rec.request_end(w.id, Finish::Cancelled);
             self.figures.cancelled += 1;
         }
+        rec.kv_cache(0, self.kv_total);
     }
 
     pub(crate) fn figures(&self) -> Figures {
         Figures {
-            waiting: self.waiting.len(),
+            waiting: self.waiting.len() + self.resumed.len(),
             running: self.running.len(),
             ..self.figures
         }

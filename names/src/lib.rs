@@ -510,6 +510,74 @@ pub mod metric {
             unit: UNIT_REQUESTS,
             attributes: [attr::GROUP],
         }
+        // Serving-engine state: what the engine's block manager and scheduler report
+        // (`Recorder::kv_cache`, `Recorder::prefix_cache`, `Recorder::preempted`) and the
+        // tokens of each step by prefill and decode. The GenAI conventions name none of them;
+        // each says which vLLM or SGLang metric it mirrors.
+        /// Gauge of the KV-cache blocks in use, as the engine last reported them
+        /// (`Recorder::kv_cache`), attribute `group` (`phasetrace_kv_cache_blocks_used`;
+        /// SGLang's `num_used_tokens` counts the same in tokens). Exported once reported.
+        KV_CACHE_BLOCKS_USED = "phasetrace.kv_cache.blocks.used" {
+            instrument: Gauge,
+            unit: UNIT_BLOCKS,
+            attributes: [attr::GROUP],
+        }
+        /// Gauge of the KV-cache blocks the engine has in all (`Recorder::kv_cache`), attribute
+        /// `group` (`phasetrace_kv_cache_blocks_total`; vLLM's `num_gpu_blocks` label of
+        /// `cache_config_info`). Exported once reported.
+        KV_CACHE_BLOCKS_TOTAL = "phasetrace.kv_cache.blocks.total" {
+            instrument: Gauge,
+            unit: UNIT_BLOCKS,
+            attributes: [attr::GROUP],
+        }
+        /// Gauge of the share of the KV cache in use, used over total blocks, 0 to 1, attribute
+        /// `group` (`phasetrace_kv_cache_usage_ratio`; vLLM's `kv_cache_usage_perc`, also 0 to
+        /// 1, SGLang's `token_usage`). Exported once reported.
+        KV_CACHE_USAGE = "phasetrace.kv_cache.usage" {
+            instrument: Gauge,
+            unit: UNIT_RATIO,
+            attributes: [attr::GROUP],
+        }
+        /// Counter of the prompt tokens looked up in the prefix cache
+        /// (`Recorder::prefix_cache`), attribute `group` (`phasetrace_prefix_cache_queries_total`;
+        /// vLLM's `prefix_cache_queries`, in tokens too). Exported once reported.
+        PREFIX_CACHE_QUERIES = "phasetrace.prefix_cache.queries" {
+            instrument: Counter,
+            unit: UNIT_TOKENS,
+            attributes: [attr::GROUP],
+        }
+        /// Counter of the prompt tokens found in the prefix cache (`Recorder::prefix_cache`),
+        /// attribute `group` (`phasetrace_prefix_cache_hits_total`; vLLM's
+        /// `prefix_cache_hits`; hits over queries is SGLang's `cache_hit_rate`). Exported once
+        /// reported.
+        PREFIX_CACHE_HITS = "phasetrace.prefix_cache.hits" {
+            instrument: Counter,
+            unit: UNIT_TOKENS,
+            attributes: [attr::GROUP],
+        }
+        /// Counter of the requests the scheduler preempted (evicted from the running batch for
+        /// want of KV-cache blocks, to be resumed later) (`Recorder::preempted`), attribute
+        /// `group` (`phasetrace_preemptions_total`; vLLM's `num_preemptions`). Exported from
+        /// the first `Recorder::kv_cache` or `Recorder::preempted` on.
+        PREEMPTIONS = "phasetrace.preemptions" {
+            instrument: Counter,
+            unit: UNIT_PREEMPTIONS,
+            attributes: [attr::GROUP],
+        }
+        /// Histogram of the tokens one step computed for its requests, by
+        /// `gen_ai.token.type`: `input` for requests in prefill (their prompt, or a chunk of
+        /// it, up to their first output token), `output` for requests in decode (1 a step, or a
+        /// speculative round's drafted + 1), one observation per type present in the step,
+        /// attributes `rank`, `group` (`phasetrace_step_tokens`; vLLM's
+        /// `iteration_tokens_total` is their sum per step, its `prompt_tokens` and
+        /// `generation_tokens` counters are this histogram's sums); boundaries
+        /// [`STEP_TOKEN_BOUNDARIES`]. From the steps' [`REQUESTS_RUNNING`] requests
+        /// (`Recorder::serve`); a step that served none observes nothing.
+        STEP_TOKENS = "phasetrace.step.tokens" {
+            instrument: Histogram,
+            unit: UNIT_TOKENS,
+            attributes: [attr::GEN_AI_TOKEN_TYPE, attr::RANK, attr::GROUP],
+        }
     }
 
     /// The GenAI conventions' advised boundaries of [`GEN_AI_SERVER_REQUEST_DURATION`], s.
@@ -532,6 +600,18 @@ pub mod metric {
     pub const BATCH_SIZE_BOUNDARIES: [f64; 11] = [
         1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
     ];
+    /// Boundaries of [`STEP_TOKENS`], tokens (vLLM's `iteration_tokens_total` buckets and
+    /// powers of two below them).
+    pub const STEP_TOKEN_BOUNDARIES: [f64; 15] = [
+        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+        16384.0,
+    ];
+    /// Unit of the KV-cache block gauges.
+    pub const UNIT_BLOCKS: &str = "{block}";
+    /// Unit of [`PREEMPTIONS`].
+    pub const UNIT_PREEMPTIONS: &str = "{preemption}";
+    /// Unit of a share between 0 and 1 ([`KV_CACHE_USAGE`]).
+    pub const UNIT_RATIO: &str = "1";
     /// Unit of [`BATCH_SIZE`], the request gauges and the Prometheus endpoint's refused-auth
     /// counter.
     pub const UNIT_REQUESTS: &str = "{request}";
@@ -670,6 +750,9 @@ pub mod attr {
         GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens";
         /// Output tokens the request got (request span attribute).
         GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens";
+        /// The GenAI conventions' token type on [`crate::metric::STEP_TOKENS`]: `input`
+        /// (prefill) or `output` (decode).
+        GEN_AI_TOKEN_TYPE = "gen_ai.token.type";
         /// Seconds from arrival to the first step that served the request (request span
         /// attribute, as vLLM's).
         GEN_AI_LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue";

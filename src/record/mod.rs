@@ -11,6 +11,7 @@ mod begun;
 pub mod current;
 #[cfg(feature = "tracing")]
 mod engine_span;
+pub(crate) mod engine_state;
 pub(crate) mod graph;
 mod lane;
 pub(crate) mod mark;
@@ -101,6 +102,9 @@ pub(crate) struct Shared {
     /// The speculative level is off because nobody set it: the first round recorded says so
     /// once on stderr (and clears this).
     pub(crate) spec_off_hint: AtomicBool,
+    /// The engine's KV cache, prefix cache and preemptions, as last reported
+    /// (`Recorder::kv_cache`, ...), read by the observable instruments.
+    pub(crate) engine: Arc<engine_state::EngineState>,
 }
 
 impl Shared {

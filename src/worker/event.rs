@@ -235,6 +235,8 @@ pub(crate) struct BatchEntry {
     /// Its share of the step's time and of the step's rendezvous waits, ns.
     pub(crate) share_ns: u64,
     pub(crate) wait_share_ns: u64,
+    /// The request had no output token before this step: its tokens here are prefill.
+    pub(crate) prefill: bool,
 }
 
 /// Why a request is traced.

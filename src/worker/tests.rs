@@ -178,6 +178,7 @@ fn setup(level: SectionLevel, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Sh
         graphs: Default::default(),
         kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
+        engine: Default::default(),
     });
     let experts = ExpertSettings {
         on: true,
@@ -604,6 +605,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
         graphs: Default::default(),
         kinds: Default::default(),
         spec_off_hint: AtomicBool::new(false),
+        engine: Default::default(),
     });
     let mut p = untraced(&shared, false, ExpertSettings::off());
     let r = rec(&shared);
@@ -808,6 +810,7 @@ fn traced(
         spec_off_hint: AtomicBool::new(false),
         graph_read_every: 1,
         graphs: Default::default(),
+        engine: Default::default(),
     });
     let capture = Arc::new(Capture::default());
     let store = Arc::new(crate::export::ExemplarStore::default());

@@ -171,10 +171,12 @@ fn workload(a: &DemoArgs) -> Result<Option<Workload>, Failure> {
         max_output_tokens: r.max_output_tokens as usize,
         model: r.model_name.clone(),
         seed: a.seed,
+        kv_block_size: r.kv_block_size as usize,
+        kv_blocks: r.kv_blocks as usize,
     };
     w.validate().map_err(|e| {
         Failure::config(format!(
-            "the request flags (--max-batch, --prompt-tokens, --output-tokens, --max-output-tokens) with --engine candle: {e}"
+            "the request flags (--max-batch, --prompt-tokens, --output-tokens, --max-output-tokens, --kv-blocks, --kv-block-size) with --engine candle: {e}"
         ))
     })?;
     Ok(Some(w))
@@ -595,7 +597,7 @@ fn report(
     }
     if let (Some(r), Some(w)) = (out.served, &opts.serving) {
         eprintln!(
-            "demo: {} requests begun, {} finished, {} still open cancelled at the stop; --requests-per-step {}, --max-batch {}: {:.1} sequences a step on average, {} at most",
+            "demo: {} requests begun, {} finished, {} still open cancelled at the stop; --requests-per-step {}, --max-batch {}: {:.1} sequences a step on average, {} at most; KV cache: {} blocks of {} positions, at most {} reserved for a step, {} preemptions",
             r.begun,
             r.finished,
             r.cancelled,
@@ -603,6 +605,10 @@ fn report(
             w.max_batch,
             r.mean_batch(out.steps),
             r.max_batch,
+            r.kv_blocks,
+            w.kv_block_size,
+            r.max_kv_blocks,
+            r.preemptions,
         );
     }
 }

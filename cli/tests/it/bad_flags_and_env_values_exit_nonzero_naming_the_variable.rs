@@ -303,6 +303,10 @@ fn other_bad_demo_numbers_are_configuration_errors() {
             ],
             "--rendezvous-timeout 0: expected a positive number of seconds",
         ),
+        (
+            &["--kv-blocks", "10"],
+            "--kv-blocks 10: a request of three times --prompt-tokens and --max-output-tokens needs 58 blocks of --kv-block-size 16; expected at least 58",
+        ),
     ];
     for (extra, message) in cases {
         let run = phasetrace(&tiny_demo_with(extra), &[], RUN);

@@ -5,14 +5,24 @@
 //!
 //! ```text
 //! every rank, at each step boundary: arrivals up to this step ──(rank 0: request_begin)──> waiting
-//!   waiting ──(room in the batch)──> running (prefill: its prompt, in this step's forward)
+//!   running that no longer fit the KV-cache blocks ──(rank 0: preempted)──> preempted (caches
+//!     dropped; resumed first, recomputing prompt and output in one prefill)
+//!   preempted, then waiting ──(room in the batch and in the blocks)──> running (prefill: its
+//!     prompt, in this step's forward); rank 0: kv_cache(blocks reserved for the step, total)
 //!   plain: one step = forward_batch(each sequence: its prompt or its last token)
 //!   speculative: one round per step: draft k for the decoding sequences (batched, unprofiled)
 //!     ── verify: forward_batch(k+1 per decoding sequence, the new ones' prompts) ── accept
 //!     per sequence ── roll each cache back ── the draft catches up and prefills the new ones
 //!   inside the step: serve / serve_speculative_outputs for each sequence (every rank)
-//!   after it: rank 0 request_end for those that reached their length
+//!   after it: rank 0 request_end for those that reached their length, kv_cache(blocks held)
 //! ```
+//!
+//! The KV cache is accounted in blocks of [`Workload::kv_block_size`] positions, as a paged
+//! block manager allocates them: a sequence holds the blocks its cached positions fill, and a
+//! step reserves those its new tokens need before it runs. The caches themselves are one
+//! tensor per layer and sequence (nothing is paged in memory); the accounting decides
+//! admission and preemption as the blocks would. There is no prefix cache (the workload's
+//! prompts share no prefix), so nothing is reported for one.
 //!
 //! Arrivals are in steps, not seconds, so that every rank forms the same batches without
 //! talking (each runs the same seeded scheduler) and two runs generate the same tokens
@@ -52,6 +62,12 @@ pub struct Workload {
     pub model: String,
     /// Seeds the arrivals, lengths and prompts.
     pub seed: u64,
+    /// Positions per KV-cache block.
+    pub kv_block_size: usize,
+    /// KV-cache blocks in all; 0: as many as a full batch of the longest sequences needs
+    /// (nothing is ever preempted). Fewer make the scheduler admit less and preempt the latest
+    /// admitted sequences when the running ones outgrow them.
+    pub kv_blocks: usize,
 }
 
 impl Default for Workload {
@@ -64,6 +80,8 @@ impl Default for Workload {
             max_output_tokens: 64,
             model: "phasetrace-candle".to_owned(),
             seed: 0,
+            kv_block_size: 16,
+            kv_blocks: 0,
         }
     }
 }
@@ -85,6 +103,7 @@ impl Workload {
             ("prompt tokens", self.prompt_tokens),
             ("output tokens", self.output_tokens),
             ("max output tokens", self.max_output_tokens),
+            ("KV block size", self.kv_block_size),
         ] {
             if v == 0 {
                 return Err(EngineError::Config(format!(
@@ -114,7 +133,23 @@ impl Workload {
                 self.prompt_tokens, self.max_output_tokens
             )));
         }
+        let one = self.max_positions(k).div_ceil(self.kv_block_size.max(1));
+        if self.kv_blocks != 0 && self.kv_blocks < one {
+            return Err(EngineError::Config(format!(
+                "KV blocks {}: the longest sequence may need {one} blocks of {} positions; expected at least {one} (or 0: enough for the whole batch)",
+                self.kv_blocks, self.kv_block_size
+            )));
+        }
         Ok(())
+    }
+
+    /// KV-cache blocks in all, with speculative rounds of `k`: [`Workload::kv_blocks`], or
+    /// what a full batch of the longest sequences needs.
+    pub fn total_kv_blocks(&self, k: usize) -> usize {
+        match self.kv_blocks {
+            0 => self.max_batch * self.max_positions(k).div_ceil(self.kv_block_size.max(1)),
+            n => n,
+        }
     }
 
     /// Positions the longest sequence can reach: the longest prompt, the most output and a
@@ -137,6 +172,12 @@ pub struct Served {
     pub sequences: u64,
     /// The largest batch.
     pub max_batch: usize,
+    /// Running sequences preempted for want of KV-cache blocks (each resumed later).
+    pub preemptions: u64,
+    /// KV-cache blocks in all.
+    pub kv_blocks: usize,
+    /// The most KV-cache blocks reserved for one step (never above the total).
+    pub max_kv_blocks: usize,
 }
 
 impl Served {
@@ -186,7 +227,10 @@ struct Arrival {
 /// not prefilled), what it generated.
 struct Live {
     id: u64,
+    /// What its prefill computes: the prompt, and after a preemption the output so far too.
     prompt: Vec<u32>,
+    /// The prompt's own length (`prompt` beyond it: output recomputed after a preemption).
+    prompt_len: usize,
     want: usize,
     cut: bool,
     /// It generated an end-of-sequence token (its last).
@@ -207,12 +251,18 @@ struct Scheduler<'o> {
     now: f64,
     waiting: VecDeque<Arrival>,
     running: Vec<Live>,
+    /// Sequences preempted, in arrival order: resumed before any waiting one is admitted.
+    preempted: VecDeque<Live>,
     done: BTreeMap<u64, Vec<u32>>,
     served: Served,
+    /// Positions per KV-cache block, the blocks in all, and a speculative round's k (a step
+    /// of a decoding sequence caches up to k + 1 positions).
+    block: usize,
+    k: usize,
 }
 
 impl<'o> Scheduler<'o> {
-    fn new(w: &'o Workload, vocab: usize, layers: usize) -> Scheduler<'o> {
+    fn new(w: &'o Workload, vocab: usize, layers: usize, k: usize) -> Scheduler<'o> {
         let mut draws = Draws(w.seed ^ 0x9E37_79B9_7F4A_7C15 | 1);
         let first = Self::draw(w, vocab, &mut draws, 1, 0.0);
         Scheduler {
@@ -224,8 +274,57 @@ impl<'o> Scheduler<'o> {
             now: 0.0,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            preempted: VecDeque::new(),
             done: BTreeMap::new(),
-            served: Served::default(),
+            served: Served {
+                kv_blocks: w.total_kv_blocks(k),
+                ..Served::default()
+            },
+            block: w.kv_block_size.max(1),
+            k,
+        }
+    }
+
+    /// The blocks `l` holds once its next step cached its new tokens (its prompt in prefill,
+    /// up to k + 1 in decode).
+    fn need(&self, l: &Live) -> usize {
+        let new = match l.pending {
+            None => l.prompt.len(),
+            Some(_) => 1 + self.k,
+        };
+        (l.cache.len() + new).div_ceil(self.block)
+    }
+
+    /// The blocks the running sequences hold now.
+    fn held(&self) -> usize {
+        self.running
+            .iter()
+            .map(|l| l.cache.len().div_ceil(self.block))
+            .sum()
+    }
+
+    /// While the running sequences' next step needs more blocks than there are, the latest
+    /// admitted is preempted (on rank 0's `rec`): its caches are dropped, and it is resumed
+    /// later by a prefill of its prompt and its output so far. The earliest always runs.
+    fn preempt(&mut self, rec: Option<&Recorder>) {
+        let total = self.served.kv_blocks;
+        while self.running.len() > 1
+            && self.running.iter().map(|l| self.need(l)).sum::<usize>() > total
+        {
+            let Some(mut l) = self.running.pop() else {
+                break;
+            };
+            l.prompt.truncate(l.prompt_len);
+            l.prompt.extend_from_slice(&l.out);
+            l.cache = KvCache::new(self.layers);
+            l.dcache = KvCache::new(self.layers);
+            l.pending = None;
+            if let Some(r) = rec {
+                r.preempted(1);
+            }
+            self.served.preemptions += 1;
+            let at = self.preempted.partition_point(|p| p.id < l.id);
+            self.preempted.insert(at, l);
         }
     }
 
@@ -258,7 +357,25 @@ impl<'o> Scheduler<'o> {
             self.served.begun += 1;
             self.waiting.push_back(a);
         }
+        self.preempt(rec);
+        let total = self.served.kv_blocks;
+        let mut used: usize = self.running.iter().map(|l| self.need(l)).sum();
         while self.running.len() < self.w.max_batch {
+            // The preempted first, then the queue, each while its prompt's blocks fit.
+            let next = match (self.preempted.front(), self.waiting.front()) {
+                (Some(p), _) => p.prompt.len(),
+                (None, Some(a)) => a.prompt.len(),
+                (None, None) => break,
+            };
+            let need = next.div_ceil(self.block);
+            if used + need > total {
+                break;
+            }
+            used += need;
+            if let Some(l) = self.preempted.pop_front() {
+                self.running.push(l);
+                continue;
+            }
             let Some(a) = self.waiting.pop_front() else {
                 break;
             };
@@ -266,6 +383,7 @@ impl<'o> Scheduler<'o> {
                 id: a.id,
                 cut: a.want >= self.w.max_output_tokens,
                 ended: false,
+                prompt_len: a.prompt.len(),
                 prompt: a.prompt,
                 want: a.want,
                 cache: KvCache::new(self.layers),
@@ -274,6 +392,12 @@ impl<'o> Scheduler<'o> {
                 out: Vec::new(),
             });
         }
+        // Resumed sequences take their place in arrival order.
+        self.running.sort_by_key(|l| l.id);
+        if let Some(r) = rec {
+            r.kv_cache(used as u32, total as u32);
+        }
+        self.served.max_kv_blocks = self.served.max_kv_blocks.max(used);
         self.served.sequences += self.running.len() as u64;
         self.served.max_batch = self.served.max_batch.max(self.running.len());
     }
@@ -298,11 +422,19 @@ impl<'o> Scheduler<'o> {
         }
         // Keep the batch in arrival order (swap_remove moved the last one).
         self.running.sort_by_key(|l| l.id);
+        if let Some(r) = rec {
+            r.kv_cache(self.held() as u32, self.served.kv_blocks as u32);
+        }
     }
 
     /// The run stopped: what is still open ends cancelled; every request's tokens, by id.
     fn close(mut self, rec: Option<&Recorder>) -> (Vec<(u64, Vec<u32>)>, Served) {
-        for l in self.running.drain(..) {
+        let open: Vec<Live> = self
+            .running
+            .drain(..)
+            .chain(self.preempted.drain(..))
+            .collect();
+        for l in open {
             if let Some(r) = rec {
                 r.request_end(l.id, Finish::Cancelled);
             }
@@ -314,6 +446,10 @@ impl<'o> Scheduler<'o> {
                 r.request_end(a.id, Finish::Cancelled);
             }
             self.served.cancelled += 1;
+        }
+        // Every sequence let go of its blocks.
+        if let Some(r) = rec {
+            r.kv_cache(0, self.served.kv_blocks as u32);
         }
         (self.done.into_iter().collect(), self.served)
     }
@@ -327,7 +463,8 @@ pub(crate) fn serve_loop(
     c: &mut Rank<'_, '_, '_>,
     class: Option<RequestClass>,
 ) -> Result<RunOutput, EngineError> {
-    let mut s = Scheduler::new(w, opts.cfg.vocab, opts.cfg.layers);
+    let k = opts.spec.map_or(0, |s| s.k);
+    let mut s = Scheduler::new(w, opts.cfg.vocab, opts.cfg.layers, k);
     let mut out = RunOutput::default();
     let begins = if c.rank == 0 { c.rec } else { None };
     let started = std::time::Instant::now();
@@ -636,6 +773,20 @@ mod tests {
                 },
                 "prompt tokens 100000",
             ),
+            (
+                Workload {
+                    kv_blocks: 1,
+                    ..Workload::default()
+                },
+                "KV blocks 1: the longest sequence may need 9 blocks",
+            ),
+            (
+                Workload {
+                    kv_block_size: 0,
+                    ..Workload::default()
+                },
+                "KV block size 0",
+            ),
         ] {
             let e = w.validate().expect_err(named).to_string();
             assert!(e.contains(named), "{e}");
@@ -645,8 +796,8 @@ mod tests {
     #[test]
     fn the_draws_are_the_same_for_the_same_seed_and_lengths_stay_in_bounds() {
         let w = Workload::default();
-        let mut a = Scheduler::new(&w, 100, 2);
-        let mut b = Scheduler::new(&w, 100, 2);
+        let mut a = Scheduler::new(&w, 100, 2, 0);
+        let mut b = Scheduler::new(&w, 100, 2, 0);
         for _ in 0..50 {
             a.admit(None, None);
             b.admit(None, None);

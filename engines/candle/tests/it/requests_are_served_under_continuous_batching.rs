@@ -224,3 +224,129 @@ fn a_traced_requests_trace_holds_every_step_that_served_it_on_every_rank() {
     }
     assert!(checked >= 5, "{checked} requests checked: {:?}", out.served);
 }
+
+/// One rank serving with KV-cache blocks of 4 positions, `kv_blocks` in all (0: plenty).
+fn serve_blocks(kv_blocks: usize, p: Option<&Profiler>) -> RunOutput {
+    serve_blocks_spec(kv_blocks, None, p)
+}
+
+fn serve_blocks_spec(kv_blocks: usize, spec: Option<Spec>, p: Option<&Profiler>) -> RunOutput {
+    let cfg = small_moe();
+    let tensors = weights::random(&cfg, 11).expect("random weights");
+    let opts = RunOptions {
+        spec,
+        serving: Some(Workload {
+            requests_per_step: 0.5,
+            max_batch: 4,
+            prompt_tokens: 6,
+            output_tokens: 8,
+            max_output_tokens: 12,
+            seed: 3,
+            kv_block_size: 4,
+            kv_blocks,
+            ..Workload::default()
+        }),
+        ..RunOptions::new(cfg, tensors, 60, Vec::new())
+    };
+    generate(&opts, p).expect("serving")
+}
+
+#[test]
+fn kv_blocks_stay_within_the_total_are_freed_and_preemptions_are_counted_when_they_run_short() {
+    let roomy = serve_blocks(0, None);
+    let r = roomy.served.expect("serving figures");
+    assert_eq!(r.preemptions, 0, "{r:?}");
+    assert!(
+        r.max_kv_blocks > 0 && r.max_kv_blocks <= r.kv_blocks,
+        "{r:?}"
+    );
+
+    // 10 blocks of 4 positions: two long sequences (up to 6 x 3 + 12 positions) fill them, so
+    // a batch of 4 outgrows them and the latest admitted are preempted.
+    let (provider, exporter) = engine_provider();
+    let profiler = Profiler::builder()
+        .without_env()
+        .with_level(SectionLevel::Full)
+        .with_meter_provider(provider.clone())
+        .build()
+        .expect("building the profiler");
+    let tight = serve_blocks(10, Some(&profiler));
+    let t = tight.served.expect("serving figures");
+    profiler.flush();
+    profiler.shutdown();
+    provider
+        .force_flush()
+        .expect("flushing the engine's provider");
+    eprintln!("10 blocks of 4 positions: {t:?}; with room: {r:?}");
+    assert!(t.preemptions > 0, "nothing preempted: {t:?}");
+    assert_eq!(t.kv_blocks, 10);
+    assert!(t.max_kv_blocks <= 10, "{t:?}");
+    assert!(t.finished >= 5, "{t:?}");
+
+    // A preempted request, recomputed, generates what it generates with room to spare.
+    let reference = finished(&roomy);
+    let mut compared = 0;
+    for (id, tokens) in &tight.requests {
+        let Some(r) = reference.get(id) else { continue };
+        let n = tokens.len().min(r.len());
+        assert_eq!(tokens[..n], r[..n], "request {id}");
+        compared += 1;
+    }
+    assert!(compared >= 5, "{compared} requests compared");
+
+    // Under speculative decoding too: a round reserves k + 1 positions per decoding sequence,
+    // and a preempted sequence's draft cache is rebuilt with its target's.
+    let spec = Spec {
+        k: 2,
+        draft: Draft::Shallow { layers: 2 },
+    };
+    let spec_tight = serve_blocks_spec(12, Some(spec), None);
+    let s = spec_tight.served.expect("serving figures");
+    assert!(s.preemptions > 0 && s.max_kv_blocks <= 12, "{s:?}");
+    let mut compared = 0;
+    for (id, tokens) in &spec_tight.requests {
+        let Some(r) = reference.get(id) else { continue };
+        let n = tokens.len().min(r.len());
+        assert_eq!(tokens[..n], r[..n], "speculative, request {id}");
+        compared += 1;
+    }
+    assert!(
+        compared >= 5,
+        "{compared} requests compared under speculative decoding"
+    );
+
+    // Exported: the preemptions counted, the total, and every block freed at the end.
+    let metrics = exporter.get_finished_metrics().expect("exported metrics");
+    let last = metrics.last().expect("an export");
+    let find = |name: &str| -> f64 {
+        use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+        let m = last
+            .scope_metrics()
+            .flat_map(|s| s.metrics())
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("{name} not exported"));
+        match m.data() {
+            AggregatedMetrics::U64(MetricData::Gauge(g)) => {
+                g.data_points().map(|d| d.value() as f64).sum()
+            }
+            AggregatedMetrics::U64(MetricData::Sum(s)) => {
+                s.data_points().map(|d| d.value() as f64).sum()
+            }
+            AggregatedMetrics::F64(MetricData::Gauge(g)) => {
+                g.data_points().map(|d| d.value()).sum()
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(find(metric::PREEMPTIONS), t.preemptions as f64);
+    assert_eq!(find(metric::KV_CACHE_BLOCKS_TOTAL), 10.0);
+    assert_eq!(find(metric::KV_CACHE_BLOCKS_USED), 0.0, "blocks freed");
+    assert_eq!(find(metric::KV_CACHE_USAGE), 0.0);
+    // Prefill and decode tokens of the steps: the prompts (recomputed ones too) and a token a
+    // step for each decoding sequence.
+    let by_type = histogram_by(&metrics, metric::STEP_TOKENS, attr::GEN_AI_TOKEN_TYPE);
+    assert!(
+        by_type.contains_key("input") && by_type.contains_key("output"),
+        "{by_type:?}"
+    );
+}

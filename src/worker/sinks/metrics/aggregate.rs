@@ -55,7 +55,7 @@ impl Attachment {
     }
 
     /// A weak handle on `table` for a callback, `table` kept alive until the detach.
-    fn hold<T: Send + Sync + 'static>(&self, table: &Arc<T>) -> Weak<T> {
+    pub(super) fn hold<T: Send + Sync + 'static>(&self, table: &Arc<T>) -> Weak<T> {
         let kept: Arc<dyn Any + Send + Sync> = table.clone();
         self.0
             .keep
@@ -66,7 +66,7 @@ impl Attachment {
     }
 
     /// The table a callback reads, while attached.
-    fn read<T>(&self, table: &Weak<T>) -> Option<Arc<T>> {
+    pub(super) fn read<T>(&self, table: &Weak<T>) -> Option<Arc<T>> {
         if self.0.detached.load(Ordering::Acquire) {
             return None;
         }
@@ -112,6 +112,8 @@ pub(crate) struct Instruments {
     attachment: Attachment,
     /// The request instruments (`with_requests`).
     requests: Option<Box<RequestInstruments>>,
+    /// The serving engine's state and the step tokens (`with_engine`).
+    engine: Option<Box<super::engine::EngineInstruments>>,
     /// `group` on every series: shared, so that cloning it per record never allocates.
     group: KeyValue,
     /// Whether `section` and `wait` record through bound handles: only where the meter is
@@ -330,6 +332,7 @@ impl Instruments {
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             requests: None,
+            engine: None,
             group,
             bind: Bind::Unbound,
             bind_layers: Bind::Unbound,
@@ -725,6 +728,31 @@ impl Instruments {
         if let Some(i) = self.requests.as_deref() {
             self.note(metric::BATCH_SIZE, kv, n as f64);
             i.batch.record(n as u64, kv);
+        }
+    }
+
+    /// Creates the serving engine's instruments on `meter`: its KV-cache, prefix-cache and
+    /// preemption state (read from `state` at each collection) and the step tokens.
+    pub(crate) fn with_engine(
+        mut self,
+        meter: &Meter,
+        state: &Arc<crate::record::engine_state::EngineState>,
+    ) -> Self {
+        self.engine = Some(Box::new(super::engine::EngineInstruments::new(
+            meter,
+            &self.attachment,
+            &self.group,
+            state,
+        )));
+        self
+    }
+
+    /// A step of `kv`'s rank served `batch`: its tokens by prefill and decode.
+    pub(crate) fn step_tokens(&self, kv: &[KeyValue], batch: &[crate::worker::event::BatchEntry]) {
+        if let Some(e) = self.engine.as_deref() {
+            e.step(kv, batch, |attrs, v| {
+                self.note(metric::STEP_TOKENS, attrs, v)
+            });
         }
     }
 

@@ -10,6 +10,7 @@
 //! ```
 
 pub(crate) mod aggregate;
+pub(crate) mod engine;
 pub(crate) mod experts;
 pub(crate) mod layers;
 pub(crate) mod series;
@@ -98,6 +99,7 @@ impl MetricsSink {
                     inst.step(kv, secs, wait);
                     if !s.batch.is_empty() {
                         inst.batch(kv, s.batch.len());
+                        inst.step_tokens(kv, s.batch);
                     }
                 }
                 if self.experts.is_on() {
