@@ -406,10 +406,7 @@ impl Requests {
             let merged = aliased.is_some() && batch.iter().any(|b| b.id == id);
             // Prefill up to and including the step that gives the request its first token
             // (read before this step credits it).
-            let prefill = self
-                .open
-                .get(&id)
-                .is_none_or(|r| r.first_token.is_none());
+            let prefill = self.open.get(&id).is_none_or(|r| r.first_token.is_none());
             let Some(internal) =
                 self.credit(id, s, rank, lane, (start, end), share, merged, &mut newly)
             else {
