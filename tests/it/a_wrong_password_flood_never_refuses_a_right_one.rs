@@ -287,9 +287,18 @@ fn run(flood_from: Vec<Ipv4Addr>, same: Ipv4Addr, other: Ipv4Addr) {
             show(s)
         );
     }
+    // A flooder's own connection may fail on a loaded machine (status 0: its connect or read
+    // failed, thousands of connections a second from a few addresses); that is the attacker's
+    // loss, bounded here at 1 % of its answers. Any other status (a 200 above all) fails.
+    let unanswered = answers.iter().filter(|(s, _)| *s == 0).count();
+    assert!(
+        unanswered * 100 <= answers.len(),
+        "{unanswered} of {} flood requests got no answer",
+        answers.len()
+    );
     let others: Vec<_> = answers
         .iter()
-        .filter(|(s, _)| *s != 401 && *s != 429)
+        .filter(|(s, _)| *s != 401 && *s != 429 && *s != 0)
         .collect();
     assert!(
         others.is_empty(),
