@@ -60,9 +60,10 @@ const LIVE_ONLY_PROMETHEUS: [&str; 20] = [
 ];
 
 /// The same over OTLP (instrument names; the resource is not a metric there), plus the live
-/// exporter's own export count and the request gauges.
-const LIVE_ONLY_OTLP: [&str; 9] = [
+/// exporter's own export and failure counts and the request gauges.
+const LIVE_ONLY_OTLP: [&str; 10] = [
     metric::METRIC_EXPORTS,
+    metric::OTLP_EXPORT_FAILURES,
     metric::STEP_DURATION,
     metric::STEP_COLLECTIVE_WAIT,
     metric::RECORDS_DROPPED,
