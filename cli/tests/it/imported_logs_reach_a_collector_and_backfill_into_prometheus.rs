@@ -720,7 +720,7 @@ fn dashboards() -> (Vec<(String, String, String)>, Vec<(String, String, String)>
             let value = match v["allValue"].as_str() {
                 Some(all) if v["includeAll"] == true => all,
                 _ => match v["current"]["value"].as_str() {
-                    None if v["type"] == "query" => ".*",
+                    None | Some("") if v["type"] == "query" => ".*",
                     saved => saved.unwrap_or_default(),
                 },
             };
