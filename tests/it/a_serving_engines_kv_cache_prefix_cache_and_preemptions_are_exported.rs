@@ -124,14 +124,17 @@ fn kv_cache_prefix_cache_preemptions_and_step_tokens_reach_prometheus_and_the_en
         assert_eq!(value(&body, series), Some(v), "{series} in:\n{body}");
     }
     // A step of 19 input tokens is in the bucket up to 32, not below 16.
-    assert_eq!(
-        value(
-            &body,
-            "phasetrace_step_tokens_bucket{gen_ai_token_type=\"input\",group=\"default\",rank=\"0\",le=\"16\"}"
-        ),
-        Some(1.0),
-        "{body}"
-    );
+    // The labels' order on a line is the SDK's, not fixed: match the line by its labels.
+    let le16 = body
+        .lines()
+        .find(|l| {
+            l.starts_with("phasetrace_step_tokens_bucket{")
+                && ["gen_ai_token_type=\"input\"", "rank=\"0\"", "le=\"16\"}"]
+                    .iter()
+                    .all(|label| l.contains(label))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(le16, Some(1.0), "{body}");
 
     // The same on the engine's provider.
     provider.force_flush().expect("flush the engine's provider");
