@@ -39,6 +39,6 @@ pub(crate) use resolve::ConfigBuilder;
 use sources::Sources;
 pub use table::Config;
 pub use values::{
-    Compression, Expected, HistogramAggregation, HostSourceChoice, LayerRanks, Listen,
-    MetricsExporters, Protocol, SectionLevel, SpecLevel, Timing, TraceSlowerThan, TracesExporter,
+    Compression, Expected, Exporter, ExporterSet, HistogramAggregation, HostSourceChoice,
+    LayerRanks, Listen, Protocol, SectionLevel, Signal, SpecLevel, Timing, TraceSlowerThan,
 };

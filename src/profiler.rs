@@ -4,20 +4,10 @@ use crate::config::settings::{self, Setting, SettingValue};
 use crate::config::{
     Config, ConfigBuilder, ConfigError, Listen, Origin, SectionLevel, SpecLevel, Timing,
 };
-use crate::export::{ExportError, Exporters, Given};
+use crate::export::{Bind, ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
-use crate::worker::requests::{RequestGauges, Requests};
-use crate::worker::sinks::Sinks;
-use crate::worker::sinks::console::ConsoleSink;
-use crate::worker::sinks::metrics::experts::{ExpertSettings, ExpertTotals};
-use crate::worker::sinks::metrics::{
-    MetricsSink,
-    aggregate::{Attachment, Bind, Instruments},
-    layers::LayerTotals,
-};
-use crate::worker::sinks::spans::{SpanSink, tail::Tail};
-use crate::worker::{Pipeline, Stats, Worker, open::OpenSteps};
+use crate::worker::{Kept, Pipeline, Stats, Worker, WorkerOptions};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -294,8 +284,7 @@ impl ProfilerBuilder {
             } else {
                 SpecLevel::Off
             }),
-            trace_every: cfg.trace_every,
-            parent_always: cfg.trace_slower_than != crate::config::TraceSlowerThan::Off,
+            sampling: crate::record::Sampling::of(&cfg),
             graph_read_every: cfg.graph_read_every,
             graphs: Default::default(),
             queue: cfg.queue,
@@ -310,12 +299,12 @@ impl ProfilerBuilder {
             engine: Default::default(),
         });
         let start = Start {
-            k_max: self.spec_k_max.unwrap_or(16),
-            drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
+            opts: WorkerOptions {
+                k_max: self.spec_k_max.unwrap_or(16),
+                drain_interval: self.drain_interval.unwrap_or(Duration::from_millis(1)),
+            },
             given,
-            views_warned: Arc::new(AtomicBool::new(false)),
-            attachment: Attachment::default(),
-            experts: ExpertTotals::new(ExpertSettings::of(&cfg), &cfg.group),
+            kept: Kept::new(&cfg),
         };
         // A profiler built off starts no thread and no exporter until `set_level` turns it on.
         let running = if enabled {
@@ -340,87 +329,18 @@ impl ProfilerBuilder {
 /// What starting the worker and exporters needs beyond the configuration.
 #[derive(Clone)]
 struct Start {
-    k_max: u32,
-    drain_interval: Duration,
+    opts: WorkerOptions,
     given: Given,
-    /// The missing-view line was said (once per profiler, across restarts).
-    views_warned: Arc<AtomicBool>,
-    /// This profiler's observable callbacks on every meter provider, detached when it drops
-    /// (after `shutdown()` they still report its final totals).
-    attachment: Attachment,
-    /// The MoE expert load (`PHASETRACE_EXPERT_COUNTER`): written by the metrics sink, read by
-    /// [`Profiler::expert_load`]; kept across restarts.
-    experts: Arc<ExpertTotals>,
+    /// What the worker keeps across restarts.
+    kept: Kept,
 }
 
 impl Start {
+    /// The exporters, then the worker over them.
     fn run(&self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
         let given = &self.given;
         let mut exporters = off_runtime(|| crate::export::build(cfg, given))??;
-        let layers = LayerTotals::new(&cfg.group, cfg.layer_attr, cfg.layer_ranks.clone());
-        let open = OpenSteps::new(layers.group().clone());
-        let request_gauges = Arc::new(RequestGauges::default());
-        // What the engine's provider's views did with the instruments, learnt on it alone
-        // while they are created there (`ProviderMeter::create`).
-        let mut engine_view = None;
-        let inst: Vec<Instruments> = exporters
-            .meters
-            .iter()
-            .map(|pm| {
-                let (m, bind, d, t) = (&pm.meter, pm.bind, &pm.distributions, &pm.twins);
-                let (i, seen) = pm.create(|m| {
-                    Instruments::new(m, &layers, &open, self.k_max, &self.attachment)
-                        .with_experts(m, &self.experts)
-                        .with_requests(m, &request_gauges)
-                        .with_engine(m, &shared.engine)
-                        .with_bind(bind)
-                });
-                if pm.given {
-                    engine_view = Some(seen);
-                }
-                // A provider whose histograms a `view(true)` made exponential (the engine's
-                // own, told so by its view) carries the per-layer distributions at one
-                // series each; explicit buckets would cost B + 3 series per layer.
-                // The distributions' own meter is phasetrace's (an SDK provider); on the
-                // provider's meter they bind as its instruments do.
-                let d = match d {
-                    Some(d) => Some((d, Bind::Bound)),
-                    None => seen.exponential.then_some((m, bind)),
-                };
-                // With twins, the distributions' meter is the endpoint's native provider, which
-                // only protobuf scrapes read: recorded from the first one on, as the twins.
-                let wanted = t.is_some().then_some(&exporters.native_wanted);
-                i.with_distributions(d, wanted)
-                    .with_native_twins(t.as_ref(), &exporters.native_wanted)
-            })
-            .collect();
-        if let Some(seen) = engine_view {
-            crate::export::hint_missing_view(given, seen, cfg.layer_attr, &self.views_warned);
-        }
-        let traces =
-            cfg.trace_every > 0 || cfg.trace_slower_than != crate::config::TraceSlowerThan::Off;
-        let tracer = exporters.tracer.clone().filter(|_| traces);
-        let tracing_requests = tracer.is_some();
-        let sinks = Sinks {
-            spans: SpanSink::new(
-                tracer,
-                exporters.span_counts.clone(),
-                Tail::new(cfg.trace_slower_than, cfg.trace_slow_budget),
-                exporters.exemplars.clone(),
-                layers.group().clone(),
-            ),
-            metrics: MetricsSink::new(inst, layers, self.experts.clone()),
-            console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
-        };
-        let requests = Requests::new(
-            shared.clone(),
-            tracing_requests,
-            Tail::new(cfg.trace_requests_ttft_over, cfg.trace_slow_budget),
-            Tail::new(cfg.trace_requests_tpot_over, cfg.trace_slow_budget),
-            request_gauges,
-        );
-        let pipeline = Pipeline::new(shared.clone(), open, sinks, requests);
-        match Worker::start(pipeline, self.drain_interval) {
+        match Worker::build(cfg, shared, &exporters, given, &self.kept, self.opts) {
             Ok(worker) => Ok(Running { worker, exporters }),
             Err(e) => {
                 let _ = off_runtime(move || exporters.shutdown(Duration::from_millis(500)));
@@ -525,7 +445,7 @@ impl Drop for Inner {
         }
         // A provider keeps every callback registered on it: a profiler built on it later
         // must be the only one that observes.
-        self.start.attachment.detach();
+        self.start.kept.detach();
     }
 }
 
@@ -795,7 +715,7 @@ impl Profiler {
     /// `moe/expert_load_snapshot_60x384`; figures in `docs/moe.md`): cheap enough to call every
     /// few seconds, not per token.
     pub fn expert_load(&self) -> crate::ExpertLoad {
-        self.inner.start.experts.snapshot()
+        self.inner.start.kept.expert_load()
     }
 
     /// The console summary table of everything recorded so far; after

@@ -176,6 +176,39 @@ impl Inner {
 
     /// Schedules one operation lasting `ns` and returns its end; `None` when the queue is full
     /// and `block` is false. A full queue with `block` waits until the oldest operation ends.
+    /// Enqueues a graph's operations as one launch: waits, as [`Self::push`], for room for
+    /// one, then times every operation from one reading of the clock, back to back, as the
+    /// device runs a graph's nodes (a host preempted between two of them must not open gaps
+    /// on the device).
+    fn push_graph(&self, ops: &[Op]) {
+        loop {
+            let mut st = self.lock();
+            let now = now_ns();
+            st.retire(now);
+            if st.ends.len() < self.capacity {
+                for op in ops {
+                    let ns = match op {
+                        Op::Work(ns) => *ns,
+                        Op::Record(_) => 0,
+                    };
+                    let end = st
+                        .cursor
+                        .max(now.saturating_add(self.launch_latency_ns))
+                        .saturating_add(ns);
+                    st.cursor = end;
+                    st.ends.push_back(end);
+                    if let Op::Record(event) = op {
+                        event.0.store(end, Ordering::Release);
+                    }
+                }
+                return;
+            }
+            let oldest = st.ends.front().copied().unwrap_or(now);
+            drop(st);
+            wait_until(oldest);
+        }
+    }
+
     fn push(&self, ns: u64, block: bool) -> Option<u64> {
         loop {
             let mut st = self.lock();
@@ -473,18 +506,7 @@ impl SimGraph {
     /// Enqueues the graph's work on `stream` (`cuGraphLaunch`) and returns at once. Its events
     /// are re-recorded now: from this call on they refer to this launch.
     pub fn launch(&self, stream: &SimStream) {
-        for op in self.ops.iter() {
-            match op {
-                Op::Work(ns) => {
-                    let _ = stream.inner.push(*ns, true);
-                }
-                Op::Record(event) => {
-                    if let Some(at) = stream.inner.push(0, true) {
-                        event.0.store(at, Ordering::Release);
-                    }
-                }
-            }
-        }
+        stream.inner.push_graph(&self.ops);
     }
 
     /// Total device work of one launch.

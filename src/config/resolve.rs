@@ -13,8 +13,8 @@ use super::otlp::{METRICS, OtlpGeneral, TRACES, check_otlp};
 use super::settings::{self, AnySetting, Setting, SettingValue};
 use super::sources::{CodeValue, Sources};
 use super::{
-    Config, ConfigError, Listen, MetricsExporters, Origin, SectionLevel, SpecLevel, TracesExporter,
-    echoed, table,
+    Config, ConfigError, Exporter, ExporterSet, Listen, Origin, SectionLevel, SpecLevel, echoed,
+    table,
 };
 use crate::names::env;
 use std::collections::BTreeMap;
@@ -145,14 +145,16 @@ impl ConfigBuilder {
         let metrics_endpoint = otlp.for_signal(&METRICS, &given_metrics);
 
         let metrics_explicit = metrics_exporters.is_some();
-        let metrics = metrics_exporters.unwrap_or(MetricsExporters {
-            otlp: metrics_endpoint.is_some(),
-            ..MetricsExporters::default()
-        });
-        let traces_on = match traces_exporter {
-            Some(t) => t == TracesExporter::Otlp,
-            None => traces_endpoint.is_some(),
+        let otlp_if = |endpoint: bool| {
+            if endpoint {
+                ExporterSet::of(&[Exporter::Otlp])
+            } else {
+                ExporterSet::NONE
+            }
         };
+        let metrics = metrics_exporters.unwrap_or_else(|| otlp_if(metrics_endpoint.is_some()));
+        let traces = traces_exporter.unwrap_or_else(|| otlp_if(traces_endpoint.is_some()));
+        let traces_on = traces.contains(Exporter::Otlp);
         for (on, sig, e, var) in [
             (
                 traces_on,
@@ -161,7 +163,7 @@ impl ConfigBuilder {
                 env::OTEL_TRACES_EXPORTER,
             ),
             (
-                metrics.otlp,
+                metrics.contains(Exporter::Otlp),
                 &METRICS,
                 &metrics_endpoint,
                 env::OTEL_METRICS_EXPORTER,
@@ -178,7 +180,7 @@ impl ConfigBuilder {
             }
         }
         let traces_otlp = traces_endpoint.filter(|_| traces_on);
-        let metrics_otlp = metrics_endpoint.filter(|_| metrics.otlp);
+        let metrics_otlp = metrics_endpoint.filter(|_| metrics.contains(Exporter::Otlp));
         for (sig, given, o) in [
             (&TRACES, &given_traces, &traces_otlp),
             (&METRICS, &given_metrics, &metrics_otlp),
@@ -191,7 +193,7 @@ impl ConfigBuilder {
         let listen = self.listen(
             &src,
             prometheus,
-            &metrics,
+            metrics,
             metrics_explicit,
             metrics_otlp.is_some(),
         )?;
@@ -199,14 +201,25 @@ impl ConfigBuilder {
             .for_rank(plain.rank)
             .map_err(|()| invalid(env::PROMETHEUS, &listen.to_string(), Listen::EXPECTED))?;
 
+        let summary_every = summary_every.unwrap_or(if metrics.contains(Exporter::Console) {
+            100
+        } else {
+            0
+        });
         Ok(Config::assemble(
             plain,
             table::Derived {
-                summary_every: summary_every.unwrap_or(if metrics.console { 100 } else { 0 }),
+                summary_every,
                 prometheus,
                 otlp: otlp.config(),
+                // The exporters in force: those selected, as their settings resolved (OTLP
+                // with an endpoint, the endpoint with an address, the summary with a period).
+                traces_exporters: traces.with_if(Exporter::Otlp, traces_otlp.is_some()),
+                metrics_exporters: metrics
+                    .with_if(Exporter::Otlp, metrics_otlp.is_some())
+                    .with_if(Exporter::Prometheus, prometheus.is_some())
+                    .with_if(Exporter::Console, summary_every > 0),
                 traces_otlp,
-                traces_console: traces_exporter == Some(TracesExporter::Console),
                 metrics_otlp,
                 given_traces,
                 given_metrics,
@@ -223,7 +236,7 @@ impl ConfigBuilder {
         &self,
         src: &Sources<'_>,
         set: Option<Listen>,
-        metrics: &MetricsExporters,
+        metrics: ExporterSet,
         metrics_explicit: bool,
         metrics_otlp: bool,
     ) -> Result<Listen, ConfigError> {
@@ -238,9 +251,11 @@ impl ConfigBuilder {
             Some(l) => l,
             // The engine gave a provider: phasetrace starts no exporter it was not asked for,
             // whatever features the build has.
-            None if self.embedded && !metrics.prometheus => Listen::Off,
+            None if self.embedded && !metrics.contains(Exporter::Prometheus) => Listen::Off,
             None if !cfg!(feature = "prometheus") => Listen::Off,
-            None if metrics.prometheus || (!metrics_explicit && !metrics_otlp) => {
+            None if metrics.contains(Exporter::Prometheus)
+                || (!metrics_explicit && !metrics_otlp) =>
+            {
                 src.builtin_listen()?
             }
             None => Listen::Off,

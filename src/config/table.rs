@@ -6,7 +6,7 @@
 //!   another setting;
 //! - `prometheus`: the address for this rank, on by default only when metrics are pushed
 //!   nowhere else (`PHASETRACE_PROMETHEUS`, the exporters, `LOCAL_RANK`);
-//! - `otlp`, `traces_otlp`, `metrics_otlp`, `traces_console` (and the per-signal settings as
+//! - `otlp`, `traces_otlp`, `metrics_otlp`, `traces_exporters`, `metrics_exporters` (and the per-signal settings as
 //!   given): one OTLP connection per signal from the general and the per-signal settings, and
 //!   the exporters selected (`OTEL_TRACES_EXPORTER`, `OTEL_METRICS_EXPORTER`);
 //! - `shutdown_timeout` (`PHASETRACE_SHUTDOWN_TIMEOUT`, read with the OTLP settings), `origins` and `alias_warnings`: not settings.
@@ -16,9 +16,9 @@
 
 use super::settings::settings;
 use super::{
-    Compression, HistogramAggregation, HostSourceChoice, LayerRanks, Listen, MetricsExporters,
-    Origin, OtlpConfig, Protocol, SectionLevel, SignalGiven, SpecLevel, Timing, TraceSlowerThan,
-    TracesExporter, parse_endpoint, parse_kv_list,
+    Compression, ExporterSet, HistogramAggregation, HostSourceChoice, LayerRanks, Listen, Origin,
+    OtlpConfig, Protocol, SectionLevel, Signal, SignalGiven, SpecLevel, Timing, TraceSlowerThan,
+    parse_endpoint, parse_kv_list,
 };
 use crate::config::settings::AnySetting;
 use crate::names::{default, env};
@@ -44,8 +44,12 @@ settings! {
         /// Where spans go over OTLP (the per-signal settings over the general ones; for
         /// http/protobuf the endpoint is the whole URL), when OTLP is selected for spans.
         pub traces_otlp: Option<OtlpConfig>,
-        /// Whether spans are printed to stderr (`OTEL_TRACES_EXPORTER=console`).
-        pub traces_console: bool,
+        /// The exporters in force for spans: OTLP when [`Config::traces_otlp`] is set, the
+        /// console when selected.
+        pub traces_exporters: ExporterSet,
+        /// The exporters in force for metrics: OTLP when [`Config::metrics_otlp`] is set,
+        /// Prometheus when [`Config::prometheus`] is, the console when the summary table is on.
+        pub metrics_exporters: ExporterSet,
         /// Where metrics go over OTLP, as [`Config::traces_otlp`], when OTLP is selected for them.
         pub metrics_otlp: Option<OtlpConfig>,
         /// The per-signal settings as given (`None`: inherited), for `phasetrace check`.
@@ -666,44 +670,31 @@ settings! {
         /// default 10 s.
         setter: fn with_metric_export_interval(every: Duration) => every,
     },
-    TRACES_EXPORTER: TracesExporter {
+    TRACES_EXPORTER: ExporterSet {
         var: env::OTEL_TRACES_EXPORTER,
         doc: "Where spans go",
-        expected: TracesExporter::EXPECTED,
+        expected: ExporterSet::TRACES_EXPECTED,
         example: "console",
-        default: TracesExporter::None,
+        default: ExporterSet::NONE,
         default_note: "(otlp when an OTLP endpoint is set)",
-        parse: closed,
+        parse: traces_exporters,
         show: shown,
-        get: |c| {
-            Some(if c.traces_otlp.is_some() {
-                TracesExporter::Otlp
-            } else if c.traces_console {
-                TracesExporter::Console
-            } else {
-                TracesExporter::None
-            })
-        },
-        /// Where spans go when phasetrace builds its own pipeline: OTLP, the console or nowhere.
-        /// Env: `OTEL_TRACES_EXPORTER`; default `otlp` when an OTLP endpoint is set, else none.
-        setter: fn with_traces_exporter(exporter: TracesExporter) => exporter,
+        get: |c| Some(c.traces_exporters),
+        /// Where spans go when phasetrace builds its own pipeline: OTLP, the console, both or
+        /// nowhere ([`ExporterSet::NONE`]). Env: `OTEL_TRACES_EXPORTER`; default `otlp` when an
+        /// OTLP endpoint is set, else none.
+        setter: fn with_traces_exporter(exporters: ExporterSet) => exporters,
     },
-    METRICS_EXPORTER: MetricsExporters {
+    METRICS_EXPORTER: ExporterSet {
         var: env::OTEL_METRICS_EXPORTER,
         doc: "Where metrics go (console: the summary table)",
-        expected: MetricsExporters::EXPECTED,
+        expected: ExporterSet::METRICS_EXPECTED,
         example: "otlp,prometheus",
-        default: MetricsExporters::default(),
+        default: ExporterSet::NONE,
         default_note: "(otlp when an OTLP endpoint is set, else prometheus)",
-        parse: closed,
+        parse: metrics_exporters,
         show: shown,
-        get: |c| {
-            Some(MetricsExporters {
-                otlp: c.metrics_otlp.is_some(),
-                prometheus: c.prometheus.is_some(),
-                console: c.summary_every > 0,
-            })
-        },
+        get: |c| Some(c.metrics_exporters),
     },
 }
 
@@ -720,6 +711,14 @@ pub static OTLP_CONNECTION: &[&dyn AnySetting] = &[
 
 // Parsers and printers shared by several settings: `parse` gets a trimmed, non-empty value and
 // returns a detail for the message (or ""); `show` prints what `parse` reads back.
+
+fn traces_exporters(s: &str) -> Result<ExporterSet, String> {
+    ExporterSet::parse_for(s, Signal::Traces).map_err(|_| String::new())
+}
+
+fn metrics_exporters(s: &str) -> Result<ExporterSet, String> {
+    ExporterSet::parse_for(s, Signal::Metrics).map_err(|_| String::new())
+}
 
 fn closed<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     s.parse().map_err(|_| String::new())

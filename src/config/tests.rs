@@ -202,7 +202,8 @@ fn every_invalid_value_names_the_variable_value_and_what_is_accepted() {
             "explicit_bucket_histogram",
         ),
         ("OTEL_METRIC_EXPORT_INTERVAL", "soon", "milliseconds"),
-        ("OTEL_TRACES_EXPORTER", "jaeger", "otlp, console or none"),
+        ("OTEL_TRACES_EXPORTER", "jaeger", "otlp, console, none"),
+        ("OTEL_TRACES_EXPORTER", "prometheus", "otlp, console, none"),
         ("OTEL_METRICS_EXPORTER", "otlp,statsd", "otlp, prometheus"),
     ];
     for (var, value, expected) in cases {
@@ -507,10 +508,14 @@ fn every_closed_set_reads_back_what_it_prints_in_any_case() {
     walk(Protocol::ALL, Protocol::EXPECTED);
     walk(HistogramAggregation::ALL, HistogramAggregation::EXPECTED);
     walk(Compression::ALL, Compression::EXPECTED);
-    walk(TracesExporter::ALL, TracesExporter::EXPECTED);
+    walk(Exporter::ALL, Exporter::EXPECTED);
     for text in ["none", "otlp", "otlp,prometheus", "otlp,prometheus,console"] {
-        let m: MetricsExporters = text.parse().unwrap();
+        let m = ExporterSet::parse_for(text, Signal::Metrics).unwrap();
         assert_eq!(m.to_string(), text);
+    }
+    for text in ["none", "otlp", "console", "otlp,console"] {
+        let t = ExporterSet::parse_for(text, Signal::Traces).unwrap();
+        assert_eq!(t.to_string(), text);
     }
     for text in ["off", "127.0.0.1:9464", "127.0.0.1:9464+rank", "[::1]:9000"] {
         let l: Listen = text.parse().unwrap();

@@ -1,6 +1,6 @@
 //! What the settings accept, the first step of the flow: the closed sets of values
 //! (`SectionLevel`, `Protocol`, ...) written by `closed_set!`, the open ones
-//! (`TraceSlowerThan`, `MetricsExporters`, `Listen`), each with `FromStr` and `Display`, and
+//! (`TraceSlowerThan`, `ExporterSet`, `Listen`), each with `FromStr` and `Display`, and
 //! [`Expected`], the error of parsing one value. `table.rs` declares each setting with one of
 //! these types; `resolve.rs` reads the environment and code through their parsers.
 
@@ -246,22 +246,134 @@ impl Compression {
     }
 }
 
-/// Where spans go (`OTEL_TRACES_EXPORTER`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TracesExporter {
-    /// OTLP, to `OTEL_EXPORTER_OTLP_ENDPOINT`.
+/// One of phasetrace's own exporters, by the name `OTEL_TRACES_EXPORTER` and
+/// `OTEL_METRICS_EXPORTER` give it. A new exporter is a variant here (its name and the signals
+/// it exports), its module in `export/` and its line in the exporters' registry
+/// (docs/development.md, "Adding an exporter").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Exporter {
+    /// OTLP (gRPC or HTTP/protobuf), to `OTEL_EXPORTER_OTLP_ENDPOINT` or the signal's own.
     Otlp,
-    /// One line per span on stderr.
+    /// The embedded Prometheus endpoint (metrics only; `PHASETRACE_PROMETHEUS`).
+    Prometheus,
+    /// Spans: one line per span on stderr; metrics: the console summary table.
     Console,
-    /// Nowhere: no spans are built.
-    None,
 }
 
-closed_set!(TracesExporter, "otlp, console or none", {
+closed_set!(Exporter, "otlp, prometheus or console", {
     Otlp => ["otlp"],
+    Prometheus => ["prometheus"],
     Console => ["console"],
-    None => ["none"],
 });
+
+/// A signal phasetrace exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Signal {
+    /// Spans (`OTEL_TRACES_EXPORTER`).
+    Traces,
+    /// Metrics (`OTEL_METRICS_EXPORTER`).
+    Metrics,
+}
+
+impl Exporter {
+    /// Whether it exports `signal`.
+    pub const fn exports(self, signal: Signal) -> bool {
+        !matches!((self, signal), (Exporter::Prometheus, Signal::Traces))
+    }
+}
+
+/// The exporters selected for a signal (`OTEL_TRACES_EXPORTER`, `OTEL_METRICS_EXPORTER`): a
+/// comma list of [`Exporter`] names, `none` for the empty set. Which one a signal accepts is
+/// [`Exporter::exports`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ExporterSet(u32);
+
+impl ExporterSet {
+    /// No exporter.
+    pub const NONE: ExporterSet = ExporterSet(0);
+    /// What `OTEL_TRACES_EXPORTER` accepts.
+    pub const TRACES_EXPECTED: &'static str = "a comma list of otlp, console, none";
+    /// What `OTEL_METRICS_EXPORTER` accepts.
+    pub const METRICS_EXPECTED: &'static str = "a comma list of otlp, prometheus, console, none";
+
+    /// The set of `exporters`.
+    pub fn of(exporters: &[Exporter]) -> ExporterSet {
+        exporters.iter().fold(ExporterSet::NONE, |s, e| s.with(*e))
+    }
+
+    /// This set and `e`.
+    #[must_use]
+    pub const fn with(self, e: Exporter) -> ExporterSet {
+        ExporterSet(self.0 | 1 << e as u32)
+    }
+
+    /// This set without `e`.
+    #[must_use]
+    pub const fn without(self, e: Exporter) -> ExporterSet {
+        ExporterSet(self.0 & !(1 << e as u32))
+    }
+
+    /// This set with `e` when `on`, without it otherwise.
+    #[must_use]
+    pub const fn with_if(self, e: Exporter, on: bool) -> ExporterSet {
+        if on { self.with(e) } else { self.without(e) }
+    }
+
+    /// Whether `e` is in the set.
+    pub const fn contains(self, e: Exporter) -> bool {
+        self.0 & 1 << e as u32 != 0
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The exporters in the set, in [`Exporter::ALL`]'s order.
+    pub fn iter(self) -> impl Iterator<Item = Exporter> {
+        Exporter::ALL
+            .iter()
+            .copied()
+            .filter(move |e| self.contains(*e))
+    }
+
+    /// The set `s` names for `signal`: every name one of [`Exporter::ALL`] that exports it,
+    /// or `none`.
+    pub fn parse_for(s: &str, signal: Signal) -> Result<ExporterSet, Expected> {
+        let expected = || {
+            Expected(
+                match signal {
+                    Signal::Traces => ExporterSet::TRACES_EXPECTED,
+                    Signal::Metrics => ExporterSet::METRICS_EXPECTED,
+                }
+                .to_owned(),
+            )
+        };
+        let mut set = ExporterSet::NONE;
+        for item in s.split(',') {
+            if item.trim().eq_ignore_ascii_case("none") {
+                continue;
+            }
+            let e: Exporter = item.parse().map_err(|_| expected())?;
+            if !e.exports(signal) {
+                return Err(expected());
+            }
+            set = set.with(e);
+        }
+        Ok(set)
+    }
+}
+
+impl fmt::Display for ExporterSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.iter().map(Exporter::as_str).collect();
+        f.write_str(&names.join(","))
+    }
+}
 
 /// Which ranks export the per-layer series (`PHASETRACE_LAYER_RANKS`): every rank, none, or
 /// the listed ranks of each group. A fleet keeps one rank per group (`0`): the per-layer
@@ -408,58 +520,6 @@ impl fmt::Display for TraceSlowerThan {
             TraceSlowerThan::Off => f.write_str("off"),
             TraceSlowerThan::Duration(d) => write!(f, "{d:?}"),
             TraceSlowerThan::Percentile(q) => write!(f, "p{q}"),
-        }
-    }
-}
-
-/// Where metrics go (`OTEL_METRICS_EXPORTER`): a comma list, `none` for the empty set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct MetricsExporters {
-    /// Pushed over OTLP.
-    pub otlp: bool,
-    /// Served on the embedded Prometheus endpoint.
-    pub prometheus: bool,
-    /// The console summary table.
-    pub console: bool,
-}
-
-impl MetricsExporters {
-    /// What the setting accepts.
-    pub const EXPECTED: &'static str = "a comma list of otlp, prometheus, console, none";
-}
-
-impl FromStr for MetricsExporters {
-    type Err = Expected;
-
-    fn from_str(s: &str) -> Result<Self, Expected> {
-        let mut m = MetricsExporters::default();
-        for item in s.split(',') {
-            match item.trim().to_ascii_lowercase().as_str() {
-                "otlp" => m.otlp = true,
-                "prometheus" => m.prometheus = true,
-                "console" => m.console = true,
-                "none" => {}
-                _ => return Err(Expected(Self::EXPECTED.to_owned())),
-            }
-        }
-        Ok(m)
-    }
-}
-
-impl fmt::Display for MetricsExporters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v: Vec<&str> = [
-            (self.otlp, "otlp"),
-            (self.prometheus, "prometheus"),
-            (self.console, "console"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect();
-        if v.is_empty() {
-            f.write_str("none")
-        } else {
-            f.write_str(&v.join(","))
         }
     }
 }

@@ -37,19 +37,17 @@ impl SpanExporter for ConsoleSpanExporter {
     }
 }
 
-/// Installs console spans (`OTEL_TRACES_EXPORTER=console`, no tracer provider of the engine's):
-/// phasetrace's own tracer provider over the counted console exporter. OTLP spans win (the
-/// configuration never selects both).
+/// Installs console spans (`OTEL_TRACES_EXPORTER=console`, no tracer provider of the
+/// engine's): the counted console exporter on phasetrace's own tracer provider.
 pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), super::ExportError> {
-    if x.wanted.traces_console && !x.wanted.traces_otlp {
-        x.tracer_provider = Some(super::tracer_provider(
-            x.resource.clone(),
-            super::counted::Counted::new(
+    use crate::config::{Exporter, Signal};
+    if x.wanted.has(Signal::Traces, Exporter::Console) {
+        x.span_processors
+            .push(super::span_processor(super::counted::Counted::new(
                 ConsoleSpanExporter,
                 x.span_counts.clone(),
                 x.exemplars.clone(),
-            ),
-        ));
+            )));
     }
     Ok(())
 }

@@ -1,7 +1,11 @@
 //! Exporters: OTLP (gRPC, HTTP/protobuf), the embedded Prometheus endpoint, console spans, and the
 //! engine's own providers. Each of phasetrace's own is installed by its module's `install`
-//! function (one signature, `Installer`; `build` walks `INSTALLERS`), which adds its reader,
-//! server or tracer provider to the one `Install` they all share.
+//! function (one signature, `Installer`; `build` walks `INSTALLERS`), which adds generic
+//! outputs to the one `Install` they all share: readers with their aggregation and role
+//! (`OwnReader`), servers (`Server`), a tracer provider, its own metrics. The meter providers
+//! are then built by one loop over the readers (`OwnMeters::build`): one provider per
+//! aggregation, the native reader's apart. A new exporter is its module, its line in
+//! `INSTALLERS` and its variant of `config::Exporter` (docs/development.md).
 //!
 //! ```text
 //! worker ──> SdkMeterProvider ──┬─ PeriodicReader ─ OTLP metrics: proto_metrics (+ exemplars
@@ -39,18 +43,19 @@ pub(crate) use self::counted::SpanCounts;
 pub(crate) use self::exemplars::ExemplarStore;
 pub(crate) use self::given::{Bind, Given, hint_missing_view};
 #[cfg(feature = "prometheus")]
-pub use self::prometheus::web_config::WebConfigError;
+pub(crate) use self::prometheus::web_config;
 #[cfg(feature = "prometheus")]
-pub(crate) use self::prometheus::{PrometheusServer, web_config};
+pub use self::prometheus::web_config::WebConfigError;
 pub use self::views::view;
 
-use crate::config::Config;
+use crate::config::{Config, Exporter, ExporterSet, Signal};
 use crate::names::resource;
 use opentelemetry::global::BoxedTracer;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider, SpanExporter,
 };
@@ -67,17 +72,6 @@ pub(crate) fn scope() -> InstrumentationScope {
         .with_version(env!("CARGO_PKG_VERSION"))
         .build()
 }
-
-/// The OTLP metrics reader: the SDK's periodic reader over the counted OTLP exporter.
-#[cfg(feature = "otlp")]
-#[cfg_attr(not(feature = "prometheus"), allow(dead_code))]
-pub(crate) type OtlpMetricReader =
-    opentelemetry_sdk::metrics::PeriodicReader<counted::CountedMetrics<MetricsExporter>>;
-
-/// The OTLP metrics exporter: phasetrace's own (opentelemetry-proto's conversion, plus the
-/// exemplars of delivered traces when traces are on), bounded against a hostile collector.
-#[cfg(feature = "otlp")]
-pub(crate) type MetricsExporter = proto_metrics::ProtoMetricExporter;
 
 /// Spans the batch processor queues (its `max_queue_size`).
 const SPAN_QUEUE: usize = 16_384;
@@ -183,8 +177,8 @@ pub(crate) struct Exporters {
     /// Exemplars of traced steps for the Prometheus endpoint and OTLP metrics: present when
     /// phasetrace's own spans and either of them are on.
     pub(crate) exemplars: Option<Arc<ExemplarStore>>,
-    #[cfg(feature = "prometheus")]
-    pub(crate) prometheus: Option<PrometheusServer>,
+    /// The servers phasetrace runs (the Prometheus endpoint), stopped at shutdown.
+    servers: Vec<Box<dyn Server>>,
     /// The exporters' own metrics on every meter (see [`OwnMetrics`]), kept with them.
     _own_metrics: Vec<OwnMetric>,
     /// Keeps the tonic channels' background tasks alive.
@@ -247,41 +241,50 @@ fn hostname() -> Option<String> {
         .or_else(|| std::env::var("HOSTNAME").ok())
 }
 
-/// Which of phasetrace's own pipelines `cfg` asks for, given the engine's providers: the
-/// engine's meter provider carries the metrics (no OTLP metrics pipeline of phasetrace's), its
-/// tracer provider the spans.
+/// Which of phasetrace's own exporters are in force for each signal, given the engine's
+/// providers: the engine's meter provider carries the metrics (no OTLP metrics pipeline of
+/// phasetrace's), its tracer provider the spans.
 #[derive(Clone, Copy, Debug)]
 struct Wanted {
-    metrics_otlp: bool,
-    traces_otlp: bool,
-    traces_console: bool,
+    traces: ExporterSet,
+    metrics: ExporterSet,
 }
 
 impl Wanted {
     fn of(cfg: &Config, given: &Given) -> Wanted {
+        let unless = |taken: bool, set: ExporterSet| if taken { ExporterSet::NONE } else { set };
         Wanted {
-            metrics_otlp: given.meter.is_none() && cfg.metrics_otlp.is_some(),
-            traces_otlp: given.tracer.is_none() && cfg.traces_otlp.is_some(),
-            traces_console: given.tracer.is_none() && cfg.traces_console,
+            traces: unless(given.tracer.is_some(), cfg.traces_exporters),
+            // The endpoint is its own setting: asked for in so many words, it serves beside
+            // the engine's provider (`Config::prometheus`).
+            metrics: unless(given.meter.is_some(), cfg.metrics_exporters),
+        }
+    }
+
+    /// Whether `e` is in force for `signal`.
+    fn has(self, signal: Signal, e: Exporter) -> bool {
+        match signal {
+            Signal::Traces => self.traces.contains(e),
+            Signal::Metrics => self.metrics.contains(e),
         }
     }
 
     fn own_traces(self) -> bool {
-        self.traces_otlp || self.traces_console
+        !self.traces.is_empty()
     }
 }
 
 /// The exporter seam: what every exporter's install step reads (the first group of fields)
-/// and what it adds (the second). One install function per exporter, in its own module, of
-/// the one signature [`Installer`]; [`build`] walks [`INSTALLERS`] in order, then builds the
-/// meter providers over the readers they added, registers the exporters' own metrics
-/// ([`Install::own_metrics`]) on every meter, and builds the tracer over their tracer provider.
+/// and the generic outputs it adds (the second). One install function per exporter, in its own
+/// module, of the one signature [`Installer`]; [`build`] walks [`INSTALLERS`] in order, then
+/// builds the meter providers over the readers they added ([`OwnMeters::build`]), registers
+/// the exporters' own metrics ([`Install::own_metrics`]) on every meter, and builds the tracer
+/// over their tracer provider.
 struct Install<'a> {
     #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
     cfg: &'a Config,
     given: &'a Given,
     wanted: Wanted,
-    resource: &'a Resource,
     /// Present when phasetrace's own spans and a metrics sink of its own are on.
     exemplars: &'a Option<Arc<ExemplarStore>>,
     /// What a span exporter of phasetrace's own delivered and lost (its `Counted` wrapper).
@@ -293,27 +296,96 @@ struct Install<'a> {
     #[cfg(feature = "otlp")]
     runtime: Option<&'a tokio::runtime::Runtime>,
 
-    /// The OTLP metrics reader (which the endpoint's scrapes share when the aggregation is the
-    /// same), and whether its histograms are exponential.
-    #[cfg(feature = "otlp")]
-    otlp_reader: Option<OtlpMetricReader>,
-    exponential: bool,
-    /// The endpoint's own reader (none when it shares the OTLP one), its server, and the
-    /// native reader that only its protobuf scrapes read.
-    #[cfg(feature = "prometheus")]
-    prometheus_reader: Option<self::prometheus::PrometheusReader>,
-    #[cfg(feature = "prometheus")]
-    prometheus: Option<PrometheusServer>,
-    #[cfg(feature = "prometheus")]
-    native: Option<self::prometheus::Native>,
+    /// phasetrace's own readers, in install order, each with its aggregation and role.
+    readers: Vec<OwnReader>,
+    /// The servers phasetrace runs.
+    servers: Vec<Box<dyn Server>>,
     /// The engine's meter, and its tracer (see `given::install`).
     meters: Vec<ProviderMeter>,
     tracer: Option<BoxedTracer>,
-    /// phasetrace's own tracer provider (OTLP or console spans).
-    tracer_provider: Option<SdkTracerProvider>,
+    /// The span exporters of phasetrace's own (OTLP, console), each behind its batch
+    /// processor: one tracer provider of phasetrace's is built over them all.
+    span_processors: Vec<BatchSpanProcessor>,
     /// The exporters' own metrics (OTLP metrics exports, the endpoint's reloads, closed
     /// connections and refusals), registered on every meter once the meters exist.
     own_metrics: Vec<OwnMetrics>,
+}
+
+/// A metric reader of phasetrace's own, shared between the meter provider it is registered
+/// with and whoever collects from it on demand (the endpoint's scrapes).
+#[derive(Clone, Debug)]
+pub(crate) struct Reader(Arc<dyn MetricReader>);
+
+impl Reader {
+    #[cfg_attr(not(any(feature = "otlp", feature = "prometheus")), allow(dead_code))]
+    pub(crate) fn new(reader: impl MetricReader) -> Reader {
+        Reader(Arc::new(reader))
+    }
+}
+
+impl MetricReader for Reader {
+    fn register_pipeline(&self, pipeline: std::sync::Weak<opentelemetry_sdk::metrics::Pipeline>) {
+        self.0.register_pipeline(pipeline);
+    }
+
+    fn collect(
+        &self,
+        rm: &mut opentelemetry_sdk::metrics::data::ResourceMetrics,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.collect(rm)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(
+        &self,
+        kind: opentelemetry_sdk::metrics::InstrumentKind,
+    ) -> opentelemetry_sdk::metrics::Temporality {
+        self.0.temporality(kind)
+    }
+}
+
+/// What a reader is for: it decides what its provider's meter carries besides the worker's
+/// instruments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(all(feature = "otlp", feature = "prometheus")), allow(dead_code))]
+pub(crate) enum Role {
+    /// Pushed to a backend (OTLP metrics).
+    Export,
+    /// Collected by scrapes: the endpoint's own, or an export reader of the aggregation the
+    /// endpoint serves, which the endpoint then shares (one aggregation, each measurement
+    /// recorded once). Its provider's per-layer distributions and twins go to the native
+    /// reader's provider.
+    Scraped,
+    /// The endpoint's native side, read by protobuf scrapes only: a provider of its own
+    /// (exponential histograms) that carries the per-layer distributions and the exponential
+    /// twins of the scraped provider's explicit-bucket histograms.
+    Native,
+}
+
+/// A reader an installer added: the reader, whether its provider's histograms are base-2
+/// exponential (else explicit buckets), and its role.
+pub(crate) struct OwnReader {
+    pub(crate) reader: Reader,
+    pub(crate) exponential: bool,
+    pub(crate) role: Role,
+}
+
+/// A server phasetrace runs for an exporter (the Prometheus endpoint): where it is reached,
+/// and how it stops.
+pub(crate) trait Server: Send {
+    /// The address it listens on.
+    fn addr(&self) -> SocketAddr;
+    /// Its URL (`https://` when it serves TLS).
+    fn url(&self) -> String;
+    /// Stops it (after the request in hand).
+    fn stop(self: Box<Self>);
 }
 
 /// What one exporter registers of its own metrics on a meter (each of phasetrace's and the
@@ -363,8 +435,9 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
     // Exemplars need both a trace of phasetrace's own to link to (its exporter says which spans
     // were delivered) and a sink of its own to show them on: the Prometheus endpoint
     // (OpenMetrics) or OTLP metrics.
-    let exemplars = (wanted.own_traces() && (cfg.prometheus.is_some() || wanted.metrics_otlp))
-        .then(|| Arc::new(ExemplarStore::default()));
+    let exemplars = (wanted.own_traces()
+        && (cfg.prometheus.is_some() || wanted.has(Signal::Metrics, Exporter::Otlp)))
+    .then(|| Arc::new(ExemplarStore::default()));
     let span_counts = Arc::new(SpanCounts::tracked(given.tracer.is_none()));
     let native_wanted = Arc::new(AtomicBool::new(false));
 
@@ -372,59 +445,40 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         cfg,
         given,
         wanted,
-        resource: &resource,
         exemplars: &exemplars,
         span_counts: &span_counts,
         native_wanted: &native_wanted,
         #[cfg(feature = "otlp")]
         runtime: runtime.as_ref(),
-        #[cfg(feature = "otlp")]
-        otlp_reader: None,
-        exponential: false,
-        #[cfg(feature = "prometheus")]
-        prometheus_reader: None,
-        #[cfg(feature = "prometheus")]
-        prometheus: None,
-        #[cfg(feature = "prometheus")]
-        native: None,
+        readers: Vec::new(),
+        servers: Vec::new(),
         meters: Vec::new(),
         tracer: None,
-        tracer_provider: None,
+        span_processors: Vec::new(),
         own_metrics: Vec::new(),
     };
     for install in INSTALLERS {
         install(&mut x)?;
     }
     let Install {
-        #[cfg(feature = "otlp")]
-        otlp_reader,
-        exponential,
-        #[cfg(feature = "prometheus")]
-        prometheus_reader,
-        #[cfg(feature = "prometheus")]
-        prometheus,
-        #[cfg(feature = "prometheus")]
-        native,
+        readers,
+        servers,
         meters: engine_meters,
         tracer: engine_tracer,
-        tracer_provider: own_tracer_provider,
+        span_processors,
         own_metrics,
         ..
     } = x;
-    #[cfg(not(feature = "otlp"))]
-    let otlp_reader: Option<SdkReaderStub> = None;
-    #[cfg(not(feature = "prometheus"))]
-    let prometheus_reader: Option<SdkReaderStub> = None;
-
-    let own_meters = OwnMeters::build(
-        &resource,
-        engine_meters,
-        #[cfg(feature = "prometheus")]
-        native,
-        otlp_reader,
-        prometheus_reader,
-        exponential,
-    );
+    let own_tracer_provider = (!span_processors.is_empty()).then(|| {
+        span_processors
+            .into_iter()
+            .fold(
+                SdkTracerProvider::builder().with_resource(resource.clone()),
+                |b, p| b.with_span_processor(p),
+            )
+            .build()
+    });
+    let own_meters = OwnMeters::build(&resource, engine_meters, readers);
     // On every meter (OTLP and Prometheus, the engine's too), in install order.
     let mut kept = Vec::new();
     for m in &own_meters.meters {
@@ -452,8 +506,7 @@ pub(crate) fn build(cfg: &Config, given: &Given) -> Result<Exporters, ExportErro
         own_tracer_provider,
         span_counts,
         exemplars,
-        #[cfg(feature = "prometheus")]
-        prometheus,
+        servers,
         _own_metrics: kept,
         #[cfg(feature = "otlp")]
         runtime,
@@ -468,116 +521,62 @@ struct OwnMeters {
 }
 
 impl OwnMeters {
-    /// The engine's meter (`engine`) first, then phasetrace's own providers over `otlp` and `prometheus`
-    /// (one, or two when OTLP is exponential and the endpoint keeps explicit buckets), and the
-    /// native provider over the endpoint's native reader.
-    fn build<O, P>(
-        res: &Resource,
-        engine: Vec<ProviderMeter>,
-        #[cfg(feature = "prometheus")] native_reader: Option<self::prometheus::Native>,
-        otlp: Option<O>,
-        prometheus: Option<P>,
-        exponential: bool,
-    ) -> OwnMeters
-    where
-        O: opentelemetry_sdk::metrics::reader::MetricReader,
-        P: opentelemetry_sdk::metrics::reader::MetricReader,
-    {
-        let provider = |readers: Vec<Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>>, exp: bool| {
+    /// The engine's meter (`engine`) first, then one provider of phasetrace's own per
+    /// aggregation over the readers of that aggregation, in the order they were installed; the
+    /// native readers get a provider apart, whose meter carries the per-layer distributions and
+    /// the twins of the provider whose reader scrapes collect. A provider of exponential
+    /// histograms that no scrape reads carries its distributions itself (one series each);
+    /// one of explicit buckets, none (they would cost B + 3 series per layer).
+    fn build(res: &Resource, engine: Vec<ProviderMeter>, readers: Vec<OwnReader>) -> OwnMeters {
+        let provider = |readers: Vec<Reader>, exponential: bool| {
             let mut b = SdkMeterProvider::builder().with_resource(res.clone());
             for r in readers {
-                b = r(b);
+                b = b.with_reader(r);
             }
-            b.with_view(view(exp)).build()
+            b.with_view(view(exponential)).build()
         };
         let mut own = OwnMeters {
             meters: engine,
             providers: Vec::new(),
         };
-        // The native provider: exponential histograms only (its view), read by the protobuf
-        // scrape only.
-        #[cfg(feature = "prometheus")]
-        let native_meter = native_reader.map(|n| {
-            let p = provider(vec![with_reader(n.reader)], true);
+        let (native, readers): (Vec<OwnReader>, Vec<OwnReader>) =
+            readers.into_iter().partition(|r| r.role == Role::Native);
+        let native_meter = (!native.is_empty()).then(|| {
+            let p = provider(native.into_iter().map(|r| r.reader).collect(), true);
             let m = p.meter_with_scope(scope());
             own.providers.push(p);
             m
         });
-        #[cfg(not(feature = "prometheus"))]
-        let native_meter: Option<Meter> = None;
-        // Scrapes read this provider's reader when the endpoint runs and has none of its own.
-        let shared_with_endpoint = native_meter.is_some() && prometheus.is_none();
-        match (otlp, prometheus, exponential) {
-            (Some(o), Some(p), true) => {
-                own.push(
-                    provider(vec![with_reader(o)], true),
-                    &native_meter,
-                    true,
-                    false,
-                );
-                own.push(
-                    provider(vec![with_reader(p)], false),
-                    &native_meter,
-                    false,
-                    true,
-                );
+        // The aggregations in install order, each once.
+        let mut aggregations = Vec::new();
+        for r in &readers {
+            if !aggregations.contains(&r.exponential) {
+                aggregations.push(r.exponential);
             }
-            (None, None, _) => {}
-            (o, p, exp) => {
-                let serves = p.is_some() || shared_with_endpoint;
-                let mut readers = Vec::new();
-                if let Some(o) = o {
-                    readers.push(with_reader(o));
-                }
-                if let Some(p) = p {
-                    readers.push(with_reader(p));
-                }
-                own.push(provider(readers, exp), &native_meter, exp, serves);
-            }
+        }
+        for exponential in aggregations {
+            let (mine, scraped): (Vec<Reader>, bool) = readers
+                .iter()
+                .filter(|r| r.exponential == exponential)
+                .fold((Vec::new(), false), |(mut v, s), r| {
+                    v.push(r.reader.clone());
+                    (v, s || r.role == Role::Scraped)
+                });
+            let p = provider(mine, exponential);
+            let m = p.meter_with_scope(scope());
+            let native = native_meter.clone().filter(|_| scraped);
+            own.meters.push(ProviderMeter {
+                distributions: native.clone().or_else(|| exponential.then(|| m.clone())),
+                twins: native,
+                meter: m,
+                bind: Bind::Bound,
+                given: false,
+            });
+            own.providers.push(p);
         }
         own
     }
-
-    /// One of phasetrace's own providers: its per-layer distributions and exponential twins go
-    /// to the native provider's meter for the provider that serves the endpoint; to the same
-    /// meter (distributions only: its histograms are exponential already) for an OTLP exporter
-    /// of exponential histograms; nowhere otherwise (OTLP with explicit buckets only; the
-    /// engine's own provider).
-    fn push(
-        &mut self,
-        p: SdkMeterProvider,
-        native_meter: &Option<Meter>,
-        exponential_otlp: bool,
-        serves_endpoint: bool,
-    ) {
-        let m = p.meter_with_scope(scope());
-        let native = native_meter.clone().filter(|_| serves_endpoint);
-        self.meters.push(ProviderMeter {
-            distributions: native
-                .clone()
-                .or_else(|| exponential_otlp.then(|| m.clone())),
-            twins: native,
-            meter: m,
-            bind: Bind::Bound,
-            given: false,
-        });
-        self.providers.push(p);
-    }
 }
-
-type MeterBuilder = opentelemetry_sdk::metrics::MeterProviderBuilder;
-
-/// A reader as a step of the provider's builder (readers of different types in one list).
-fn with_reader<R>(r: R) -> Box<dyn FnOnce(MeterBuilder) -> MeterBuilder>
-where
-    R: opentelemetry_sdk::metrics::reader::MetricReader,
-{
-    Box::new(move |b| b.with_reader(r))
-}
-
-/// Stands for a reader type in builds without the exporter that has one.
-#[cfg(not(all(feature = "otlp", feature = "prometheus")))]
-type SdkReaderStub = opentelemetry_sdk::metrics::ManualReader;
 
 /// A counter by [`Outcome`](crate::names::Outcome) (`result`) on `meter`, read by `get` at each collection; both
 /// results from the start.
@@ -663,20 +662,15 @@ fn state_gauge(
         .build()
 }
 
-/// A tracer provider exporting through a batch processor sized to [`SPAN_QUEUE`].
-fn tracer_provider<E: SpanExporter + 'static>(res: Resource, exporter: E) -> SdkTracerProvider {
+/// A span exporter behind a batch processor sized to [`SPAN_QUEUE`].
+fn span_processor<E: SpanExporter + 'static>(exporter: E) -> BatchSpanProcessor {
     let batch = BatchConfigBuilder::default()
         .with_max_queue_size(SPAN_QUEUE)
         .with_max_export_batch_size(SPAN_BATCH)
         .with_scheduled_delay(Duration::from_millis(500))
         .build();
-    SdkTracerProvider::builder()
-        .with_resource(res)
-        .with_span_processor(
-            BatchSpanProcessor::builder(exporter)
-                .with_batch_config(batch)
-                .build(),
-        )
+    BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batch)
         .build()
 }
 
@@ -702,18 +696,12 @@ impl Exporters {
 
     /// The embedded Prometheus endpoint's address, when it runs.
     pub(crate) fn prometheus_addr(&self) -> Option<SocketAddr> {
-        #[cfg(feature = "prometheus")]
-        return self.prometheus.as_ref().map(PrometheusServer::addr);
-        #[cfg(not(feature = "prometheus"))]
-        None
+        self.servers.first().map(|s| s.addr())
     }
 
     /// The embedded Prometheus endpoint's URL, when it runs.
     pub(crate) fn prometheus_url(&self) -> Option<String> {
-        #[cfg(feature = "prometheus")]
-        return self.prometheus.as_ref().map(PrometheusServer::url);
-        #[cfg(not(feature = "prometheus"))]
-        None
+        self.servers.first().map(|s| s.url())
     }
 
     /// Pushes everything buffered in phasetrace's own providers to their exporters (the
@@ -747,9 +735,8 @@ impl Exporters {
         for m in &self.own_meter_providers {
             let _ = m.shutdown_with_timeout(left());
         }
-        #[cfg(feature = "prometheus")]
-        if let Some(p) = self.prometheus.take() {
-            p.stop();
+        for server in self.servers.drain(..) {
+            server.stop();
         }
         #[cfg(feature = "otlp")]
         if let Some(rt) = self.runtime.take() {

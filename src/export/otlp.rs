@@ -5,7 +5,7 @@
 
 use super::ExportError;
 use super::counted::FailureCounts;
-use crate::config::{OtlpConfig, Protocol};
+use crate::config::{Exporter, OtlpConfig, Protocol, Signal};
 use crate::names::{ExportFailure, attr, metric, signal};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
@@ -58,10 +58,11 @@ pub(super) fn runtime(
     cfg: &crate::config::Config,
     wanted: super::Wanted,
 ) -> Result<Option<tokio::runtime::Runtime>, ExportError> {
-    let grpc =
-        |o: Option<&OtlpConfig>, on: bool| on && o.is_some_and(|o| o.protocol == Protocol::Grpc);
-    if !grpc(cfg.metrics_otlp.as_ref(), wanted.metrics_otlp)
-        && !grpc(cfg.traces_otlp.as_ref(), wanted.traces_otlp)
+    let grpc = |o: Option<&OtlpConfig>, signal| {
+        wanted.has(signal, Exporter::Otlp) && o.is_some_and(|o| o.protocol == Protocol::Grpc)
+    };
+    if !grpc(cfg.metrics_otlp.as_ref(), Signal::Metrics)
+        && !grpc(cfg.traces_otlp.as_ref(), Signal::Traces)
     {
         return Ok(None);
     }
@@ -83,7 +84,7 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
         .cfg
         .metrics_otlp
         .as_ref()
-        .filter(|_| x.wanted.metrics_otlp)
+        .filter(|_| x.wanted.has(Signal::Metrics, Exporter::Otlp))
     else {
         return Ok(());
     };
@@ -99,11 +100,17 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
     let inner = proto_metrics::ProtoMetricExporter::new(o, x.runtime, store, failures.clone())?;
     count_failures(x, &failures);
     let exporter = counted::CountedMetrics::new(inner, counts.clone(), o.endpoint.clone());
-    x.otlp_reader = Some(
-        opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
-            .with_interval(x.cfg.metric_export_interval)
-            .build(),
-    );
+    // Exponential histograms are an OTLP setting: the endpoint shares this reader only when
+    // they are off (see `super::Role::Scraped`).
+    x.readers.push(super::OwnReader {
+        reader: super::Reader::new(
+            opentelemetry_sdk::metrics::PeriodicReader::builder(exporter)
+                .with_interval(x.cfg.metric_export_interval)
+                .build(),
+        ),
+        exponential: o.histogram == crate::config::HistogramAggregation::Exponential,
+        role: super::Role::Export,
+    });
     // `phasetrace.metric.exports`, by result, on every meter.
     let group = x.cfg.group.clone();
     x.own_metrics.push(Box::new(move |m, kept| {
@@ -117,23 +124,28 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
             move |r| counts.get(r),
         )));
     }));
-    // Exponential histograms are an OTLP setting: never applied to the Prometheus reader.
-    x.exponential = o.histogram == crate::config::HistogramAggregation::Exponential;
     Ok(())
 }
 
 /// Installs OTLP spans (when wanted): phasetrace's own tracer provider over the counted
 /// exporter; its failures, by reason, as a metric of its own.
 pub(super) fn install_traces(x: &mut super::Install<'_>) -> Result<(), ExportError> {
-    let Some(o) = x.cfg.traces_otlp.as_ref().filter(|_| x.wanted.traces_otlp) else {
+    let Some(o) = x
+        .cfg
+        .traces_otlp
+        .as_ref()
+        .filter(|_| x.wanted.has(Signal::Traces, Exporter::Otlp))
+    else {
         return Ok(());
     };
     let failures = Arc::new(FailureCounts::new(signal::TRACES, o.endpoint.clone(), true));
     let exporter = super::proto_spans::ProtoSpanExporter::new(o, x.runtime, failures.clone())?;
     count_failures(x, &failures);
-    x.tracer_provider = Some(super::tracer_provider(
-        x.resource.clone(),
-        super::counted::Counted::new(exporter, x.span_counts.clone(), x.exemplars.clone()),
-    ));
+    x.span_processors
+        .push(super::span_processor(super::counted::Counted::new(
+            exporter,
+            x.span_counts.clone(),
+            x.exemplars.clone(),
+        )));
     Ok(())
 }

@@ -298,9 +298,10 @@ impl Recorder {
             return inert;
         }
         // Every launch counts, read or not: it re-records the events of earlier replays.
-        let seq = g.launched.fetch_add(1, Ordering::SeqCst).wrapping_add(1) as u32;
+        let n = g.launched.fetch_add(1, Ordering::SeqCst);
+        let seq = n.wrapping_add(1) as u32;
         let every = self.shared_state().graph_read_every;
-        if self.level() == SectionLevel::Off || every == 0 || u64::from(seq) % every != 1 % every {
+        if self.level() == SectionLevel::Off || every == 0 || !n.is_multiple_of(every) {
             return inert;
         }
         if !Arc::ptr_eq(&g.clock, self.lane_clock()) {
@@ -308,8 +309,7 @@ impl Recorder {
             self.count_clock_drop();
             return inert;
         }
-        let trace_every = self.shared_state().trace_every;
-        let sampled = trace_every != 0 && u64::from(seq) % trace_every == 1 % trace_every;
+        let sampled = self.shared_state().sampling.head(n);
         let ok = self.push_timed(Mark::replay_begin(g.id, seq, sampled));
         ReplayGuard {
             rec: ok.then_some(self),

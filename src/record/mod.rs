@@ -18,12 +18,14 @@ pub(crate) mod mark;
 mod recorder;
 pub(crate) mod request;
 mod ring;
+mod sampling;
 
 pub use graph::{CapturedGraph, GraphCapture, ReplayGuard};
 pub(crate) use lane::Lane;
 pub use mark::RoundRef;
 pub use recorder::{PartGuard, Recorder, RecorderOptions, RoundGuard, SectionGuard, StepGuard};
 pub use request::{ErrorType, Finish, RequestClass, RequestKind};
+pub(crate) use sampling::Sampling;
 
 use crate::config::{SectionLevel, SpecLevel};
 use crate::timing::Clock;
@@ -84,10 +86,8 @@ pub(crate) struct Shared {
     pub(crate) level: Gate<SectionLevel>,
     /// The gate of speculative rounds and verify parts.
     pub(crate) spec_level: Gate<SpecLevel>,
-    pub(crate) trace_every: u64,
-    /// Every step and round reads the engine's current span, not only the head-sampled ones:
-    /// the tail rule (`PHASETRACE_TRACE_SLOWER_THAN`) may keep any of them.
-    pub(crate) parent_always: bool,
+    /// Which steps, rounds, requests and replays are traced, and which read the engine's span.
+    pub(crate) sampling: Sampling,
     pub(crate) queue: usize,
     pub(crate) rank: u32,
     pub(crate) clock: Arc<dyn Clock>,

@@ -295,11 +295,9 @@ impl Recorder {
         }
         let n = self.steps.get();
         self.steps.set(n.wrapping_add(1));
-        let every = self.shared.trace_every;
-        let sampled = every != 0 && n.is_multiple_of(every);
-        // The tail rule may keep any step: each reads its parent (one `Span::current` lookup
-        // through the engine's layer, and three marks when there is a span).
-        if sampled || self.shared.parent_always {
+        let sampled = self.shared.sampling.head(n);
+        // Three marks more when there is a span.
+        if self.shared.sampling.reads_parent(sampled) {
             self.push_parent();
         }
         let ok = self.push_timed(Mark::step_begin(sampled, n as u32, kind));
@@ -542,8 +540,7 @@ impl Recorder {
         }
         let n = self.requests.get();
         self.requests.set(n.wrapping_add(1));
-        let every = self.shared.trace_every;
-        let sampled = every != 0 && n.is_multiple_of(every);
+        let sampled = self.shared.sampling.head(n);
         if self.lane.push(Mark::request_id(id)) {
             self.lane
                 .push(Mark::request_begin(class.0, sampled).at(self.host.read()));
@@ -667,9 +664,8 @@ impl Recorder {
         self.round_seq.set(seq);
         // A round begun by `begin_round` and still open is now over (counted by the worker).
         self.begun_round.set(0);
-        let every = self.shared.trace_every;
-        let sampled = every != 0 && n.is_multiple_of(every);
-        if sampled || self.shared.parent_always {
+        let sampled = self.shared.sampling.head(n);
+        if self.shared.sampling.reads_parent(sampled) {
             self.push_parent();
         }
         let ok = self.push_timed(Mark::round_begin(seq, k, sampled));

@@ -26,6 +26,7 @@
 //! [`crate::Profiler::flush`] calls take; the hot path never touches it.
 
 mod attrs;
+mod build;
 mod event;
 pub(crate) mod open;
 mod pair;
@@ -35,6 +36,7 @@ pub(crate) mod sinks;
 mod stats;
 mod trace;
 
+pub(crate) use build::{Kept, Options as WorkerOptions};
 pub(crate) use sinks::console::summary_table;
 pub use stats::{Dropped, Stats};
 

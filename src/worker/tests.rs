@@ -167,8 +167,7 @@ fn setup(level: SectionLevel, spec: SpecLevel, clock: Arc<dyn Clock>) -> (Arc<Sh
     let shared = Arc::new(Shared {
         level: Gate::new(level),
         spec_level: Gate::new(spec),
-        trace_every: 0,
-        parent_always: false,
+        sampling: crate::record::Sampling::default(),
         queue: 1024,
         rank: 3,
         clock,
@@ -594,8 +593,7 @@ fn layer_attribution_off_drops_only_the_layer_attribute() {
     let shared = Arc::new(Shared {
         level: Gate::new(SectionLevel::Full),
         spec_level: Gate::new(SpecLevel::Off),
-        trace_every: 0,
-        parent_always: false,
+        sampling: crate::record::Sampling::default(),
         queue: 64,
         rank: 0,
         clock: Script::new(&[0, 10, 20, 30]),
@@ -799,8 +797,10 @@ fn traced(
     let shared = Arc::new(Shared {
         level: Gate::new(SectionLevel::Full),
         spec_level: Gate::new(SpecLevel::Off),
-        trace_every,
-        parent_always: rule != crate::config::TraceSlowerThan::Off,
+        sampling: crate::record::Sampling::new(
+            trace_every,
+            rule != crate::config::TraceSlowerThan::Off,
+        ),
         queue: 1 << 16,
         rank: 3,
         clock,

@@ -10,7 +10,7 @@
 //! Each case runs in a child process (this test, run again with [`CASE_VAR`] set), so that its
 //! resident memory is its own, not the test binary's other tests'; up to [`PARALLEL`] at once.
 
-use phasetrace::config::TracesExporter;
+use phasetrace::config::ExporterSet;
 use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use phasetrace_testkit::{HostileCollector, HostileMode, OtlpReceiver, TempDir, http_get};
 use std::process::Command;
@@ -221,7 +221,7 @@ fn child(case: Case) {
         .with_shutdown_timeout(OTLP_TIMEOUT)
         .with_metric_export_interval(Duration::from_secs(3600));
     if !case.traces {
-        b = b.with_traces_exporter(TracesExporter::None);
+        b = b.with_traces_exporter(ExporterSet::NONE);
     }
     if let Some(ca) = server.ca_pem() {
         let path = dir.path().join("ca.pem");

@@ -11,7 +11,7 @@ use support::OtlpReceiver;
 
 use std::time::Duration;
 
-use phasetrace::config::TracesExporter;
+use phasetrace::config::{Exporter, ExporterSet};
 use phasetrace::{Profiler, Protocol, Section, SectionLevel, Site};
 use phasetrace_names::{metric, span};
 
@@ -42,10 +42,10 @@ fn case(endpoint: &str, protocol: Protocol, exporters: Exporters) {
             .without_prometheus()
             .with_otlp_endpoint(Some(endpoint))
             .with_otlp_protocol(protocol)
-            .with_traces_exporter(TracesExporter::None),
+            .with_traces_exporter(ExporterSet::NONE),
         Exporters::PrometheusAndConsole => b
             .with_prometheus_at(([127, 0, 0, 1], 0))
-            .with_traces_exporter(TracesExporter::Console),
+            .with_traces_exporter(ExporterSet::of(&[Exporter::Console])),
     };
     let profiler = b
         .build()

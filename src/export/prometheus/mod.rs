@@ -32,8 +32,8 @@ mod slots;
 mod watched;
 pub(crate) mod web_config;
 
-use super::ExportError;
 use super::exemplars::{BUCKETS, EXEMPLAR_METRICS, ExemplarStore};
+use super::{ExportError, Reader};
 use crate::names::AuthRefusal;
 use crate::names::default;
 pub(crate) use auth::AuthCounts;
@@ -111,30 +111,6 @@ pub(crate) struct Native {
     pub(crate) wanted: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What a scrape collects from: the endpoint's own reader, or, when metrics also go over OTLP
-/// with the same aggregation, the OTLP exporter's periodic reader. Sharing it means one SDK
-/// aggregation serves both: the worker records each measurement once, not once per reader (see
-/// `worker/drain_steps_*` in `BENCHMARKS.md`), and a scrape and an export read the same totals.
-/// Both are cumulative.
-#[derive(Clone, Debug)]
-pub(crate) enum Source {
-    /// A `ManualReader` of the endpoint's own, registered with the meter provider.
-    Own(PrometheusReader),
-    /// The OTLP metrics reader, registered with the meter provider by the OTLP side.
-    #[cfg(feature = "otlp")]
-    Otlp(super::OtlpMetricReader),
-}
-
-impl Source {
-    fn collect(&self, rm: &mut ResourceMetrics) -> OTelSdkResult {
-        match self {
-            Source::Own(r) => r.collect(rm),
-            #[cfg(feature = "otlp")]
-            Source::Otlp(r) => r.collect(rm),
-        }
-    }
-}
-
 /// The running endpoint.
 pub(crate) struct PrometheusServer {
     addr: SocketAddr,
@@ -147,10 +123,6 @@ pub(crate) struct PrometheusServer {
 }
 
 impl PrometheusServer {
-    pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// `http://addr/metrics`, or `https://` with TLS.
     pub(crate) fn url(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
@@ -182,9 +154,23 @@ impl PrometheusServer {
     }
 }
 
+impl super::Server for PrometheusServer {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn url(&self) -> String {
+        PrometheusServer::url(self)
+    }
+
+    fn stop(self: Box<Self>) {
+        PrometheusServer::stop(*self);
+    }
+}
+
 /// What every connection shares.
 struct Endpoint {
-    reader: Source,
+    reader: Reader,
     /// The native provider's side (see [`Native`]).
     native: Native,
     /// TLS and basic auth, re-read when the file changed.
@@ -197,26 +183,21 @@ struct Endpoint {
     last_size: AtomicUsize,
 }
 
-/// The OTLP metrics reader that scrapes may share (none in builds without OTLP).
-#[cfg(feature = "otlp")]
-pub(super) type SharedReader = super::OtlpMetricReader;
-#[cfg(not(feature = "otlp"))]
-pub(super) type SharedReader = std::convert::Infallible;
-
 /// Binds `addr` and starts serving; `web` adds TLS and basic auth (TLS or plain as its file
 /// said at start; certificates and users re-read when it changes); `exemplars` (traces on) adds
-/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `otlp` when
-/// given (see [`Source`]); otherwise from a reader of the endpoint's own, returned for the meter
-/// provider. Protobuf scrapes also collect `native` (the native provider's reader).
+/// the exemplars of delivered traces to OpenMetrics scrapes. Scrapes collect from `reader`
+/// (the endpoint's own, or an OTLP reader of the same aggregation: see
+/// [`super::Role::Scraped`]); protobuf scrapes also collect `native` (the native provider's
+/// reader).
 pub(super) fn start(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
-    otlp: Option<SharedReader>,
+    reader: Reader,
     native: Native,
-) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
+) -> Result<PrometheusServer, ExportError> {
     let bound = slots::fd_bound(default::PROMETHEUS_MAX_CONNECTIONS);
-    start_with(addr, web, exemplars, otlp, native, bound)
+    start_with(addr, web, exemplars, reader, native, bound)
 }
 
 /// Installs the Prometheus endpoint (when `cfg` names an address): its server, the reader its
@@ -233,12 +214,12 @@ pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
     let Some(addr) = cfg.prometheus else {
         return Ok(());
     };
-    // With the same aggregation on both sides, scrapes read the OTLP reader's (one
-    // aggregation, so the worker records each measurement once).
-    #[cfg(feature = "otlp")]
-    let shared = x.otlp_reader.clone().filter(|_| !x.exponential);
-    #[cfg(not(feature = "otlp"))]
-    let shared = None;
+    // An export reader of explicit buckets (the endpoint's aggregation) is shared: one
+    // aggregation, so the worker records each measurement once.
+    let shared = x
+        .readers
+        .iter_mut()
+        .find(|r| !r.exponential && r.role == super::Role::Export);
     let web = cfg
         .prometheus_web_config
         .as_deref()
@@ -248,8 +229,18 @@ pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
         reader: PrometheusReader::manual(),
         wanted: x.native_wanted.clone(),
     };
-    match start(addr, web, x.exemplars.clone(), shared, native.clone()) {
-        Ok((reader, server)) => {
+    let source = match &shared {
+        Some(r) => r.reader.clone(),
+        None => super::Reader::new(PrometheusReader::manual()),
+    };
+    match start(
+        addr,
+        web,
+        x.exemplars.clone(),
+        source.clone(),
+        native.clone(),
+    ) {
+        Ok(server) => {
             let counts = EndpointCounts {
                 reloads: server.reloads(),
                 closed: server.connections(),
@@ -259,9 +250,20 @@ pub(super) fn install(x: &mut super::Install<'_>) -> Result<(), ExportError> {
             x.own_metrics.push(Box::new(move |m, kept| {
                 endpoint_metrics(m, &group, &counts, kept)
             }));
-            x.prometheus_reader = reader;
-            x.prometheus = Some(server);
-            x.native = Some(native);
+            match shared {
+                Some(r) => r.role = super::Role::Scraped,
+                None => x.readers.push(super::OwnReader {
+                    reader: source,
+                    exponential: false,
+                    role: super::Role::Scraped,
+                }),
+            }
+            x.readers.push(super::OwnReader {
+                reader: super::Reader::new(native.reader),
+                exponential: true,
+                role: super::Role::Native,
+            });
+            x.servers.push(Box::new(server));
             Ok(())
         }
         // The built-in default address is a convenience, not a promise: taken (the engine's
@@ -351,20 +353,10 @@ fn start_with(
     addr: SocketAddr,
     web: Option<LiveWebConfig>,
     exemplars: Option<Arc<ExemplarStore>>,
-    otlp: Option<SharedReader>,
+    source: Reader,
     native: Native,
     max_connections: usize,
-) -> Result<(Option<PrometheusReader>, PrometheusServer), ExportError> {
-    let (own, source) = match otlp {
-        #[cfg(feature = "otlp")]
-        Some(r) => (None, Source::Otlp(r)),
-        #[cfg(not(feature = "otlp"))]
-        Some(never) => match never {},
-        None => {
-            let r = PrometheusReader(Arc::new(ManualReader::builder().build()));
-            (Some(r.clone()), Source::Own(r))
-        }
-    };
+) -> Result<PrometheusServer, ExportError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -404,18 +396,15 @@ fn start_with(
             runtime.shutdown_timeout(Duration::from_millis(200));
         })
         .map_err(ExportError::Thread)?;
-    Ok((
-        own,
-        PrometheusServer {
-            addr: bound,
-            stop: Some(tx),
-            thread: Some(thread),
-            reloads,
-            connections,
-            auth: auth_counts,
-            tls,
-        },
-    ))
+    Ok(PrometheusServer {
+        addr: bound,
+        stop: Some(tx),
+        thread: Some(thread),
+        reloads,
+        connections,
+        auth: auth_counts,
+        tls,
+    })
 }
 
 /// The listening socket, with a backlog of [`default::PROMETHEUS_BACKLOG`] (inside a runtime).
@@ -637,7 +626,7 @@ impl Endpoint {
 /// series.
 #[cfg(test)]
 pub(crate) fn scrape_text(
-    reader: &Source,
+    reader: &Reader,
     format: Format,
     capacity: usize,
     store: Option<&ExemplarStore>,
@@ -649,7 +638,7 @@ pub(crate) fn scrape_text(
 /// One scrape's body in `format`: in OpenMetrics and protobuf, with the exemplars `store`
 /// holds (only of exported traces) on the buckets of their series.
 pub(crate) fn scrape(
-    reader: &Source,
+    reader: &Reader,
     native: Option<&PrometheusReader>,
     format: Format,
     capacity: usize,
@@ -804,7 +793,7 @@ mod tests {
     #[test]
     fn openmetrics_and_protobuf_scrapes_show_exemplars_of_exported_spans_only() {
         use super::super::exemplars::{Exemplar, ExemplarStore};
-        use super::{Format, PrometheusReader, Source, scrape_text};
+        use super::{Format, PrometheusReader, scrape_text};
         use crate::names::metric;
         use opentelemetry::KeyValue;
         use opentelemetry::metrics::MeterProvider as _;
@@ -834,7 +823,7 @@ mod tests {
         };
         store.offer(metric::STEP_DURATION, &attrs, e(0x1f));
         let om = Format::OpenMetrics { version: "1.0.0" };
-        let source = Source::Own(reader);
+        let source = crate::export::Reader::new(reader);
         let text = |format, store| scrape_text(&source, format, 0, store).expect("scrape");
         assert!(
             !text(om, Some(&store)).contains("# {"),
@@ -1097,14 +1086,21 @@ mod tests {
             reader: super::PrometheusReader::manual(),
             wanted: Arc::new(AtomicBool::new(false)),
         };
-        let (own, server) =
-            super::start_with(([127, 0, 0, 1], 0).into(), None, None, None, native, BOUND)
-                .expect("endpoint");
+        let own = crate::export::Reader::new(super::PrometheusReader::manual());
+        let server = super::start_with(
+            ([127, 0, 0, 1], 0).into(),
+            None,
+            None,
+            own.clone(),
+            native,
+            BOUND,
+        )
+        .expect("endpoint");
         // Scrapes collect from a registered reader.
         let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
-            .with_reader(own.expect("the endpoint's own reader"))
+            .with_reader(own)
             .build();
-        let addr = server.addr();
+        let addr = server.addr;
         let closed = server.connections();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         // Three times the bound, reconnecting as soon as they are closed.
