@@ -4,12 +4,54 @@
 //! values, with what they mean) are the `phasetrace-names` crate's data ([`phasetrace_names`]),
 //! re-exported here so that a crate depending on phasetrace alone spells them
 //! `phasetrace::names::env::LEVEL`, `phasetrace::names::metric::STEP_DURATION`; a unit test keeps
-//! the enums and that data equal.
+//! the enums and that data equal. Instruments take their unit and description from that data
+//! (`Described`).
 
 pub use phasetrace_names::{
     SCOPE, attr, auth_refusal, connection_close, env, export_failure, metric, outcome, prometheus,
     reason, resource, signal, span,
 };
+
+/// An instrument builder given the unit and the one-line description that the contract holds
+/// for the metric it builds ([`phasetrace_names::Metric`]'s `unit` and `help`), so that each
+/// is written once, there.
+pub(crate) trait Described: Sized {
+    /// The contract's unit and description for the builder's name (a name outside
+    /// [`metric::ALL`] keeps neither, and fails debug builds).
+    fn described(self) -> Self;
+}
+
+/// The contract's entry for the instrument `name`.
+fn contract(name: &str) -> Option<&'static phasetrace_names::Metric> {
+    let m = phasetrace_names::Metric::of(name);
+    debug_assert!(
+        m.is_some(),
+        "{name} is not in phasetrace_names::metric::ALL"
+    );
+    m
+}
+
+/// The contract's unit and one-line description of the metric `name`, for the builders of
+/// `crate::export`'s own metrics, which take them apart.
+#[cfg(any(feature = "prometheus", feature = "otlp"))]
+pub(crate) fn unit_and_help(name: &str) -> (&'static str, &'static str) {
+    contract(name).map_or(("", ""), |m| (m.unit, m.help))
+}
+
+macro_rules! described {
+    ($($builder:ident<$($p:ident),*>),*) => {$(
+        impl<$($p),*> Described for opentelemetry::metrics::$builder<'_, $($p),*> {
+            fn described(mut self) -> Self {
+                if let Some(m) = contract(&self.name) {
+                    self.unit = Some(m.unit.into());
+                    self.description = Some(m.help.into());
+                }
+                self
+            }
+        }
+    )*};
+}
+described!(HistogramBuilder<T>, InstrumentBuilder<T>, AsyncInstrumentBuilder<I, M>);
 
 /// Why an OTLP export failed: the `reason` attribute of `phasetrace.otlp.export.failures`
 /// (`ExportFailure::ALL`, `as_str`), in the order of [`export_failure::ALL`]. It is the

@@ -852,6 +852,13 @@ fn setup_profiler(
             timing.as_str()
         );
     }
+    say_exporters(&profiler);
+    Ok((profiler, timing, streams))
+}
+
+/// Says on stderr where the profiler's telemetry goes: the Prometheus endpoint's address and
+/// the OTLP protocol and endpoint, those that are on (both demos' startup lines).
+fn say_exporters(profiler: &Profiler) {
     if let Some(url) = profiler.prometheus_url() {
         eprintln!("phasetrace: Prometheus metrics at {url}");
     }
@@ -862,7 +869,6 @@ fn setup_profiler(
             o.endpoint
         );
     }
-    Ok((profiler, timing, streams))
 }
 
 impl Plan {

@@ -14,13 +14,15 @@
 //! Each name is a constant (`metric::SECTION_DURATION`) for code, and a row of its module's
 //! `ALL` table ([`metric::ALL`], [`attr::ALL`], ...) for what documents or checks the contract:
 //! `cargo xtask docs` writes `docs/telemetry.md` from these tables. A new metric is one entry
-//! in the `metrics!` block of [`metric`] (its doc comment is its description):
+//! in the `metrics!` block of [`metric`] (its doc comment is its description; `help`, the one
+//! line its instruments carry):
 //!
 //! ```text
 //! /// Counter of ..., attributes `rank`, `group`.
 //! NEW_THING = "phasetrace.new.thing" {
 //!     instrument: Counter,
 //!     unit: UNIT_CALLS,
+//!     help: "New things",
 //!     attributes: [attr::RANK, attr::GROUP],
 //! }
 //! ```
@@ -74,6 +76,9 @@ pub struct Metric {
     pub instrument: Instrument,
     /// Its unit (UCUM, `s`; empty for none).
     pub unit: &'static str,
+    /// The one-line description its instruments carry: the `# HELP` line of a scrape, the
+    /// description of an OTLP metric (at length: [`Metric::description`]).
+    pub help: &'static str,
     /// The attribute keys its series carry (some only when given: the description says which).
     pub attributes: &'static [&'static str],
     /// What it measures (the constant's doc comment).
@@ -81,6 +86,11 @@ pub struct Metric {
 }
 
 impl Metric {
+    /// The metric called `name` (its OTel name), from [`metric::ALL`].
+    pub fn of(name: &str) -> Option<&'static Metric> {
+        metric::ALL.iter().find(|m| m.name == name)
+    }
+
     /// The name a Prometheus scrape shows (`phasetrace_section_layer_time_seconds_total`).
     pub fn prometheus_name(&self) -> String {
         let base = prometheus::metric_name(self.name, self.unit);
@@ -105,20 +115,23 @@ macro_rules! names {
 }
 
 /// Declares metric name constants and [`metric::ALL`]:
-/// `/// doc` `CONSTANT = "name" { instrument: Kind, unit: UNIT, attributes: [attr::KEY, ...] }`.
+/// `/// doc` `CONSTANT = "name" { instrument: Kind, unit: UNIT, help: "...", attributes: [attr::KEY,
+/// ...] }`.
 macro_rules! metrics {
     ($($(#[doc = $doc:literal])* $constant:ident = $name:literal {
         instrument: $instrument:ident,
         unit: $unit:expr,
+        help: $help:literal,
         attributes: [$($attribute:expr),* $(,)?] $(,)?
     })*) => {
         $($(#[doc = $doc])* pub const $constant: &str = $name;)*
-        /// Every metric, in declaration order: name, instrument, unit, attributes, meaning.
+        /// Every metric, in declaration order: name, instrument, unit, help, attributes, meaning.
         pub const ALL: &[crate::Metric] = &[$(crate::Metric {
             constant: stringify!($constant),
             name: $name,
             instrument: crate::Instrument::$instrument,
             unit: $unit,
+            help: $help,
             attributes: &[$($attribute),*],
             description: concat!($($doc, "\n"),*),
         }),*];
@@ -144,6 +157,7 @@ pub mod metric {
         SECTION_DURATION = "phasetrace.section.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Duration of one decode section",
             attributes: [attr::BUCKET, attr::SITE, attr::RANK, attr::GROUP],
         }
         /// Counter of the time spent in one section per layer, in seconds, attributes `bucket`,
@@ -152,6 +166,7 @@ pub mod metric {
         SECTION_LAYER_TIME = "phasetrace.section.layer.time" {
             instrument: Counter,
             unit: UNIT_SECONDS,
+            help: "Time spent in one decode section per layer",
             attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
         }
         /// Counter of the calls of one section per layer, the same attributes
@@ -159,6 +174,7 @@ pub mod metric {
         SECTION_LAYER_CALLS = "phasetrace.section.layer.calls" {
             instrument: Counter,
             unit: UNIT_CALLS,
+            help: "Calls of one decode section per layer",
             attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
         }
         /// Histogram of one step (a forward pass over the batch) in seconds, attributes `rank`,
@@ -167,6 +183,7 @@ pub mod metric {
         STEP_DURATION = "phasetrace.step.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Duration of one decode step (token)",
             attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Histogram of the time one decode step spent waiting at collective rendezvous probes, in
@@ -178,12 +195,14 @@ pub mod metric {
         STEP_COLLECTIVE_WAIT = "phasetrace.step.collective_wait" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time one decode step of this rank spent waiting at collective rendezvous probes",
             attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Counter of steps, attributes `rank`, `group`, `step.kind` (as [`STEP_DURATION`]).
         STEPS = "phasetrace.steps" {
             instrument: Counter,
             unit: UNIT_STEPS,
+            help: "Decode steps",
             attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Gauge of how long the rank's current decode step has been open, in seconds, attributes
@@ -197,6 +216,7 @@ pub mod metric {
         STEP_OPEN_DURATION = "phasetrace.step.open_duration" {
             instrument: Gauge,
             unit: UNIT_SECONDS,
+            help: "How long the rank's current decode step has been open (0: no step open); a step that began and never ends is a hang",
             attributes: [attr::RANK, attr::GROUP],
         }
         /// Histogram of the time a rank waited at a collective's rendezvous probe, in seconds (its
@@ -205,6 +225,7 @@ pub mod metric {
         COLLECTIVE_WAIT = "phasetrace.collective.wait" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
             attributes: [attr::SITE, attr::RANK, attr::GROUP],
         }
         /// Counter of the time waited at a collective's rendezvous probe per layer, in seconds,
@@ -214,6 +235,7 @@ pub mod metric {
         COLLECTIVE_LAYER_WAIT_TIME = "phasetrace.collective.layer.wait.time" {
             instrument: Counter,
             unit: UNIT_SECONDS,
+            help: "Time this rank waited at a collective's rendezvous probe, per layer",
             attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
         }
         /// Counter of the rendezvous waits per layer, the same attributes
@@ -221,6 +243,7 @@ pub mod metric {
         COLLECTIVE_LAYER_WAIT_CALLS = "phasetrace.collective.layer.wait.calls" {
             instrument: Counter,
             unit: UNIT_CALLS,
+            help: "Rendezvous waits at a collective per layer",
             attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
         }
         /// Counter of the tokens routed in one MoE layer, counted once per expert each goes to
@@ -231,6 +254,7 @@ pub mod metric {
         MOE_LAYER_TOKENS = "phasetrace.moe.layer.tokens" {
             instrument: Counter,
             unit: UNIT_TOKENS,
+            help: "Tokens routed in one MoE layer, counted once per expert each goes to (tokens x top-k)",
             attributes: [attr::LAYER, attr::RANK, attr::GROUP],
         }
         /// Gauge of a MoE layer's routing imbalance over the rank's last complete window of
@@ -240,6 +264,7 @@ pub mod metric {
         MOE_IMBALANCE = "phasetrace.moe.expert_load.imbalance" {
             instrument: Gauge,
             unit: UNIT_NONE,
+            help: "Most tokens of any expert of a MoE layer over the mean per expert, in the rank's last complete window of PHASETRACE_EXPERT_WINDOW steps (1: balanced)",
             attributes: [attr::LAYER, attr::RANK, attr::GROUP],
         }
         /// Gauge of the coefficient of variation (standard deviation / mean) of the tokens per
@@ -247,6 +272,7 @@ pub mod metric {
         MOE_LOAD_CV = "phasetrace.moe.expert_load.cv" {
             instrument: Gauge,
             unit: UNIT_NONE,
+            help: "Coefficient of variation of the tokens per expert of a MoE layer, in the same window",
             attributes: [attr::LAYER, attr::RANK, attr::GROUP],
         }
         /// Gauge of a hot expert's share of its layer's tokens in the same window (0..1),
@@ -257,6 +283,7 @@ pub mod metric {
         MOE_HOT_EXPERT_SHARE = "phasetrace.moe.hot_expert.share" {
             instrument: Gauge,
             unit: UNIT_NONE,
+            help: "Share of a MoE layer's tokens routed to one of its hottest experts, in the same window",
             attributes: [attr::LAYER, attr::EXPERT, attr::EP_RANK, attr::RANK, attr::GROUP],
         }
         /// Counter of records dropped, attribute `reason` (`phasetrace::DropReason`): everything
@@ -265,6 +292,7 @@ pub mod metric {
         RECORDS_DROPPED = "phasetrace.records.dropped" {
             instrument: Counter,
             unit: UNIT_RECORDS,
+            help: "Records dropped, by reason",
             attributes: [attr::REASON, attr::GROUP],
         }
         /// Histogram of one speculative phase per round in seconds, attributes `phase` (draft,
@@ -272,6 +300,7 @@ pub mod metric {
         SPEC_PHASE_DURATION = "phasetrace.spec.phase.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Duration of one speculative phase in one round",
             attributes: [attr::PHASE, attr::RANK, attr::GROUP],
         }
         /// Histogram of one verify part per round in seconds (level 2), attributes `part` (kda,
@@ -280,24 +309,28 @@ pub mod metric {
         SPEC_VERIFY_PART_DURATION = "phasetrace.spec.verify.part.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Duration of one verify part in one round",
             attributes: [attr::PART, attr::RANK, attr::GROUP],
         }
         /// Counter of speculative rounds, attribute `rank`.
         SPEC_ROUNDS = "phasetrace.spec.rounds" {
             instrument: Counter,
             unit: UNIT_ROUNDS,
+            help: "Speculative rounds",
             attributes: [attr::RANK, attr::GROUP],
         }
         /// Counter of drafted tokens, attribute `rank`: the acceptance rate is accepted / drafted.
         SPEC_DRAFT_TOKENS = "phasetrace.spec.draft_tokens" {
             instrument: Counter,
             unit: UNIT_TOKENS,
+            help: "Drafted tokens",
             attributes: [attr::RANK, attr::GROUP],
         }
         /// Counter of accepted tokens, attribute `rank`.
         SPEC_ACCEPTED_TOKENS = "phasetrace.spec.accepted_tokens" {
             instrument: Counter,
             unit: UNIT_TOKENS,
+            help: "Accepted tokens",
             attributes: [attr::RANK, attr::GROUP],
         }
         /// Histogram of accepted tokens per round, integer buckets `0..=k_max` (`with_spec_k_max`,
@@ -305,6 +338,7 @@ pub mod metric {
         SPEC_ACCEPTED_LENGTH = "phasetrace.spec.accepted_length" {
             instrument: Histogram,
             unit: UNIT_TOKENS,
+            help: "Accepted tokens per round",
             attributes: [attr::RANK, attr::GROUP],
         }
         /// Counter of the re-reads of the Prometheus endpoint's web configuration file
@@ -314,6 +348,7 @@ pub mod metric {
         PROMETHEUS_WEB_CONFIG_RELOADS = "phasetrace.prometheus.web_config.reloads" {
             instrument: Counter,
             unit: UNIT_RELOADS,
+            help: "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
             attributes: [attr::RESULT, attr::GROUP],
         }
         /// Gauge, 1 while the web configuration in force is the one on disk and 0 after a change to
@@ -327,6 +362,7 @@ pub mod metric {
         PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL = "phasetrace.prometheus.web_config.last_reload_successful" {
             instrument: Gauge,
             unit: UNIT_NONE,
+            help: "1 while the Prometheus endpoint serves the web configuration file as it is on disk, 0 after a change to it was refused (the configuration read before stays in force)",
             attributes: [attr::GROUP],
         }
         /// Counter of OTLP metrics exports, attribute `result` (`phasetrace::names::Outcome`); both
@@ -339,6 +375,7 @@ pub mod metric {
         METRIC_EXPORTS = "phasetrace.metric.exports" {
             instrument: Counter,
             unit: UNIT_EXPORTS,
+            help: "OTLP metrics exports, by result",
             attributes: [attr::RESULT, attr::GROUP],
         }
         /// Counter of failed OTLP exports, attributes `signal` (`metrics`, `traces`) and `reason`
@@ -351,6 +388,7 @@ pub mod metric {
         OTLP_EXPORT_FAILURES = "phasetrace.otlp.export.failures" {
             instrument: Counter,
             unit: UNIT_EXPORTS,
+            help: "Failed OTLP exports, by signal and reason",
             attributes: [attr::SIGNAL, attr::REASON, attr::GROUP],
         }
         /// Counter of the connections the Prometheus endpoint closed before their client was
@@ -361,6 +399,7 @@ pub mod metric {
         PROMETHEUS_CONNECTIONS_CLOSED = "phasetrace.prometheus.connections.closed" {
             instrument: Counter,
             unit: UNIT_CONNECTIONS,
+            help: "Connections the Prometheus endpoint closed before their client was done, by reason",
             attributes: [attr::REASON, attr::GROUP],
         }
         /// Counter of the requests the Prometheus endpoint refused at basic auth, attribute
@@ -370,6 +409,7 @@ pub mod metric {
         PROMETHEUS_AUTH_REFUSED = "phasetrace.prometheus.auth.refused" {
             instrument: Counter,
             unit: UNIT_REQUESTS,
+            help: "Requests the Prometheus endpoint refused at basic auth, by reason",
             attributes: [attr::REASON, attr::GROUP],
         }
         /// Base-2 exponential histogram of one section's duration per layer, in seconds,
@@ -383,6 +423,7 @@ pub mod metric {
         SECTION_LAYER_DURATION = "phasetrace.section.layer.duration" {
             instrument: ExponentialHistogram,
             unit: UNIT_SECONDS,
+            help: "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
             attributes: [attr::BUCKET, attr::LAYER, attr::SITE, attr::RANK, attr::GROUP],
         }
         /// Base-2 exponential histogram of the time waited at a collective's rendezvous probe per
@@ -392,6 +433,7 @@ pub mod metric {
         COLLECTIVE_LAYER_WAIT_DURATION = "phasetrace.collective.layer.wait.duration" {
             instrument: ExponentialHistogram,
             unit: UNIT_SECONDS,
+            help: "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
             attributes: [attr::SITE, attr::LAYER, attr::RANK, attr::GROUP],
         }
         // Requests under continuous batching: the OpenTelemetry GenAI semantic conventions'
@@ -407,6 +449,7 @@ pub mod metric {
         GEN_AI_SERVER_REQUEST_DURATION = "gen_ai.server.request.duration" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "GenAI server request duration such as time-to-last byte or last output token",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of the time from a request's arrival to its first output token (the end of
@@ -415,6 +458,7 @@ pub mod metric {
         GEN_AI_SERVER_TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time to generate first token for successful responses",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of the time per output token after the first, in seconds: (end - first
@@ -424,6 +468,7 @@ pub mod metric {
         GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time per output token generated after the first token for successful responses",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of the time a request waited before the first step that served it, in
@@ -432,6 +477,7 @@ pub mod metric {
         REQUEST_QUEUE_TIME = "phasetrace.request.queue_time" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time a request waited before the first step that served it",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of a request's prefill, in seconds: from the start of the first step that
@@ -440,6 +486,7 @@ pub mod metric {
         REQUEST_PREFILL_TIME = "phasetrace.request.prefill_time" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time from a request's first step to its first output token",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of a request's decode, in seconds: from its first output token to its end
@@ -448,6 +495,7 @@ pub mod metric {
         REQUEST_DECODE_TIME = "phasetrace.request.decode_time" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "Time from a request's first output token to its end",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of a request's share of the time of the steps that served it, in seconds:
@@ -458,6 +506,7 @@ pub mod metric {
         REQUEST_STEP_SHARE = "phasetrace.request.step_share" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "A request's share of the time of the steps that served it, by its tokens",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of a request's share of the time its steps waited at collective rendezvous
@@ -467,6 +516,7 @@ pub mod metric {
         REQUEST_COLLECTIVE_WAIT_SHARE = "phasetrace.request.collective_wait_share" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "A request's share of the collective rendezvous waits of the steps that served it",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of a request's share of each speculative phase of the rounds that served
@@ -478,6 +528,7 @@ pub mod metric {
         REQUEST_PHASE_SHARE = "phasetrace.request.phase_share" {
             instrument: Histogram,
             unit: UNIT_SECONDS,
+            help: "A request's share of each speculative phase of the rounds that served it",
             attributes: [attr::PHASE, attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of the drafted tokens accepted per request under speculative decoding
@@ -486,6 +537,7 @@ pub mod metric {
         REQUEST_ACCEPTED_TOKENS = "phasetrace.request.accepted_tokens" {
             instrument: Histogram,
             unit: UNIT_TOKENS,
+            help: "Drafted tokens accepted per request under speculative decoding",
             attributes: [attr::GEN_AI_OPERATION_NAME, attr::GEN_AI_PROVIDER_NAME, attr::GEN_AI_REQUEST_MODEL, attr::GEN_AI_RESPONSE_MODEL, attr::ERROR_TYPE, attr::GROUP],
         }
         /// Histogram of the requests one step served (its batch), attributes `rank`, `group`,
@@ -494,6 +546,7 @@ pub mod metric {
         BATCH_SIZE = "phasetrace.batch.size" {
             instrument: Histogram,
             unit: UNIT_REQUESTS,
+            help: "Requests one step served",
             attributes: [attr::RANK, attr::GROUP, attr::STEP_KIND],
         }
         /// Gauge of the requests begun and not yet served by any step (the queue), attribute
@@ -501,6 +554,7 @@ pub mod metric {
         REQUESTS_WAITING = "phasetrace.requests.waiting" {
             instrument: Gauge,
             unit: UNIT_REQUESTS,
+            help: "Requests begun and not yet served by a step (the queue)",
             attributes: [attr::GROUP],
         }
         /// Gauge of the requests served by a step and not yet ended (in flight), attribute
@@ -508,6 +562,7 @@ pub mod metric {
         REQUESTS_RUNNING = "phasetrace.requests.running" {
             instrument: Gauge,
             unit: UNIT_REQUESTS,
+            help: "Requests served by a step and not yet ended (in flight)",
             attributes: [attr::GROUP],
         }
         // Serving-engine state: what the engine's block manager and scheduler report
@@ -520,6 +575,7 @@ pub mod metric {
         KV_CACHE_BLOCKS_USED = "phasetrace.kv_cache.blocks.used" {
             instrument: Gauge,
             unit: UNIT_BLOCKS,
+            help: "KV-cache blocks in use",
             attributes: [attr::GROUP],
         }
         /// Gauge of the KV-cache blocks the engine has in all (`Recorder::kv_cache`), attribute
@@ -528,6 +584,7 @@ pub mod metric {
         KV_CACHE_BLOCKS_TOTAL = "phasetrace.kv_cache.blocks.total" {
             instrument: Gauge,
             unit: UNIT_BLOCKS,
+            help: "KV-cache blocks in all",
             attributes: [attr::GROUP],
         }
         /// Gauge of the share of the KV cache in use, used over total blocks, 0 to 1, attribute
@@ -536,6 +593,7 @@ pub mod metric {
         KV_CACHE_USAGE = "phasetrace.kv_cache.usage" {
             instrument: Gauge,
             unit: UNIT_RATIO,
+            help: "Share of the KV cache in use, used over total blocks",
             attributes: [attr::GROUP],
         }
         /// Counter of the prompt tokens looked up in the prefix cache
@@ -544,6 +602,7 @@ pub mod metric {
         PREFIX_CACHE_QUERIES = "phasetrace.prefix_cache.queries" {
             instrument: Counter,
             unit: UNIT_TOKENS,
+            help: "Prompt tokens looked up in the prefix cache",
             attributes: [attr::GROUP],
         }
         /// Counter of the prompt tokens found in the prefix cache (`Recorder::prefix_cache`),
@@ -553,6 +612,7 @@ pub mod metric {
         PREFIX_CACHE_HITS = "phasetrace.prefix_cache.hits" {
             instrument: Counter,
             unit: UNIT_TOKENS,
+            help: "Prompt tokens found in the prefix cache",
             attributes: [attr::GROUP],
         }
         /// Counter of the requests the scheduler preempted (evicted from the running batch for
@@ -562,6 +622,7 @@ pub mod metric {
         PREEMPTIONS = "phasetrace.preemptions" {
             instrument: Counter,
             unit: UNIT_PREEMPTIONS,
+            help: "Requests preempted for want of KV-cache blocks",
             attributes: [attr::GROUP],
         }
         /// Histogram of the tokens one step computed for its requests, by
@@ -576,6 +637,7 @@ pub mod metric {
         STEP_TOKENS = "phasetrace.step.tokens" {
             instrument: Histogram,
             unit: UNIT_TOKENS,
+            help: "Tokens one step computed for its requests, by prefill and decode",
             attributes: [attr::GEN_AI_TOKEN_TYPE, attr::RANK, attr::GROUP],
         }
     }
@@ -1308,5 +1370,25 @@ pub mod prometheus {
             s.insert(0, '_');
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Metric, metric};
+
+    /// Each metric's `help` is one line (a `# HELP` line), and [`Metric::of`] finds each by name.
+    #[test]
+    fn every_metric_has_a_one_line_help_and_is_found_by_name() {
+        for m in metric::ALL {
+            assert!(!m.help.is_empty(), "{}: no help", m.name);
+            assert!(
+                !m.help.contains('\n'),
+                "{}: help of more than a line",
+                m.name
+            );
+            assert_eq!(Metric::of(m.name), Some(m));
+        }
+        assert_eq!(Metric::of("phasetrace.no.such.metric"), None);
     }
 }

@@ -6,7 +6,7 @@
 use super::ExportError;
 use super::counted::FailureCounts;
 use crate::config::{Exporter, OtlpConfig, Protocol, Signal};
-use crate::names::{ExportFailure, attr, metric, signal};
+use crate::names::{Described, ExportFailure, attr, metric, signal};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Meter;
 use std::sync::Arc;
@@ -30,8 +30,7 @@ fn failure_counter(
     });
     meter
         .u64_observable_counter(metric::OTLP_EXPORT_FAILURES)
-        .with_unit(metric::UNIT_EXPORTS)
-        .with_description("Failed OTLP exports, by signal and reason")
+        .described()
         .with_callback(move |o| {
             for (r, kv) in &series {
                 o.observe(counts.get(*r), kv);
@@ -115,11 +114,13 @@ pub(super) fn install_metrics(x: &mut super::Install<'_>) -> Result<(), ExportEr
     let group = x.cfg.group.clone();
     x.own_metrics.push(Box::new(move |m, kept| {
         let counts = counts.clone();
+        let name = crate::names::metric::METRIC_EXPORTS;
+        let (unit, help) = crate::names::unit_and_help(name);
         kept.push(super::OwnMetric::Counter(super::outcome_counter(
             m,
-            crate::names::metric::METRIC_EXPORTS,
-            crate::names::metric::UNIT_EXPORTS,
-            "OTLP metrics exports, by result",
+            name,
+            unit,
+            help,
             &group,
             move |r| counts.get(r),
         )));

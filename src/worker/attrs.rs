@@ -1,6 +1,7 @@
 //! The attribute sets of every series the worker records, defined once: the histograms' (built
-//! once per rank and reused, see [`super::series`]), the per-layer counters' (built at each
-//! collection, see [`super::layers`]) and the exemplars' (keyed on the histograms').
+//! once per rank and reused, see [`super::sinks::metrics::series`]), the per-layer counters'
+//! (built at each collection, see [`super::sinks::metrics::layers`]) and the exemplars' (keyed
+//! on the histograms').
 
 use crate::names::attr;
 use crate::vocab::{Section, Site};
@@ -8,7 +9,7 @@ use opentelemetry::KeyValue;
 
 /// The attributes of a section measurement (the first `n`): bucket, rank, group and site;
 /// exemplars key on the same. Built once per (lane, section, site) by
-/// [`super::series::LaneSeries`].
+/// [`super::sinks::metrics::series::LaneSeries`].
 pub(crate) fn section_attrs(
     group: &KeyValue,
     s: Section,

@@ -359,16 +359,7 @@ fn setup_profiler(
         )));
     }
     let profiler = builder.build()?;
-    if let Some(url) = profiler.prometheus_url() {
-        eprintln!("phasetrace: Prometheus metrics at {url}");
-    }
-    if let Some(o) = &profiler.config().otlp {
-        eprintln!(
-            "phasetrace: exporting OTLP {} to {}",
-            o.protocol.as_str(),
-            o.endpoint
-        );
-    }
+    super::say_exporters(&profiler);
     eprintln!(
         "phasetrace: candle engine on the CPU: {} layers ({} dense, {} MoE: {} experts, top-{}), width {}, {:.1} M parameters, {} ranks, {source}{}",
         cfg.layers,

@@ -299,32 +299,36 @@ fn endpoint_metrics(
     kept: &mut Vec<super::OwnMetric>,
 ) {
     use super::OwnMetric::{Counter, Gauge};
-    use crate::names::{AuthRefusal, ConnectionClose};
+    use crate::names::{AuthRefusal, ConnectionClose, metric, unit_and_help};
     if let Some(counts) = counts.reloads.clone() {
         let last = counts.clone();
+        let name = metric::PROMETHEUS_WEB_CONFIG_RELOADS;
+        let (unit, help) = unit_and_help(name);
         kept.push(Counter(super::outcome_counter(
             m,
-            crate::names::metric::PROMETHEUS_WEB_CONFIG_RELOADS,
-            crate::names::metric::UNIT_RELOADS,
-            "Re-reads of the Prometheus endpoint's web configuration file after it changed, by result",
+            name,
+            unit,
+            help,
             group,
             move |r| counts.get(r),
         )));
+        let name = metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL;
         kept.push(Gauge(super::state_gauge(
             m,
-            crate::names::metric::PROMETHEUS_WEB_CONFIG_LAST_RELOAD_SUCCESSFUL,
-            "1 while the Prometheus endpoint serves the web configuration file as it is on disk, \
-             0 after a change to it was refused (the configuration read before stays in force)",
+            name,
+            unit_and_help(name).1,
             group,
             move || last.last_successful(),
         )));
     }
     let closed = counts.closed.clone();
+    let name = metric::PROMETHEUS_CONNECTIONS_CLOSED;
+    let (unit, help) = unit_and_help(name);
     kept.push(Counter(super::reason_counter(
         m,
-        crate::names::metric::PROMETHEUS_CONNECTIONS_CLOSED,
-        crate::names::metric::UNIT_CONNECTIONS,
-        "Connections the Prometheus endpoint closed before their client was done, by reason",
+        name,
+        unit,
+        help,
         group,
         ConnectionClose::ALL.len(),
         move |i| {
@@ -333,11 +337,13 @@ fn endpoint_metrics(
         },
     )));
     if let Some(refused) = counts.refused.clone() {
+        let name = metric::PROMETHEUS_AUTH_REFUSED;
+        let (unit, help) = unit_and_help(name);
         kept.push(Counter(super::reason_counter(
             m,
-            crate::names::metric::PROMETHEUS_AUTH_REFUSED,
-            crate::names::metric::UNIT_REQUESTS,
-            "Requests the Prometheus endpoint refused at basic auth, by reason",
+            name,
+            unit,
+            help,
             group,
             AuthRefusal::ALL.len(),
             move |i| {

@@ -160,8 +160,9 @@ fn kinds_line(t: &Tally) -> Option<String> {
     Some(line)
 }
 
-/// The console summary table: per bucket ms/step, share %, calls/step, µs/call, sorted; the
-/// steps by kind (ms/step, and ms/token where the tokens are known) and the requests.
+/// The console summary: its title line, the steps by kind (ms/step, and ms/token where the
+/// tokens are known) and the requests, then the table, per bucket ms/step, share %,
+/// calls/step, µs/call, sorted.
 pub(crate) fn summary_table(t: &Tally) -> String {
     use std::fmt::Write as _;
     let steps = t.steps.max(1) as f64;
@@ -196,17 +197,18 @@ pub(crate) fn summary_table(t: &Tally) -> String {
         top as f64 / 1e6 / steps,
         t.step_ns as f64 / 1e6 / steps,
     );
-    let _ = writeln!(
-        out,
-        "  {:<16} {:>10} {:>7} {:>10} {:>10}",
-        "bucket", "ms/step", "share", "calls/step", "us/call"
-    );
+    // The lines of steps by kind and of requests, then the table: its header and its rows.
     if let Some(line) = kinds_line(t) {
         out.push_str(&line);
     }
     if let Some(line) = t.requests.line() {
         out.push_str(&line);
     }
+    let _ = writeln!(
+        out,
+        "  {:<16} {:>10} {:>7} {:>10} {:>10}",
+        "bucket", "ms/step", "share", "calls/step", "us/call"
+    );
     for r in rows {
         let name = r.section.as_str();
         let _ = writeln!(
@@ -430,5 +432,37 @@ impl SpecTally {
 
     pub(crate) fn phase(&self, p: Phase) -> u64 {
         self.phases[p as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's header is followed by its rows: the lines of steps by kind and of requests
+    /// come before it.
+    #[test]
+    fn the_header_is_followed_by_the_rows() {
+        let mut t = Tally::default();
+        t.add(Section::from_id(0), 2_000_000, false);
+        t.step(0, 3_000_000);
+        t.by_kind(Some(StepKind::ALL[0]), 3_000_000, 4);
+        t.requests.batch(4);
+        let text = summary_table(&t);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            lines[0].starts_with("phasetrace decode profile after 1 steps"),
+            "{text}"
+        );
+        assert!(lines[1].starts_with("  steps by kind:"), "{text}");
+        assert!(lines[2].starts_with("  requests: 0 done"), "{text}");
+        assert!(lines[3].trim_start().starts_with("bucket"), "{text}");
+        assert!(
+            lines[4]
+                .trim_start()
+                .starts_with(Section::from_id(0).as_str()),
+            "{text}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! The series budget: histograms with buckets carry only the attributes that quantiles and
 //! alerts use (`bucket`, `site`, `rank`); per-layer detail is summed on the worker, per
-//! (section, layer, site, rank), in [`super::series::LayerTotals`], and read by observable
+//! (section, layer, site, rank), in [`super::layers::LayerTotals`], and read by observable
 //! counters at each collection (a scrape or an OTLP export): two series per (bucket, layer)
 //! instead of a histogram's 25. Where a histogram costs one series (native histograms on the
 //! protobuf scrape, exponential OTLP), each section and wait in a layer is also one
@@ -12,7 +12,7 @@
 use super::experts::ExpertTotals;
 use super::layers::LayerTotals;
 pub(crate) use crate::export::Bind;
-use crate::names::{DropReason, attr, metric};
+use crate::names::{Described, DropReason, attr, metric};
 use crate::vocab::Phase;
 use crate::worker::attrs::rank_attr;
 use crate::worker::event::Request;
@@ -146,13 +146,12 @@ impl Observed {
         open: &Arc<OpenSteps>,
         attachment: &Attachment,
     ) -> Observed {
-        let time = |name: &'static str, desc: &'static str, waits: bool| {
+        let time = |name: &'static str, waits: bool| {
             let a = attachment.clone();
             let l = a.hold(layers);
             meter
                 .f64_observable_counter(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
+                .described()
                 .with_callback(move |o| {
                     let Some(l) = a.read(&l) else {
                         return;
@@ -166,13 +165,12 @@ impl Observed {
                 })
                 .build()
         };
-        let calls = |name: &'static str, desc: &'static str, waits: bool| {
+        let calls = |name: &'static str, waits: bool| {
             let a = attachment.clone();
             let l = a.hold(layers);
             meter
                 .u64_observable_counter(name)
-                .with_unit(metric::UNIT_CALLS)
-                .with_description(desc)
+                .described()
                 .with_callback(move |o| {
                     let Some(l) = a.read(&l) else {
                         return;
@@ -187,39 +185,19 @@ impl Observed {
                 .build()
         };
         let layer_counters = [
-            time(
-                metric::SECTION_LAYER_TIME,
-                "Time spent in one decode section per layer",
-                false,
-            ),
-            time(
-                metric::COLLECTIVE_LAYER_WAIT_TIME,
-                "Time this rank waited at a collective's rendezvous probe, per layer",
-                true,
-            ),
+            time(metric::SECTION_LAYER_TIME, false),
+            time(metric::COLLECTIVE_LAYER_WAIT_TIME, true),
         ];
         let layer_calls = [
-            calls(
-                metric::SECTION_LAYER_CALLS,
-                "Calls of one decode section per layer",
-                false,
-            ),
-            calls(
-                metric::COLLECTIVE_LAYER_WAIT_CALLS,
-                "Rendezvous waits at a collective per layer",
-                true,
-            ),
+            calls(metric::SECTION_LAYER_CALLS, false),
+            calls(metric::COLLECTIVE_LAYER_WAIT_CALLS, true),
         ];
         let open_duration = {
             let a = attachment.clone();
             let open = a.hold(open);
             meter
                 .f64_observable_gauge(metric::STEP_OPEN_DURATION)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(
-                    "How long the rank's current decode step has been open (0: no step open); \
-                     a step that began and never ends is a hang",
-                )
+                .described()
                 .with_callback(move |o| {
                     if let Some(open) = a.read(&open) {
                         open.each(|kv, secs| o.observe(secs, kv))
@@ -261,11 +239,10 @@ impl Instruments {
         k_max: u32,
         attachment: &Attachment,
     ) -> Instruments {
-        let dur = |(name, desc): (&'static str, &'static str)| {
+        let dur = |name: &'static str| {
             meter
                 .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
+                .described()
                 .with_boundaries(metric::DURATION_BOUNDARIES.to_vec())
                 .build()
         };
@@ -277,8 +254,7 @@ impl Instruments {
         } = Observed::new(meter, layers, open, attachment);
         let dropped = meter
             .u64_counter(metric::RECORDS_DROPPED)
-            .with_unit(metric::UNIT_RECORDS)
-            .with_description("Records dropped, by reason")
+            .described()
             .build();
         // Every reason has a series from the start, so that `rate()` reads 0, not "no data".
         for reason in DropReason::ALL {
@@ -296,39 +272,28 @@ impl Instruments {
             _layer_calls: layer_calls,
             _open_duration: open_duration,
             attachment: attachment.clone(),
-            section: dur(D_SECTION),
-            step: dur(D_STEP),
-            steps: meter
-                .u64_counter(metric::STEPS)
-                .with_unit(metric::UNIT_STEPS)
-                .with_description("Decode steps")
-                .build(),
-            wait: dur(D_WAIT),
-            step_wait: dur(D_STEP_WAIT),
+            section: dur(metric::SECTION_DURATION),
+            step: dur(metric::STEP_DURATION),
+            steps: meter.u64_counter(metric::STEPS).described().build(),
+            wait: dur(metric::COLLECTIVE_WAIT),
+            step_wait: dur(metric::STEP_COLLECTIVE_WAIT),
             _expert_tokens: None,
             _expert_gauges: Vec::new(),
             dropped,
-            phase: dur(D_PHASE),
-            part: dur(D_PART),
-            rounds: meter
-                .u64_counter(metric::SPEC_ROUNDS)
-                .with_unit(metric::UNIT_ROUNDS)
-                .with_description("Speculative rounds")
-                .build(),
+            phase: dur(metric::SPEC_PHASE_DURATION),
+            part: dur(metric::SPEC_VERIFY_PART_DURATION),
+            rounds: meter.u64_counter(metric::SPEC_ROUNDS).described().build(),
             draft_tokens: meter
                 .u64_counter(metric::SPEC_DRAFT_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description("Drafted tokens")
+                .described()
                 .build(),
             accepted_tokens: meter
                 .u64_counter(metric::SPEC_ACCEPTED_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description("Accepted tokens")
+                .described()
                 .build(),
             accepted_length: meter
                 .u64_histogram(metric::SPEC_ACCEPTED_LENGTH)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description("Accepted tokens per round")
+                .described()
                 .with_boundaries((0..=k_max).map(f64::from).collect())
                 .build(),
             requests: None,
@@ -382,27 +347,10 @@ impl Instruments {
         self.layer_wanted = wanted.cloned();
         self.bind_layers = meter.map_or(Bind::Unbound, |(_, b)| b);
         let meter = meter.map(|(m, _)| m);
-        let dist = |meter: &Meter, name: &'static str, desc: &'static str| {
-            meter
-                .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
-                .build()
-        };
-        self.section_layer = meter.map(|m| {
-            dist(
-                m,
-                metric::SECTION_LAYER_DURATION,
-                "Duration of one decode section per layer (a native histogram: protobuf scrape and OTLP only)",
-            )
-        });
-        self.wait_layer = meter.map(|m| {
-            dist(
-                m,
-                metric::COLLECTIVE_LAYER_WAIT_DURATION,
-                "Time this rank waited at a collective's rendezvous probe per layer (a native histogram: protobuf scrape and OTLP only)",
-            )
-        });
+        let dist =
+            |meter: &Meter, name: &'static str| meter.f64_histogram(name).described().build();
+        self.section_layer = meter.map(|m| dist(m, metric::SECTION_LAYER_DURATION));
+        self.wait_layer = meter.map(|m| dist(m, metric::COLLECTIVE_LAYER_WAIT_DURATION));
         self
     }
 
@@ -514,11 +462,7 @@ impl Instruments {
         self._expert_tokens = Some(
             meter
                 .u64_observable_counter(metric::MOE_LAYER_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description(
-                    "Tokens routed in one MoE layer, counted once per expert each goes to \
-                     (tokens x top-k)",
-                )
+                .described()
                 .with_callback(move |o| {
                     if let Some(e) = a.read(&e) {
                         e.each_layer_tokens(|kv, n| o.observe(n, kv))
@@ -526,12 +470,12 @@ impl Instruments {
                 })
                 .build(),
         );
-        let gauge = |name: &'static str, desc: &'static str, which: u8| {
+        let gauge = |name: &'static str, which: u8| {
             let a = self.attachment.clone();
             let e = a.hold(experts);
             meter
                 .f64_observable_gauge(name)
-                .with_description(desc)
+                .described()
                 .with_callback(move |o| {
                     let Some(e) = a.read(&e) else {
                         return;
@@ -545,24 +489,9 @@ impl Instruments {
                 .build()
         };
         self._expert_gauges = vec![
-            gauge(
-                metric::MOE_IMBALANCE,
-                "Most tokens of any expert of a MoE layer over the mean per expert, in the rank's \
-                 last complete window of PHASETRACE_EXPERT_WINDOW steps (1: balanced)",
-                0,
-            ),
-            gauge(
-                metric::MOE_LOAD_CV,
-                "Coefficient of variation of the tokens per expert of a MoE layer, in the same \
-                 window",
-                1,
-            ),
-            gauge(
-                metric::MOE_HOT_EXPERT_SHARE,
-                "Share of a MoE layer's tokens routed to one of its hottest experts, in the same \
-                 window",
-                2,
-            ),
+            gauge(metric::MOE_IMBALANCE, 0),
+            gauge(metric::MOE_LOAD_CV, 1),
+            gauge(metric::MOE_HOT_EXPERT_SHARE, 2),
         ];
         self
     }
@@ -571,22 +500,20 @@ impl Instruments {
     /// the per-request ones, the batch size and the queue and in-flight gauges (which read
     /// `gauges` at each collection).
     pub(crate) fn with_requests(mut self, meter: &Meter, gauges: &Arc<RequestGauges>) -> Self {
-        let hist = |name: &'static str, desc: &'static str, bounds: &[f64]| {
+        let hist = |name: &'static str, bounds: &[f64]| {
             meter
                 .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
+                .described()
                 .with_boundaries(bounds.to_vec())
                 .build()
         };
-        let gauge = |name: &'static str, desc: &'static str, running: bool| {
+        let gauge = |name: &'static str, running: bool| {
             let a = self.attachment.clone();
             let g = a.hold(gauges);
             let group = self.group.clone();
             meter
                 .u64_observable_gauge(name)
-                .with_unit(metric::UNIT_REQUESTS)
-                .with_description(desc)
+                .described()
                 .with_callback(move |o| {
                     let Some(g) = a.read(&g) else {
                         return;
@@ -599,72 +526,50 @@ impl Instruments {
         self.requests = Some(Box::new(RequestInstruments {
             duration: hist(
                 metric::GEN_AI_SERVER_REQUEST_DURATION,
-                "GenAI server request duration such as time-to-last byte or last output token",
                 &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
             ),
             ttft: hist(
                 metric::GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
-                "Time to generate first token for successful responses",
                 &metric::GEN_AI_TTFT_BOUNDARIES,
             ),
             tpot: hist(
                 metric::GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
-                "Time per output token generated after the first token for successful responses",
                 &metric::GEN_AI_TPOT_BOUNDARIES,
             ),
-            queue: hist(
-                metric::REQUEST_QUEUE_TIME,
-                "Time a request waited before the first step that served it",
-                &metric::GEN_AI_TTFT_BOUNDARIES,
-            ),
+            queue: hist(metric::REQUEST_QUEUE_TIME, &metric::GEN_AI_TTFT_BOUNDARIES),
             prefill: hist(
                 metric::REQUEST_PREFILL_TIME,
-                "Time from a request's first step to its first output token",
                 &metric::GEN_AI_TTFT_BOUNDARIES,
             ),
             decode: hist(
                 metric::REQUEST_DECODE_TIME,
-                "Time from a request's first output token to its end",
                 &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
             ),
             step_share: hist(
                 metric::REQUEST_STEP_SHARE,
-                "A request's share of the time of the steps that served it, by its tokens",
                 &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
             ),
             wait_share: hist(
                 metric::REQUEST_COLLECTIVE_WAIT_SHARE,
-                "A request's share of the collective rendezvous waits of the steps that served it",
                 &metric::GEN_AI_TTFT_BOUNDARIES,
             ),
             phase_share: hist(
                 metric::REQUEST_PHASE_SHARE,
-                "A request's share of each speculative phase of the rounds that served it",
                 &metric::GEN_AI_REQUEST_DURATION_BOUNDARIES,
             ),
             accepted: meter
                 .u64_histogram(metric::REQUEST_ACCEPTED_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description("Drafted tokens accepted per request under speculative decoding")
+                .described()
                 .with_boundaries(metric::REQUEST_TOKEN_BOUNDARIES.to_vec())
                 .build(),
             batch: meter
                 .u64_histogram(metric::BATCH_SIZE)
-                .with_unit(metric::UNIT_REQUESTS)
-                .with_description("Requests one step served")
+                .described()
                 .with_boundaries(metric::BATCH_SIZE_BOUNDARIES.to_vec())
                 .build(),
             _gauges: [
-                gauge(
-                    metric::REQUESTS_WAITING,
-                    "Requests begun and not yet served by a step (the queue)",
-                    false,
-                ),
-                gauge(
-                    metric::REQUESTS_RUNNING,
-                    "Requests served by a step and not yet ended (in flight)",
-                    true,
-                ),
+                gauge(metric::REQUESTS_WAITING, false),
+                gauge(metric::REQUESTS_RUNNING, true),
             ],
         }));
         self
@@ -839,47 +744,19 @@ struct Twins {
 
 impl Twins {
     fn new(meter: &Meter, wanted: Arc<AtomicBool>, bind: Bind) -> Twins {
-        let dur = |(name, desc): (&'static str, &'static str)| {
-            meter
-                .f64_histogram(name)
-                .with_unit(metric::UNIT_SECONDS)
-                .with_description(desc)
-                .build()
-        };
+        let dur = |name: &'static str| meter.f64_histogram(name).described().build();
         Twins {
             wanted,
             bind,
-            section: dur(D_SECTION),
-            step: dur(D_STEP),
-            wait: dur(D_WAIT),
-            step_wait: dur(D_STEP_WAIT),
-            phase: dur(D_PHASE),
-            part: dur(D_PART),
+            section: dur(metric::SECTION_DURATION),
+            step: dur(metric::STEP_DURATION),
+            wait: dur(metric::COLLECTIVE_WAIT),
+            step_wait: dur(metric::STEP_COLLECTIVE_WAIT),
+            phase: dur(metric::SPEC_PHASE_DURATION),
+            part: dur(metric::SPEC_VERIFY_PART_DURATION),
         }
     }
 }
-
-/// The explicit-bucket duration histograms, name and description, shared by the classic
-/// instruments and their twins.
-type Described = (&'static str, &'static str);
-const D_SECTION: Described = (metric::SECTION_DURATION, "Duration of one decode section");
-const D_STEP: Described = (metric::STEP_DURATION, "Duration of one decode step (token)");
-const D_WAIT: Described = (
-    metric::COLLECTIVE_WAIT,
-    "Time this rank waited at a collective's rendezvous probe (its arrival skew)",
-);
-const D_STEP_WAIT: Described = (
-    metric::STEP_COLLECTIVE_WAIT,
-    "Time one decode step of this rank spent waiting at collective rendezvous probes",
-);
-const D_PHASE: Described = (
-    metric::SPEC_PHASE_DURATION,
-    "Duration of one speculative phase in one round",
-);
-const D_PART: Described = (
-    metric::SPEC_VERIFY_PART_DURATION,
-    "Duration of one verify part in one round",
-);
 
 /// `kv` (at most 4) and `layer`, on the stack: no allocation per measurement.
 #[inline]

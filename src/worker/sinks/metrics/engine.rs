@@ -8,7 +8,7 @@
 //! ```
 
 use super::aggregate::Attachment;
-use crate::names::{attr, metric};
+use crate::names::{Described, attr, metric};
 use crate::record::engine_state::{EngineState, usage};
 use crate::worker::event::BatchEntry;
 use opentelemetry::KeyValue;
@@ -38,13 +38,12 @@ impl EngineInstruments {
         group: &KeyValue,
         state: &Arc<EngineState>,
     ) -> EngineInstruments {
-        let gauge = |name: &'static str, desc: &'static str, read: Read<u64>| {
+        let gauge = |name: &'static str, read: Read<u64>| {
             let (a, group) = (attachment.clone(), group.clone());
             let s = a.hold(state);
             meter
                 .u64_observable_gauge(name)
-                .with_unit(metric::UNIT_BLOCKS)
-                .with_description(desc)
+                .described()
                 .with_callback(move |o| {
                     if let Some(v) = a.read(&s).and_then(|s| read(&s)) {
                         o.observe(v, std::slice::from_ref(&group));
@@ -52,28 +51,25 @@ impl EngineInstruments {
                 })
                 .build()
         };
-        let counter =
-            |name: &'static str, unit: &'static str, desc: &'static str, read: Read<u64>| {
-                let (a, group) = (attachment.clone(), group.clone());
-                let s = a.hold(state);
-                meter
-                    .u64_observable_counter(name)
-                    .with_unit(unit)
-                    .with_description(desc)
-                    .with_callback(move |o| {
-                        if let Some(v) = a.read(&s).and_then(|s| read(&s)) {
-                            o.observe(v, std::slice::from_ref(&group));
-                        }
-                    })
-                    .build()
-            };
+        let counter = |name: &'static str, read: Read<u64>| {
+            let (a, group) = (attachment.clone(), group.clone());
+            let s = a.hold(state);
+            meter
+                .u64_observable_counter(name)
+                .described()
+                .with_callback(move |o| {
+                    if let Some(v) = a.read(&s).and_then(|s| read(&s)) {
+                        o.observe(v, std::slice::from_ref(&group));
+                    }
+                })
+                .build()
+        };
         let usage_gauge = {
             let (a, group) = (attachment.clone(), group.clone());
             let s = a.hold(state);
             meter
                 .f64_observable_gauge(metric::KV_CACHE_USAGE)
-                .with_unit(metric::UNIT_RATIO)
-                .with_description("Share of the KV cache in use, used over total blocks")
+                .described()
                 .with_callback(move |o| {
                     if let Some((used, total)) = a.read(&s).and_then(|s| s.kv()) {
                         o.observe(usage(used, total), std::slice::from_ref(&group));
@@ -84,46 +80,24 @@ impl EngineInstruments {
         EngineInstruments {
             step_tokens: meter
                 .u64_histogram(metric::STEP_TOKENS)
-                .with_unit(metric::UNIT_TOKENS)
-                .with_description(
-                    "Tokens one step computed for its requests, by prefill and decode",
-                )
+                .described()
                 .with_boundaries(metric::STEP_TOKEN_BOUNDARIES.to_vec())
                 .build(),
             input: KeyValue::new(attr::GEN_AI_TOKEN_TYPE, "input"),
             output: KeyValue::new(attr::GEN_AI_TOKEN_TYPE, "output"),
             _blocks: [
-                gauge(
-                    metric::KV_CACHE_BLOCKS_USED,
-                    "KV-cache blocks in use",
-                    |s| s.kv().map(|(used, _)| u64::from(used)),
-                ),
-                gauge(
-                    metric::KV_CACHE_BLOCKS_TOTAL,
-                    "KV-cache blocks in all",
-                    |s| s.kv().map(|(_, total)| u64::from(total)),
-                ),
+                gauge(metric::KV_CACHE_BLOCKS_USED, |s| {
+                    s.kv().map(|(used, _)| u64::from(used))
+                }),
+                gauge(metric::KV_CACHE_BLOCKS_TOTAL, |s| {
+                    s.kv().map(|(_, total)| u64::from(total))
+                }),
             ],
             _usage: usage_gauge,
             _counters: [
-                counter(
-                    metric::PREFIX_CACHE_QUERIES,
-                    metric::UNIT_TOKENS,
-                    "Prompt tokens looked up in the prefix cache",
-                    |s| s.prefix().map(|(q, _)| q),
-                ),
-                counter(
-                    metric::PREFIX_CACHE_HITS,
-                    metric::UNIT_TOKENS,
-                    "Prompt tokens found in the prefix cache",
-                    |s| s.prefix().map(|(_, h)| h),
-                ),
-                counter(
-                    metric::PREEMPTIONS,
-                    metric::UNIT_PREEMPTIONS,
-                    "Requests preempted for want of KV-cache blocks",
-                    EngineState::preemptions,
-                ),
+                counter(metric::PREFIX_CACHE_QUERIES, |s| s.prefix().map(|(q, _)| q)),
+                counter(metric::PREFIX_CACHE_HITS, |s| s.prefix().map(|(_, h)| h)),
+                counter(metric::PREEMPTIONS, EngineState::preemptions),
             ],
         }
     }
