@@ -5,14 +5,15 @@
 //! - [`text`]: the lines of the Prometheus text format (0.0.4) and of OpenMetrics 1.0.0 —
 //!   `# HELP` / `# TYPE` / `# UNIT` headers, label sets with their escaping, sample lines with
 //!   an optional timestamp and exemplar, `# EOF` — and the spelling of their values.
-//! - [`otlp`] (feature `otlp`): opentelemetry-proto metric messages — attributes, resource,
+//! - `otlp` (feature `otlp`): opentelemetry-proto metric messages — attributes, resource,
 //!   scope, cumulative histogram and monotonic sum metrics, their data points and exemplars.
 //!
 //! ```text
 //! phasetrace /metrics:  SDK ResourceMetrics ──names, values──> text::Exposition ──> scrape
 //! phasetrace-import:    log series ─────────names, values──> text::Exposition ──> backfill
 //! phasetrace OTLP:      ExportMetricsServiceRequest::from(SDK) + otlp::exemplar
-//! phasetrace-import:    log series ──otlp::{resource, scope, histogram, sum, *_point}──> requests
+//! phasetrace-import:    log series ──otlp::{resource, scope, histogram, monotonic_sum,
+//!                                            histogram_point, number_point}──> requests
 //! ```
 //!
 //! Names are not decided here: the Prometheus naming rule is the contract's
