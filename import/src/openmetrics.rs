@@ -27,8 +27,13 @@
 //! one sample would have no rate at all).
 //! Values are exact decimals of the integer nanoseconds; timestamps are seconds with
 //! millisecond digits, Prometheus's resolution.
+//!
+//! The lines are written by `phasetrace_encode::text`, the writer of the live `/metrics`
+//! endpoint: the same headers, label escaping and sample lines, here with timestamps.
 
 use std::io::Write;
+
+use phasetrace_encode::text::{Exposition, Seconds};
 
 use super::contract::{Family, Key, Shape};
 use super::series::{self, Point, Series, SeriesSet};
@@ -88,7 +93,9 @@ fn write_set<W: Write>(out: &mut W, set: &SeriesSet) -> std::io::Result<OpenMetr
         untimed_records: set.untimed_records,
         ..Default::default()
     };
-    let mut labels = String::new();
+    // Each series' lines are made in `text`, then written out.
+    let mut text = String::new();
+    let mut x = Exposition::new(&mut text, true);
     for family in Family::ALL {
         let mut members = set.series.iter().filter(|s| s.family == family).peekable();
         if members.peek().is_none() {
@@ -96,19 +103,17 @@ fn write_set<W: Write>(out: &mut W, set: &SeriesSet) -> std::io::Result<OpenMetr
         }
         let name = family.prom_family();
         let name = name.as_str();
-        writeln!(out, "# HELP {name} {}", family.description())?;
         let kind = if family.is_counter() {
             "counter"
         } else {
             "summary"
         };
-        writeln!(out, "# TYPE {name} {kind}")?;
-        if let Some(unit) = family.prom_unit() {
-            writeln!(out, "# UNIT {name} {unit}")?;
-        }
+        x.header(name, family.description(), kind, family.prom_unit());
+        let [total, sum_name, count_name] =
+            ["_total", "_sum", "_count"].map(|s| name.to_owned() + s);
         for series in members {
             stats.series += 1;
-            render_labels(&mut labels, set, series);
+            set_labels(&mut x, set, series);
             let start = Point {
                 at_ns: set.resources[series.resource].start_ns,
                 sum_ns: 0,
@@ -117,35 +122,36 @@ fn write_set<W: Write>(out: &mut W, set: &SeriesSet) -> std::io::Result<OpenMetr
             let first_ms = series.points.first().map(|p| p.at_ns / 1_000_000);
             let zero = first_ms.is_some_and(|first| start.at_ns / 1_000_000 < first);
             for point in zero.then_some(&start).into_iter().chain(&series.points) {
-                let ts = Timestamp(point.at_ns);
+                let ts = Some(point.at_ns);
                 match family.shape() {
                     Shape::CountCounter => {
-                        writeln!(out, "{name}_total{labels} {} {ts}", point.count)?;
-                        stats.samples += 1;
+                        x.sample(&total, None, point.count, ts, None);
                     }
                     Shape::SecondsCounter => {
                         let sum = Seconds(point.sum_ns);
-                        writeln!(out, "{name}_total{labels} {sum} {ts}")?;
-                        stats.samples += 1;
+                        x.sample(&total, None, sum, ts, None);
                     }
                     Shape::SumCount => {
                         let sum = Seconds(point.sum_ns);
-                        writeln!(out, "{name}_sum{labels} {sum} {ts}")?;
-                        writeln!(out, "{name}_count{labels} {} {ts}", point.count)?;
-                        stats.samples += 2;
+                        x.sample(&sum_name, None, sum, ts, None);
+                        x.sample(&count_name, None, point.count, ts, None);
                     }
                 }
             }
+            out.write_all(x.text().as_bytes())?;
+            x.text().clear();
         }
     }
-    writeln!(out, "# EOF")?;
+    x.eof();
+    stats.samples = x.lines();
+    out.write_all(x.text().as_bytes())?;
     out.flush()?;
     Ok(stats)
 }
 
-fn render_labels(buf: &mut String, set: &SeriesSet, series: &Series) {
-    buf.clear();
-    buf.push('{');
+/// The series' labels, then its resource's, as the label set of its samples.
+fn set_labels(x: &mut Exposition<'_>, set: &SeriesSet, series: &Series) {
+    x.clear_labels();
     let resource = &set.resources[series.resource];
     let run = resource.run.to_string();
     let resource_labels = [
@@ -153,47 +159,8 @@ fn render_labels(buf: &mut String, set: &SeriesSet, series: &Series) {
         (Key::SourceRun, run.as_str()),
     ];
     let own = series.labels.iter().map(|(k, v)| (*k, v.as_str()));
-    for (i, (key, value)) in own.chain(resource_labels).enumerate() {
-        if i > 0 {
-            buf.push(',');
-        }
-        buf.push_str(&key.prom());
-        buf.push_str("=\"");
-        for c in value.chars() {
-            match c {
-                '\\' => buf.push_str("\\\\"),
-                '"' => buf.push_str("\\\""),
-                '\n' => buf.push_str("\\n"),
-                c => buf.push(c),
-            }
-        }
-        buf.push('"');
-    }
-    buf.push('}');
-}
-
-/// Integer nanoseconds printed as exact decimal seconds (`1.5`, `0.000012`, `3`).
-struct Seconds(u64);
-
-impl std::fmt::Display for Seconds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let whole = self.0 / 1_000_000_000;
-        let frac = self.0 % 1_000_000_000;
-        if frac == 0 {
-            return write!(f, "{whole}");
-        }
-        let digits = format!("{frac:09}");
-        write!(f, "{whole}.{}", digits.trim_end_matches('0'))
-    }
-}
-
-/// Unix nanoseconds printed as OpenMetrics seconds with millisecond digits (truncated).
-struct Timestamp(u64);
-
-impl std::fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = self.0 / 1_000_000;
-        write!(f, "{}.{:03}", ms / 1000, ms % 1000)
+    for (key, value) in own.chain(resource_labels) {
+        x.label(&key.prom(), value);
     }
 }
 
@@ -201,19 +168,6 @@ impl std::fmt::Display for Timestamp {
 mod tests {
     use super::*;
     use crate::{ImportOptions, import_reader};
-
-    #[test]
-    fn seconds_and_timestamps_print_exactly() {
-        assert_eq!(Seconds(1_500_000_000).to_string(), "1.5");
-        assert_eq!(Seconds(12_000).to_string(), "0.000012");
-        assert_eq!(Seconds(3_000_000_000).to_string(), "3");
-        assert_eq!(Seconds(0).to_string(), "0");
-        assert_eq!(
-            Timestamp(1_790_769_601_123_456_789).to_string(),
-            "1790769601.123"
-        );
-        assert_eq!(Timestamp(5_000_000).to_string(), "0.005");
-    }
 
     #[test]
     fn output_groups_families_orders_samples_and_ends_with_eof() {

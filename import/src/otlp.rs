@@ -23,6 +23,9 @@
 //!
 //! Ids are derived from (file, run, step, position) by hashing, so a re-import produces the
 //! same ids and a backend deduplicates rather than doubles.
+//!
+//! The messages (attributes, resource, scope, metrics and their points) are built by
+//! `phasetrace_encode::otlp`, the OTLP metric builder the live exporters use for their exemplars.
 
 use std::io::Write;
 
@@ -34,11 +37,12 @@ use opentelemetry_proto::tonic::common::v1::{
     AnyValue, ArrayValue, InstrumentationScope, KeyValue, any_value,
 };
 use opentelemetry_proto::tonic::metrics::v1::{
-    AggregationTemporality, Histogram, HistogramDataPoint, Metric, NumberDataPoint,
-    ResourceMetrics, ScopeMetrics, Sum, metric, number_data_point,
+    HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, metric,
+    number_data_point,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource as ProtoResource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span};
+use phasetrace_encode::otlp::{self as build, attribute as kv, int, string};
 
 use super::contract::{
     EVENT_MOE_ROUTE, Family, Key, SCOPE_NAME, SERVICE_NAME, SPAN_STEP, Shape, TIMING, probe_bucket,
@@ -171,22 +175,6 @@ impl Budget {
     }
 }
 
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue { value: Some(value) }),
-        ..Default::default()
-    }
-}
-
-fn string(key: &str, value: impl Into<String>) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.into()))
-}
-
-fn int(key: &str, value: i64) -> KeyValue {
-    kv(key, any_value::Value::IntValue(value))
-}
-
 /// An attribute of a series label: an integer for integer keys whose value is one.
 fn attr(key: Key, value: &str) -> KeyValue {
     match value.parse::<i64>() {
@@ -196,22 +184,15 @@ fn attr(key: Key, value: &str) -> KeyValue {
 }
 
 fn proto_resource(r: &Resource) -> ProtoResource {
-    ProtoResource {
-        attributes: vec![
-            string(resource::SERVICE_NAME, SERVICE_NAME),
-            string(Key::SourceFile.otel(), r.source_file.clone()),
-            int(Key::SourceRun.otel(), i64::from(r.run)),
-        ],
-        ..Default::default()
-    }
+    build::resource(vec![
+        string(resource::SERVICE_NAME, SERVICE_NAME),
+        string(Key::SourceFile.otel(), r.source_file.clone()),
+        int(Key::SourceRun.otel(), i64::from(r.run)),
+    ])
 }
 
 fn scope() -> InstrumentationScope {
-    InstrumentationScope {
-        name: SCOPE_NAME.to_owned(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        ..Default::default()
-    }
+    build::scope(SCOPE_NAME, env!("CARGO_PKG_VERSION"))
 }
 
 /// One point of one series, in request order.
@@ -366,50 +347,33 @@ impl DataPoint {
 }
 
 fn point_of(family: Family, p: Point) -> DataPoint {
+    let seconds = p.sum_ns as f64 / 1e9;
     match family.shape() {
-        Shape::SumCount => DataPoint::Histogram(HistogramDataPoint {
-            attributes: p.attributes,
-            start_time_unix_nano: p.start,
-            time_unix_nano: p.at,
-            count: p.count,
-            sum: Some(p.sum_ns as f64 / 1e9),
-            ..Default::default()
-        }),
-        shape => DataPoint::Number(NumberDataPoint {
+        Shape::SumCount => DataPoint::Histogram(build::histogram_point(
+            p.attributes,
+            p.start,
+            p.at,
+            p.count,
+            seconds,
+        )),
+        shape => {
             // The live per-layer time counters are f64 seconds, the others integers.
-            value: Some(match shape {
-                Shape::SecondsCounter => number_data_point::Value::AsDouble(p.sum_ns as f64 / 1e9),
+            let value = match shape {
+                Shape::SecondsCounter => number_data_point::Value::AsDouble(seconds),
                 _ => number_data_point::Value::AsInt(signed(p.count)),
-            }),
-            attributes: p.attributes,
-            start_time_unix_nano: p.start,
-            time_unix_nano: p.at,
-            ..Default::default()
-        }),
+            };
+            DataPoint::Number(build::number_point(p.attributes, p.start, p.at, value))
+        }
     }
 }
 
 /// A family's metric, without points yet.
 fn metric_of(family: Family) -> Metric {
-    let aggregation_temporality = AggregationTemporality::Cumulative as i32;
-    let data = if family.shape() == Shape::SumCount {
-        metric::Data::Histogram(Histogram {
-            data_points: Vec::new(),
-            aggregation_temporality,
-        })
+    let (name, description, unit) = (family.otel_name(), family.description(), family.unit());
+    if family.shape() == Shape::SumCount {
+        build::histogram(name, description, unit)
     } else {
-        metric::Data::Sum(Sum {
-            data_points: Vec::new(),
-            aggregation_temporality,
-            is_monotonic: true,
-        })
-    };
-    Metric {
-        name: family.otel_name().to_owned(),
-        description: family.description().to_owned(),
-        unit: family.unit().to_owned(),
-        data: Some(data),
-        ..Default::default()
+        build::monotonic_sum(name, description, unit)
     }
 }
 

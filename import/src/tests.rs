@@ -1253,6 +1253,64 @@ fn the_fixtures_are_what_their_generators_write() {
 /// 2026-09-30T13:00:00Z, the `--start` the README uses for the speculative fixture.
 const SPEC_START: u64 = T0 + 3_600_000 * MS;
 
+/// What the writers make of both fixtures, as (length, FNV-1a digest) of the OpenMetrics text
+/// and of the OTLP/JSON metrics and trace requests: any change of spelling, escaping, order or
+/// chunking shows here. The line writers are the live exporters' (`phasetrace-encode`); after a
+/// change that is meant, put the new figures in.
+#[test]
+fn the_fixtures_write_the_bytes_they_always_wrote() {
+    let files: Vec<ImportedFile> = [
+        ("glm_run_tracing.log", None),
+        ("spec_phases_stderr.log", Some(SPEC_START)),
+    ]
+    .into_iter()
+    .map(|(name, start)| {
+        let options = ImportOptions {
+            source_file: name.into(),
+            start_unix_nanos: start,
+            ..Default::default()
+        };
+        import_path(&fixture(name), options).expect("import")
+    })
+    .collect();
+    let digest = |bytes: &[u8]| {
+        let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        (bytes.len(), format!("{h:016x}"))
+    };
+    let (rank, group) = (3, "g\"1".to_owned());
+    let mut om = Vec::new();
+    let options = openmetrics::OpenMetricsOptions {
+        rank,
+        group: group.clone(),
+        ..Default::default()
+    };
+    openmetrics::write_openmetrics(&mut om, &files, &options).expect("openmetrics");
+    let options = otlp::OtlpOptions {
+        rank,
+        group,
+        max_items_per_request: 37,
+        ..Default::default()
+    };
+    let mut json = Vec::new();
+    otlp::metrics_requests(&files, &options, |r, _| {
+        otlp::write_json_line(&mut json, &r)
+    })
+    .expect("metrics");
+    otlp::trace_requests(&files, &options, |r, _| {
+        otlp::write_json_line(&mut json, &r)
+    })
+    .expect("traces");
+    assert_eq!(
+        [digest(&om), digest(&json)],
+        [
+            (84_893, "c1e18a094e1ffa06".to_owned()),
+            (137_809, "28a248287db024fc".to_owned())
+        ]
+    );
+}
+
 #[test]
 fn the_glm_fixture_imports_to_the_numbers_in_its_readme() {
     // (run, bucket) -> (summed total_ns, summed calls) over the run's intervals.

@@ -21,7 +21,8 @@
 //! crate-private. An exemplar is in the store only once the span it names was exported
 //! ([`ExemplarStore::settle`]), so a data point never links to a span the collector did not get.
 //! OTLP exemplars sit on the data point (not per bucket): each bucket's latest exemplar is
-//! attached, in bucket order, after any the SDK itself sampled.
+//! attached, in bucket order, after any the SDK itself sampled, each built by
+//! `phasetrace_encode::otlp`, the OTLP metric builder the importer's requests use.
 
 use super::ExportError;
 use super::counted::FailureCounts;
@@ -42,7 +43,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use prost::Message as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 enum Transport {
     #[cfg(feature = "otlp-grpc")]
@@ -229,17 +230,14 @@ fn attach(store: &ExemplarStore, sdk: &Metric, metric: &mut proto::Metric) {
     }
 }
 
+/// The exemplar as an OTLP message, by the builder the importer's requests use.
 fn to_proto(e: &Exemplar) -> proto::Exemplar {
-    proto::Exemplar {
-        filtered_attributes: Vec::new(),
-        time_unix_nano: e
-            .time
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        span_id: e.span_id.to_bytes().to_vec(),
-        trace_id: e.trace_id.to_bytes().to_vec(),
-        value: Some(proto::exemplar::Value::AsDouble(e.value)),
-    }
+    phasetrace_encode::otlp::exemplar(
+        &e.trace_id.to_bytes(),
+        &e.span_id.to_bytes(),
+        e.time,
+        e.value,
+    )
 }
 
 impl PushMetricExporter for ProtoMetricExporter {
@@ -288,6 +286,7 @@ mod tests {
     use opentelemetry::trace::{SpanId, TraceId};
     use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
     use proto::metric::Data;
+    use std::time::SystemTime;
 
     /// A collection with two series of the section histogram (explicit or exponential) and a
     /// counter.

@@ -17,12 +17,13 @@ use syn::visit::Visit;
 pub(crate) const LENGTH_CHECKED: [&str; 3] = ["src", "import/src", "cli/src"];
 
 /// Every crate's sources, for the header check.
-const HEADER_CHECKED: [&str; 7] = [
+const HEADER_CHECKED: [&str; 8] = [
     "src",
     "import/src",
     "cli/src",
     "names/src",
     "transport/src",
+    "encode/src",
     "testkit/src",
     "sim/src",
 ];

@@ -16,6 +16,10 @@
 //! appended (`s` -> `_seconds`; annotations such as `{token}` add nothing) and counters end in
 //! `_total`. The instrumentation scope is written once, as `otel_scope_info`, instead of an
 //! `otel_scope_name` label on every line.
+//!
+//! The lines themselves (headers, label escaping, sample lines, exemplars, `# EOF`) and the
+//! spelling of values are `phasetrace_encode::text`'s, the writer the importer's OpenMetrics
+//! backfill uses too.
 
 use super::proto;
 use crate::names::metric;
@@ -24,6 +28,8 @@ use opentelemetry_sdk::metrics::data::{
     AggregatedMetrics, Gauge, Histogram, HistogramDataPoint, Metric, MetricData, ResourceMetrics,
     Sum,
 };
+pub(crate) use phasetrace_encode::text::Exemplar;
+use phasetrace_encode::text::{Exposition, float};
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -60,20 +66,6 @@ impl Format {
 pub(crate) const PROTOBUF_CONTENT_TYPE: &str =
     "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
-/// An exemplar on a histogram bucket line (OpenMetrics only): the trace that one recorded value
-/// came from.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Exemplar {
-    /// The trace id, 16 bytes.
-    pub(crate) trace_id: [u8; 16],
-    /// The span id, 8 bytes.
-    pub(crate) span_id: [u8; 8],
-    /// The recorded value.
-    pub(crate) value: f64,
-    /// When it was recorded.
-    pub(crate) time: SystemTime,
-}
-
 /// A source of exemplars beyond the SDK's own: given a histogram's Prometheus base name, its
 /// data point's attributes and a bucket index (`bounds.len()` for `+Inf`), the exemplar to
 /// show on that bucket line.
@@ -94,11 +86,8 @@ pub(crate) fn encode(
     out: &mut String,
 ) -> Encoded {
     let mut w = Writer {
-        out,
-        om: matches!(format, Format::OpenMetrics { .. }),
-        series: 0,
+        x: Exposition::new(out, matches!(format, Format::OpenMetrics { .. })),
         exemplars,
-        labels: String::new(),
     };
     let resource: Vec<KeyValue> = rm
         .resource()
@@ -130,49 +119,20 @@ pub(crate) fn encode(
             w.metric(m);
         }
     }
-    if w.om {
-        w.out.push_str("# EOF\n");
+    w.x.eof();
+    Encoded {
+        series: w.x.lines(),
     }
-    Encoded { series: w.series }
 }
 
 struct Writer<'a, 'e> {
-    out: &'a mut String,
-    om: bool,
-    series: usize,
+    x: Exposition<'a>,
     exemplars: Option<ExemplarSource<'e>>,
-    /// Scratch: the rendered labels of the current data point, without braces.
-    labels: String,
 }
 
 // The naming rule is public in the contract (`names::prometheus`): the importer writes the same
 // series from outside the crate.
 pub(crate) use crate::names::prometheus::{metric_name as base_name, sanitize, unit_suffix};
-
-/// A sample value: integers as they are, floats in Rust's shortest round-trip decimal,
-/// non-finite values as Prometheus spells them.
-fn float(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".to_owned()
-    } else if v == f64::INFINITY {
-        "+Inf".to_owned()
-    } else if v == f64::NEG_INFINITY {
-        "-Inf".to_owned()
-    } else {
-        format!("{v}")
-    }
-}
-
-fn escape_label_value(out: &mut String, v: &str) {
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-}
 
 fn value_text(v: &Value) -> String {
     match v {
@@ -215,33 +175,24 @@ impl Num for f64 {
 
 impl Writer<'_, '_> {
     fn info_type(&self) -> &'static str {
-        if self.om { "info" } else { "gauge" }
+        if self.x.openmetrics() {
+            "info"
+        } else {
+            "gauge"
+        }
     }
 
     /// `# HELP`, `# TYPE` and, in OpenMetrics with a unit, `# UNIT` of family `family`.
     fn header(&mut self, family: &str, help: &str, kind: &str, unit: &str) {
-        let name = match (self.om, kind) {
+        let om = self.x.openmetrics();
+        let name = match (om, kind) {
             (false, "counter") => format!("{family}_total"),
             (false, "gauge") if family == "target" || family == "otel_scope" => {
                 format!("{family}_info")
             }
             _ => family.to_owned(),
         };
-        let _ = write!(self.out, "# HELP {name} ");
-        for c in help.chars() {
-            match c {
-                '\\' => self.out.push_str("\\\\"),
-                '\n' => self.out.push_str("\\n"),
-                '"' if self.om => self.out.push_str("\\\""),
-                c => self.out.push(c),
-            }
-        }
-        let _ = writeln!(self.out, "\n# TYPE {name} {kind}");
-        if self.om
-            && let Some(u) = unit_suffix(unit)
-        {
-            let _ = writeln!(self.out, "# UNIT {name} {u}");
-        }
+        self.x.header(&name, help, kind, unit_suffix(unit));
     }
 
     fn info(&mut self, family: &str, help: &str, kv: &[KeyValue]) {
@@ -249,10 +200,9 @@ impl Writer<'_, '_> {
         self.sample(&format!("{family}_info"), kv, None, "1");
     }
 
-    /// Renders `kv` (and `extra`) into `self.labels`. Keys that collide once sanitized are
+    /// Makes `kv` the label set of the next samples. Keys that collide once sanitized are
     /// joined with `;`, as the OpenTelemetry compatibility rules say.
     fn render_labels(&mut self, kv: &[KeyValue]) {
-        self.labels.clear();
         let mut pairs: Vec<(String, String)> = Vec::with_capacity(kv.len());
         for k in kv {
             let key = sanitize(k.key.as_str(), false);
@@ -265,14 +215,9 @@ impl Writer<'_, '_> {
                 None => pairs.push((key, val)),
             }
         }
-        for (i, (k, v)) in pairs.iter().enumerate() {
-            if i > 0 {
-                self.labels.push(',');
-            }
-            self.labels.push_str(k);
-            self.labels.push_str("=\"");
-            escape_label_value(&mut self.labels, v);
-            self.labels.push('"');
+        self.x.clear_labels();
+        for (k, v) in &pairs {
+            self.x.label(k, v);
         }
     }
 
@@ -282,29 +227,9 @@ impl Writer<'_, '_> {
         self.line(name, le, value, None);
     }
 
-    /// One sample line with the labels already in `self.labels`.
+    /// One sample line with the label set already made ([`Self::render_labels`]).
     fn line(&mut self, name: &str, le: Option<&str>, value: &str, exemplar: Option<&Exemplar>) {
-        self.out.push_str(name);
-        if !self.labels.is_empty() || le.is_some() {
-            self.out.push('{');
-            self.out.push_str(&self.labels);
-            if let Some(le) = le {
-                if !self.labels.is_empty() {
-                    self.out.push(',');
-                }
-                self.out.push_str("le=\"");
-                self.out.push_str(le);
-                self.out.push('"');
-            }
-            self.out.push('}');
-        }
-        self.out.push(' ');
-        self.out.push_str(value);
-        if let (true, Some(e)) = (self.om, exemplar) {
-            write_exemplar(self.out, e);
-        }
-        self.out.push('\n');
-        self.series += 1;
+        self.x.sample(name, le, value, None, exemplar);
     }
 
     fn metric(&mut self, m: &Metric) {
@@ -369,7 +294,8 @@ impl Writer<'_, '_> {
                 les = bounds.iter().map(|b| float(*b)).collect();
                 les.push("+Inf".to_owned());
             }
-            let sdk_exemplars = if self.om {
+            let om = self.x.openmetrics();
+            let sdk_exemplars = if om {
                 sdk_exemplars(dp, &bounds)
             } else {
                 Vec::new()
@@ -379,7 +305,7 @@ impl Writer<'_, '_> {
             let counts: Vec<u64> = dp.bucket_counts().collect();
             for (i, n) in counts.iter().enumerate().take(les.len()) {
                 cumulative += n;
-                let ex = match (self.om, self.exemplars) {
+                let ex = match (om, self.exemplars) {
                     (true, Some(src)) => src(base, &kv, i),
                     _ => None,
                 }
@@ -410,24 +336,6 @@ fn sdk_exemplars<T: Num>(dp: &HistogramDataPoint<T>, bounds: &[f64]) -> Vec<Opti
         });
     }
     by_bucket
-}
-
-/// ` # {trace_id="..",span_id=".."} value timestamp`, as OpenMetrics writes an exemplar.
-fn write_exemplar(out: &mut String, e: &Exemplar) {
-    out.push_str(" # {trace_id=\"");
-    for b in e.trace_id {
-        let _ = write!(out, "{b:02x}");
-    }
-    out.push_str("\",span_id=\"");
-    for b in e.span_id {
-        let _ = write!(out, "{b:02x}");
-    }
-    let t = e
-        .time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    let _ = write!(out, "\"}} {} {t:.3}", float(e.value));
 }
 
 /// Writes `rm` as delimited `MetricFamily` messages to `out`: counters, gauges, explicit-bucket
