@@ -3,9 +3,10 @@
 //!
 //! 1. build a [`Profiler`] once (environment, then flags);
 //! 2. give each engine thread (here: each tensor-parallel rank) its own [`Recorder`];
-//! 3. wrap each token in `rec.step()`, each kernel group in `rec.section(..)`, each
-//!    all-reduce's rendezvous probe in a `*_BAR` section, enqueue-only work in
-//!    `rec.host_section(..)`, and report routed experts with `rec.moe_route(..)`;
+//! 3. wrap each token in `rec.step_of(kind)` (prefill, decode, mixed, speculative), each kernel
+//!    group in `rec.section(..)`, each all-reduce's rendezvous probe in a `*_BAR` section,
+//!    enqueue-only work in `rec.host_section(..)`, and report routed experts with
+//!    `rec.moe_route(..)`;
 //! 4. for speculative decoding, wrap each round in `rec.round(k)`, mark phases as they end, and
 //!    time verify parts with `rec.verify_part(..)`;
 //! 5. `profiler.shutdown()` at exit flushes everything.
@@ -696,7 +697,7 @@ fn rank_loop(
             work.synchronize();
             round.phase(Phase::Draft);
             {
-                let _step = rec.step();
+                let _step = rec.step_of(batch.kind(true));
                 batch.serve(rec);
                 for layer in 0..plan.layers {
                     layer_forward(
@@ -723,7 +724,7 @@ fn rank_loop(
             round.end(a);
             u64::from(a) + 1
         } else {
-            let _step = rec.step();
+            let _step = rec.step_of(batch.kind(false));
             batch.serve(rec);
             for layer in 0..plan.layers {
                 layer_forward(rec, &mut work, &plan, &group, layer, f, None)?;

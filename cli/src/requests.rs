@@ -22,7 +22,7 @@
 //! them (a real block manager counts them once).
 
 use clap::Args;
-use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind};
+use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind, StepKind};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, LogNormal};
@@ -129,6 +129,9 @@ pub(crate) struct Served {
     pub(crate) drafted: u32,
     /// Of them, those accepted (its `outputs` are one more, cut at its length).
     pub(crate) accepted: u32,
+    /// Its prefill (its first step: the prompt, or after a preemption the prompt and the
+    /// output so far).
+    pub(crate) prefill: bool,
 }
 
 /// The batch of one step: what every rank serves, and its tokens (which slow the step).
@@ -147,6 +150,19 @@ impl Batch {
             } else {
                 rec.serve(s.id, s.tokens, s.outputs);
             }
+        }
+    }
+
+    /// The kind of the step that runs this batch: prompts only, decode tokens only (a step
+    /// without requests decodes the synthetic engine's own token), or both. A speculative
+    /// round's verify step is `speculative`, whatever its batch.
+    pub(crate) fn kind(&self, speculative: bool) -> StepKind {
+        let prefills = self.served.iter().filter(|s| s.prefill).count();
+        match prefills {
+            _ if speculative => StepKind::Speculative,
+            0 => StepKind::Decode,
+            n if n == self.served.len() => StepKind::Prefill,
+            _ => StepKind::Mixed,
         }
     }
 
@@ -296,6 +312,7 @@ impl Scheduler {
                         outputs: (accepted as u32 + 1).min(left),
                         drafted: k,
                         accepted: accepted as u32,
+                        prefill: false,
                     }
                 }
                 None => Served {
@@ -304,6 +321,7 @@ impl Scheduler {
                     outputs: 1,
                     drafted: 0,
                     accepted: 0,
+                    prefill: false,
                 },
             };
             batch.tokens += u64::from(s.tokens);
@@ -341,6 +359,7 @@ impl Scheduler {
                 outputs: 1,
                 drafted: 0,
                 accepted: 0,
+                prefill: true,
             });
             batch.tokens += u64::from(tokens);
             self.running.push(Running {

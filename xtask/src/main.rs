@@ -3,9 +3,9 @@
 //! - `docs`: regenerate the generated references (`docs/configuration.md`'s settings table,
 //!   `docs/telemetry.md`'s contract) from their data; `docs --check` fails when the checked-in
 //!   files differ or a name of the contract is declared outside its table.
-//! - `long-fns [--max N] [--in DIR]... [--deny]`: the functions of the library, the importer and
-//!   the command (or of the folders named) longer than N lines (150); a NOTICE, or a failure
-//!   with `--deny`.
+//! - `long-fns [--max N] [--in DIR]... [--deny]`: the functions of every crate of the workspace
+//!   (the candle engine and its CUDA build included; tests not), or of the folders named,
+//!   longer than N lines (150); a NOTICE, or a failure with `--deny`.
 //! - `headers [--deny]`: module headers that name what no code of the workspace spells.
 
 mod docs;
@@ -14,7 +14,7 @@ mod source;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The longest function the library, the importer and the command may have.
+/// The longest function any crate of the workspace may have (tests excepted).
 const MAX_FUNCTION_LINES: usize = 150;
 
 fn root() -> PathBuf {

@@ -218,18 +218,8 @@ fn share_cores(ranks: u32) -> Option<usize> {
     Some(n)
 }
 
-/// `--steps`'s default for this engine.
-const STEPS: u64 = 500;
-
-pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
-    let steps = a.steps.unwrap_or(STEPS);
-    if let Some(n) = share_cores(a.ranks) {
-        eprintln!(
-            "phasetrace: candle kernels on {n} thread(s) per rank ({} ranks; RAYON_NUM_THREADS sets it)",
-            a.ranks
-        );
-    }
-    synthetic_only(&a)?;
+/// Refuses a straggler that cannot be: a factor below 1, a rank outside the group.
+fn straggler(a: &DemoArgs) -> Result<(), Failure> {
     if !(a.straggler_factor.is_finite() && a.straggler_factor >= 1.0) {
         return Err(Failure::config(format!(
             "--straggler-factor {}: expected a number of at least 1",
@@ -244,9 +234,12 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             a.ranks
         )));
     }
-    let serving = workload(&a)?;
-    let (cfg, tensors, source) = model(&a)?;
-    let spec = a.spec.map(|k| Spec {
+    Ok(())
+}
+
+/// Speculative decoding of `--spec K` with the draft of `--draft` (and `--draft-layers`).
+fn speculation(a: &DemoArgs, cfg: &ModelConfig) -> Option<Spec> {
+    a.spec.map(|k| Spec {
         k: k as usize,
         draft: match a.candle.draft {
             DraftKind::Shallow => Draft::Shallow {
@@ -258,7 +251,25 @@ pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
             DraftKind::F16 => Draft::Precision(DType::F16),
             DraftKind::Bf16 => Draft::Precision(DType::BF16),
         },
-    });
+    })
+}
+
+/// `--steps`'s default for this engine.
+const STEPS: u64 = 500;
+
+pub(crate) fn run(a: DemoArgs) -> Result<(), Failure> {
+    let steps = a.steps.unwrap_or(STEPS);
+    if let Some(n) = share_cores(a.ranks) {
+        eprintln!(
+            "phasetrace: candle kernels on {n} thread(s) per rank ({} ranks; RAYON_NUM_THREADS sets it)",
+            a.ranks
+        );
+    }
+    synthetic_only(&a)?;
+    straggler(&a)?;
+    let serving = workload(&a)?;
+    let (cfg, tensors, source) = model(&a)?;
+    let spec = speculation(&a, &cfg);
 
     // 1. Setup: the profiler, the run's options.
     let profiler = setup_profiler(&a, &cfg, &source, spec)?;

@@ -332,7 +332,33 @@ fn run() -> Result<(), CheckError> {
     if a.serve {
         let _ = TAG.set("serving: ");
     }
-    figure("device", name, "", "");
+    describe(&a, name);
+    let started = Instant::now();
+    // Warm-up: candle loads (JIT-compiles) each kernel module on first use.
+    let warm = generate(&opts, None)?;
+    let reference = checksum(&warm.tokens);
+    let mut tallies: Vec<Tally> = VARIANTS.iter().map(|_| Tally::default()).collect();
+    for _ in 0..a.rounds {
+        for (v, t) in VARIANTS.iter().zip(tallies.iter_mut()) {
+            run_variant(&opts, &stream, *v, t)?;
+        }
+    }
+    report_speed(&tallies, &reference);
+    report_layers(&tallies);
+    report_shares(&tallies);
+    figure(
+        "candle check wall time",
+        format!("{:.1} s", started.elapsed().as_secs_f64()),
+        "",
+        "",
+    );
+    Ok(())
+}
+
+/// The device, the model and the runs, as the table's first rows.
+fn describe(a: &Args, device: String) {
+    let cfg = &a.cfg;
+    figure("device", device, "", "");
     figure(
         "model",
         format!(
@@ -368,19 +394,12 @@ fn run() -> Result<(), CheckError> {
         "",
         "",
     );
-    let started = Instant::now();
-    // Warm-up: candle loads (JIT-compiles) each kernel module on first use.
-    let warm = generate(&opts, None)?;
-    let reference = checksum(&warm.tokens);
-    let mut tallies: Vec<Tally> = VARIANTS.iter().map(|_| Tally::default()).collect();
-    for _ in 0..a.rounds {
-        for (v, t) in VARIANTS.iter().zip(tallies.iter_mut()) {
-            run_variant(&opts, &stream, *v, t)?;
-        }
-    }
+}
 
+/// Tokens/s of each variant against unprofiled, the same tokens everywhere, nothing dropped.
+fn report_speed(tallies: &[Tally], reference: &str) {
     let base = median(&tallies[0].tokens_per_s);
-    for (v, t) in VARIANTS.iter().zip(&tallies) {
+    for (v, t) in VARIANTS.iter().zip(tallies) {
         let tps = median(&t.tokens_per_s);
         let ratio = tps / base;
         let (goal, verdict) = match v {
@@ -396,7 +415,7 @@ fn run() -> Result<(), CheckError> {
     }
     let same = tallies
         .iter()
-        .all(|t| t.checksums.iter().all(|c| *c == reference));
+        .all(|t| t.checksums.iter().all(|c| c == reference));
     figure(
         "candle tokens identical in every variant",
         format!("checksum {reference}"),
@@ -410,9 +429,10 @@ fn run() -> Result<(), CheckError> {
         "0",
         if dropped == 0 { "met" } else { "MISSED" },
     );
+}
 
-    // Each layer's time per token under each clock (the events clock judged: every layer timed,
-    // and the layers within the step).
+/// Each layer's time per token under each clock (the events clock judged: every layer timed).
+fn report_layers(tallies: &[Tally]) {
     let per_token = |t: &Tally, layer: &str| -> Option<f64> {
         let s = t.layers.get(layer)?;
         Some(s * 1e6 / t.tokens.max(1) as f64)
@@ -445,7 +465,11 @@ fn run() -> Result<(), CheckError> {
             },
         );
     }
-    for (v, t) in VARIANTS.iter().zip(&tallies).skip(1) {
+}
+
+/// The layers' share of the step under each clock (the events clock judged: within the step).
+fn report_shares(tallies: &[Tally]) {
+    for (v, t) in VARIANTS.iter().zip(tallies).skip(1) {
         let layered: f64 = t
             .layers
             .iter()
@@ -470,11 +494,4 @@ fn run() -> Result<(), CheckError> {
             },
         );
     }
-    figure(
-        "candle check wall time",
-        format!("{:.1} s", started.elapsed().as_secs_f64()),
-        "",
-        "",
-    );
-    Ok(())
 }

@@ -1,6 +1,7 @@
 //! phasetrace's overhead on real compute: tokens per second of the candle decoder (one rank,
-//! the CPU, one decode step per iteration: `rec.step()` around a one-token forward with its
-//! ~40 sections a layer... every section, all-reduce and route call of the engine) with:
+//! the CPU, one decode step per iteration: `rec.step_of(StepKind::Decode)` around a one-token
+//! forward with its ~40 sections a layer... every section, all-reduce and route call of the
+//! engine; its metrics and spans carry `step.kind`) with:
 //!
 //! - `none`: no recorder at all (the engine without phasetrace);
 //! - `off`: phasetrace built in, level `off` (one relaxed load per call);
@@ -29,7 +30,7 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind, SectionLevel};
+use phasetrace::{Finish, Profiler, Recorder, RequestClass, RequestKind, SectionLevel, StepKind};
 use phasetrace_candle::model::{KvCache, Model, Seq, Shard};
 use phasetrace_candle::{Ctx, ModelConfig, weights};
 use std::time::{Duration, Instant};
@@ -131,7 +132,7 @@ fn serve_step(model: &Model, v: &mut Variant) {
         }
     }
     let mut ctx = Ctx::plain().expect("sections").recording(v.rec.as_ref());
-    let _step = v.rec.as_ref().map(Recorder::step);
+    let _step = v.rec.as_ref().map(|r| r.step_of(StepKind::Decode));
     if let Some(r) = &v.rec {
         for q in &v.batch {
             r.serve(q.id, 1, 1);
@@ -175,7 +176,7 @@ fn step(model: &Model, v: &mut Variant) {
         v.cache = KvCache::new(layers);
     }
     let mut ctx = Ctx::plain().expect("sections").recording(v.rec.as_ref());
-    let _step = v.rec.as_ref().map(Recorder::step);
+    let _step = v.rec.as_ref().map(|r| r.step_of(StepKind::Decode));
     let ids = model
         .forward(&mut ctx, &[v.next], &mut v.cache, layers)
         .expect("forward");

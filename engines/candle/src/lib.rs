@@ -6,10 +6,18 @@
 //! and instrumented with phasetrace's public API only: the reference integration
 //! (`docs/engine.md`).
 //!
+//! The files, in the order one step runs through them (`docs/engine.md` walks it):
+//!
 //! ```text
-//! weights (random | checkpoint) ─> VarBuilder ─> Model (one shard per rank)
-//! generate ─> rank threads ─> forward: sections per layer ─> all-reduce (probe + sum)
-//!          └─> phasetrace Recorder per rank: step per token, round + phases when speculative
+//! options.rs, workload.rs   what a run is asked (RunOptions, Workload) and gives (RunOutput)
+//! rank.rs      generate: a thread per rank ─> Model::load(shard) ─> the rank's loop
+//! queue.rs     each step boundary: the batch (requests admitted, begun, ended; or one sequence)
+//! step.rs      a plain step: rec.step_of(kind), serve per request, forward_batch
+//! round.rs     a speculative round: draft, verify (the step), accept, rollback, maint
+//! model.rs     the forward pass: sections per layer, all-reduces, sampling
+//! instrument.rs  Ctx: the one place a section opens around the work (rec.section)
+//! collective.rs  the all-reduce the ranks meet at (threads; processes through AllReduce)
+//! config.rs, weights.rs     the shapes, and the weights (random or a checkpoint)
 //! ```
 //!
 //! The model runs on any candle [`Device`](candle_core::Device) given in
@@ -19,17 +27,22 @@
 
 pub mod collective;
 pub mod config;
-mod engine;
 mod instrument;
 pub mod model;
-pub mod serve;
+mod options;
+mod queue;
+mod rank;
+mod round;
+mod step;
 pub mod weights;
+pub mod workload;
 
 pub use collective::AllReduce;
 pub use config::{Layout, ModelConfig};
-pub use engine::{Draft, RunOptions, RunOutput, Spec, checksum, generate, generate_rank, prompt};
 pub use instrument::{Ctx, EngineSections};
-pub use serve::{Served, Workload};
+pub use options::{Draft, RunOptions, RunOutput, Spec, checksum, prompt};
+pub use rank::{generate, generate_rank};
+pub use workload::{Served, Workload};
 
 /// What can go wrong building or running the engine.
 #[derive(Debug, thiserror::Error)]

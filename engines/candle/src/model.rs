@@ -221,7 +221,6 @@ impl Model {
         max_positions: usize,
     ) -> Result<Model> {
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let names = Names { layout: cfg.layout };
         let embed = vb.get((cfg.vocab, h), "model.embed_tokens.weight")?;
         let mut blocks = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
@@ -252,44 +251,7 @@ impl Model {
                 kv_heads: cfg.kv_heads / shard.ranks,
                 head_dim: hd,
             };
-            let dense_names = |p: &str| {
-                [Proj::Gate, Proj::Up, Proj::Down].map(|x| format!("{p}.{}", mlp_name(x)))
-            };
-            let ffn = if cfg.is_moe(l) {
-                let experts = (0..cfg.experts)
-                    .map(|e| {
-                        let n = [Proj::Gate, Proj::Up, Proj::Down].map(|p| names.expert(e, p));
-                        Mlp::load(&lb, n, cfg.moe_intermediate, h, shard)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let shared = if cfg.shared_intermediate > 0 {
-                    let m = Mlp::load(
-                        &lb,
-                        dense_names("mlp.shared_expert"),
-                        cfg.shared_intermediate,
-                        h,
-                        shard,
-                    )?;
-                    Some((m, lb.get((1, h), "mlp.shared_expert_gate.weight")?))
-                } else {
-                    None
-                };
-                Ffn::Moe(Moe {
-                    router: lb.get((cfg.experts, h), &format!("{}.weight", names.router()))?,
-                    experts,
-                    shared,
-                    top_k: cfg.top_k,
-                    norm_topk: cfg.norm_topk,
-                })
-            } else {
-                Ffn::Dense(Mlp::load(
-                    &lb,
-                    dense_names("mlp"),
-                    cfg.intermediate,
-                    h,
-                    shard,
-                )?)
-            };
+            let ffn = load_ffn(&lb, cfg, shard, l)?;
             blocks.push(Block {
                 ln1: lb.get(h, "input_layernorm.weight")?,
                 attn,
@@ -578,6 +540,50 @@ impl Model {
         };
         drop(part);
         all_reduce(ctx, layer, Site::MLP, &partial, x)
+    }
+}
+
+/// Layer `l`'s MLP (or MoE block: router, routed experts, shared expert) from its weights under
+/// `lb`, this rank's shard of it.
+fn load_ffn(lb: &VarBuilder, cfg: &ModelConfig, shard: Shard, l: usize) -> Result<Ffn> {
+    let h = cfg.hidden;
+    let names = Names { layout: cfg.layout };
+    let dense_names =
+        |p: &str| [Proj::Gate, Proj::Up, Proj::Down].map(|x| format!("{p}.{}", mlp_name(x)));
+    if cfg.is_moe(l) {
+        let experts = (0..cfg.experts)
+            .map(|e| {
+                let n = [Proj::Gate, Proj::Up, Proj::Down].map(|p| names.expert(e, p));
+                Mlp::load(lb, n, cfg.moe_intermediate, h, shard)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shared = if cfg.shared_intermediate > 0 {
+            let m = Mlp::load(
+                lb,
+                dense_names("mlp.shared_expert"),
+                cfg.shared_intermediate,
+                h,
+                shard,
+            )?;
+            Some((m, lb.get((1, h), "mlp.shared_expert_gate.weight")?))
+        } else {
+            None
+        };
+        Ok(Ffn::Moe(Moe {
+            router: lb.get((cfg.experts, h), &format!("{}.weight", names.router()))?,
+            experts,
+            shared,
+            top_k: cfg.top_k,
+            norm_topk: cfg.norm_topk,
+        }))
+    } else {
+        Ok(Ffn::Dense(Mlp::load(
+            lb,
+            dense_names("mlp"),
+            cfg.intermediate,
+            h,
+            shard,
+        )?))
     }
 }
 
