@@ -7,7 +7,7 @@
 //! Event::Step's batch ──> step tokens: one observation per token type present in the step
 //! ```
 
-use super::aggregate::Attachment;
+use super::attachment::Attachment;
 use crate::names::{Described, attr, metric};
 use crate::record::engine_state::{EngineState, usage};
 use crate::worker::event::BatchEntry;

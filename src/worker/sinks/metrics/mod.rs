@@ -10,6 +10,7 @@
 //! ```
 
 pub(crate) mod aggregate;
+pub(crate) mod attachment;
 pub(crate) mod engine;
 pub(crate) mod experts;
 pub(crate) mod layers;
