@@ -930,121 +930,13 @@ pub mod span {
 
 /// Environment variables read by `phasetrace::Config::from_env`.
 pub mod env {
-    names! {
-        /// `off`/`0`, `full`/`1`, `collectives`/`2`.
-        LEVEL = "PHASETRACE_LEVEL";
-        /// `off`/`0`, `1` (phases), `2` (phases and the verify sub-split).
-        SPEC_LEVEL = "PHASETRACE_SPEC_LEVEL";
-        /// Trace one step (and one round) in N; `0` builds no spans.
-        TRACE_EVERY = "PHASETRACE_TRACE_EVERY";
-        /// Also trace a step (or round) slower than this: a duration (`25ms`), a quantile of the
-        /// rank's recent steps (`p99`), or `off`.
-        TRACE_SLOWER_THAN = "PHASETRACE_TRACE_SLOWER_THAN";
-        /// Most slow-step (tail) traces a second per rank.
-        TRACE_SLOW_BUDGET = "PHASETRACE_TRACE_SLOW_BUDGET";
-        /// How long `Profiler::shutdown` may take in all (milliseconds).
-        SHUTDOWN_TIMEOUT = "PHASETRACE_SHUTDOWN_TIMEOUT";
-        /// Also trace every request whose time to first token is over this: a duration, a
-        /// percentile of recent requests, or `off`.
-        TRACE_REQUESTS_TTFT_OVER = "PHASETRACE_TRACE_REQUESTS_TTFT_OVER";
-        /// Also trace every request whose time per output token is over this: a duration, a
-        /// percentile of recent requests, or `off`.
-        TRACE_REQUESTS_TPOT_OVER = "PHASETRACE_TRACE_REQUESTS_TPOT_OVER";
-        /// Read one CUDA-graph replay in N; `0` reads none.
-        GRAPH_READ_EVERY = "PHASETRACE_GRAPH_READ_EVERY";
-        /// `on`/`off`: the `layer` attribute on section metrics.
-        LAYER_ATTR = "PHASETRACE_LAYER_ATTR";
-        /// `all`, `none` or a list of ranks: the ranks that export per-layer series.
-        LAYER_RANKS = "PHASETRACE_LAYER_RANKS";
-        /// Console summary table every N steps; `0` = off.
-        SUMMARY_EVERY = "PHASETRACE_SUMMARY_EVERY";
-        /// Console line every N speculative rounds; `0` = off.
-        SPEC_SUMMARY_EVERY = "PHASETRACE_SPEC_SUMMARY_EVERY";
-        /// Prometheus listen address, or `off`.
-        PROMETHEUS = "PHASETRACE_PROMETHEUS";
-        /// Path of the Prometheus endpoint's web configuration file (the exporter-toolkit format:
-        /// `tls_server_config`, `basic_auth_users`).
-        PROMETHEUS_WEB_CONFIG = "PHASETRACE_PROMETHEUS_WEB_CONFIG";
-        /// Per-thread buffer capacity in records.
-        QUEUE = "PHASETRACE_QUEUE";
-        /// This process's rank.
-        RANK = "PHASETRACE_RANK";
-        /// The collective group of this process's ranks (the `group` attribute).
-        GROUP = "PHASETRACE_GROUP";
-        /// `on`/`off`: the MoE expert-load telemetry (per-layer tokens, imbalance, hot experts,
-        /// `Profiler::expert_load`).
-        EXPERT_COUNTER = "PHASETRACE_EXPERT_COUNTER";
-        /// Routed experts per MoE layer; `0` infers it from the highest id seen.
-        MOE_EXPERTS = "PHASETRACE_MOE_EXPERTS";
-        /// Steps of a rank per expert-load window (imbalance, hot experts).
-        EXPERT_WINDOW = "PHASETRACE_EXPERT_WINDOW";
-        /// Hot experts exported per (layer, rank); `0` exports none.
-        EXPERT_TOP = "PHASETRACE_EXPERT_TOP";
-        /// Expert-parallel ranks that host the experts in contiguous blocks; `0` = not exported.
-        EXPERT_PARALLEL = "PHASETRACE_EXPERT_PARALLEL";
-        /// `host`, `sync` or `events`.
-        TIMING = "PHASETRACE_TIMING";
-        /// `auto`, `tsc` or `monotonic`: where the host clock reads.
-        HOST_CLOCK = "PHASETRACE_HOST_CLOCK";
-        /// `true` turns phasetrace off entirely (no recording, no export), as the OTel SDKs do.
-        OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED";
-        /// Resource `service.name`.
-        OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME";
-        /// Extra resource attributes, `k=v,k2=v2`.
-        OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES";
-        /// OTLP endpoint.
-        OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT";
-        /// `grpc` or `http/protobuf`.
-        OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL";
-        /// OTLP headers, `k=v,k2=v2` (values are secrets: never printed).
-        OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS";
-        /// OTLP export timeout in milliseconds.
-        OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT";
-        /// `gzip` or `none`.
-        OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION";
-        /// PEM file of a custom CA for `https://` endpoints.
-        OTEL_EXPORTER_OTLP_CERTIFICATE = "OTEL_EXPORTER_OTLP_CERTIFICATE";
-        /// `explicit_bucket_histogram` or `base2_exponential_bucket_histogram`.
-        OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
-        /// The traces endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/traces`); unset:
-        /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/traces` over HTTP).
-        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
-        /// The metrics endpoint, used as is (for OTLP/HTTP the whole URL, `.../v1/metrics`); unset:
-        /// [`OTEL_EXPORTER_OTLP_ENDPOINT`] (plus `/v1/metrics` over HTTP).
-        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT";
-        /// The traces transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
-        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL";
-        /// The metrics transport; unset: [`OTEL_EXPORTER_OTLP_PROTOCOL`].
-        OTEL_EXPORTER_OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL";
-        /// The traces request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
-        OTEL_EXPORTER_OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS";
-        /// The metrics request headers (replacing, not adding to, [`OTEL_EXPORTER_OTLP_HEADERS`]).
-        OTEL_EXPORTER_OTLP_METRICS_HEADERS = "OTEL_EXPORTER_OTLP_METRICS_HEADERS";
-        /// The traces export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
-        OTEL_EXPORTER_OTLP_TRACES_TIMEOUT = "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT";
-        /// The metrics export timeout in milliseconds; unset: [`OTEL_EXPORTER_OTLP_TIMEOUT`].
-        OTEL_EXPORTER_OTLP_METRICS_TIMEOUT = "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT";
-        /// The traces compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
-        OTEL_EXPORTER_OTLP_TRACES_COMPRESSION = "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION";
-        /// The metrics compression; unset: [`OTEL_EXPORTER_OTLP_COMPRESSION`].
-        OTEL_EXPORTER_OTLP_METRICS_COMPRESSION = "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION";
-        /// The traces endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
-        OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE";
-        /// The metrics endpoint's CA; unset: [`OTEL_EXPORTER_OTLP_CERTIFICATE`].
-        OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE";
-        /// The launcher's rank of this process on its host (torchrun and most launchers set it):
-        /// the built-in Prometheus port is 9464 plus it.
-        LOCAL_RANK = "LOCAL_RANK";
-        /// Metric export interval in milliseconds.
-        OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL";
-        /// `otlp`, `console` or `none`.
-        OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER";
-        /// Comma list of `otlp`, `prometheus`, `console`, `none`.
-        OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER";
-    }
+    include!("env.rs");
 
     /// Rank fallbacks set by launchers, read in this order after `PHASETRACE_RANK`.
-    pub const RANK_FALLBACKS: [&str; 3] = ["RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK"];
+    pub const RANK_FALLBACKS: [&str; 3] = ["RANK", LOCAL_RANK, "OMPI_COMM_WORLD_RANK"];
+    /// The launcher's rank of this process on its host (torchrun, `mpirun`): a rank fallback,
+    /// and the Prometheus port offset (`9464 + LOCAL_RANK`).
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
 }
 
 /// The values of the `reason` attribute of [`metric::RECORDS_DROPPED`]: why a record was

@@ -15,18 +15,17 @@
 //!
 //! # Adding a setting
 //!
-//! 1. Name its variable in [`phasetrace_names::env`] (the `phasetrace-names` crate: the
-//!    telemetry contract other crates read; a test fails while that module and [`SETTINGS`]
-//!    do not list the same variables).
-//! 2. Add its declaration to `config/table.rs`, where it goes in `phasetrace check`'s order:
-//!    `field: name` gives it a [`super::Config`] field holding its value as resolved (code,
-//!    else the environment, else the default), and `setter: fn with_name(v: T) => v` a typed
-//!    setter; `flag: "name"` a `--name` flag. A closed set of values is an enum with `FromStr`
-//!    and `Display` (`closed_set!` in `config/values.rs` writes both). `show` must print what `parse`
-//!    reads back, and `example` is a valid non-default value that works with every other
-//!    example (the tests set them all at once).
-//! 3. Use the value (`cfg.name`), and regenerate `docs/configuration.md`
-//!    (`cargo xtask docs`).
+//! 1. Add its declaration to `config/table.rs`, where it goes in `phasetrace check`'s order:
+//!    `var: "PHASETRACE_NAME"` is its variable (the one place it is spelled: `cargo xtask docs`
+//!    generates [`phasetrace_names::env`] from [`SETTINGS`]), `field: name` gives it a
+//!    [`super::Config`] field holding its value as resolved (code, else the environment, else
+//!    the default), and `setter: fn with_name(v: T) => v` a typed setter; `flag: "name"` a
+//!    `--name` flag. A closed set of values is an enum with `FromStr` and `Display`
+//!    (`closed_set!` in `config/values.rs` writes both). `show` must print what `parse` reads
+//!    back, and `example` is a valid non-default value that works with every other example (the
+//!    tests set them all at once).
+//! 2. Use the value (`cfg.name`), and regenerate `names/src/env.rs`, `docs/configuration.md`
+//!    and `docs/telemetry.md` (`cargo xtask docs`; CI fails while they are stale).
 //!
 //! A setting whose value is combined with others (the OTLP connection, the exporters, a default
 //! that depends on another setting) declares `get` (how `check` reads it back from the

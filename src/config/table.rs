@@ -65,7 +65,7 @@ settings! {
     }
 
     LEVEL: SectionLevel {
-        var: env::LEVEL,
+        var: "PHASETRACE_LEVEL",
         flag: "level",
         doc: "Which sections are recorded",
         expected: SectionLevel::EXPECTED,
@@ -78,7 +78,7 @@ settings! {
         setter: fn with_level(level: SectionLevel) => level,
     },
     SPEC_LEVEL: SpecLevel {
-        var: env::SPEC_LEVEL,
+        var: "PHASETRACE_SPEC_LEVEL",
         flag: "spec-level",
         doc: "Speculative-decoding detail",
         expected: SpecLevel::EXPECTED,
@@ -91,7 +91,7 @@ settings! {
         setter: fn with_spec_level(level: SpecLevel) => level,
     },
     TRACE_EVERY: u64 {
-        var: env::TRACE_EVERY,
+        var: "PHASETRACE_TRACE_EVERY",
         flag: "trace-every",
         doc: "Build spans for one step (and one round) in N",
         expected: "a whole number (0 = no spans)",
@@ -105,7 +105,7 @@ settings! {
         setter: fn with_trace_every(n: u64) => n,
     },
     TRACE_SLOWER_THAN: TraceSlowerThan {
-        var: env::TRACE_SLOWER_THAN,
+        var: "PHASETRACE_TRACE_SLOWER_THAN",
         flag: "trace-slower-than",
         doc: "Also trace every step (and round) slower than this, decided on the worker after it ended",
         expected: TraceSlowerThan::EXPECTED,
@@ -120,7 +120,7 @@ settings! {
         setter: fn with_trace_slower_than(threshold: TraceSlowerThan) => threshold,
     },
     TRACE_SLOW_BUDGET: u32 {
-        var: env::TRACE_SLOW_BUDGET,
+        var: "PHASETRACE_TRACE_SLOW_BUDGET",
         flag: "trace-slow-budget",
         doc: "Most slow-step (tail) traces in any one second per rank; the rest are counted as dropped",
         expected: "a whole number of tail traces a second per rank, from 1 to 10000",
@@ -135,7 +135,7 @@ settings! {
         setter: fn with_trace_slow_budget(per_second: u32) => per_second,
     },
     TRACE_REQUESTS_TTFT_OVER: TraceSlowerThan {
-        var: env::TRACE_REQUESTS_TTFT_OVER,
+        var: "PHASETRACE_TRACE_REQUESTS_TTFT_OVER",
         flag: "trace-requests-ttft-over",
         doc: "Also trace every request whose time to first token is over this (from its first token on), within the tail budget",
         expected: TraceSlowerThan::EXPECTED_REQUESTS,
@@ -151,7 +151,7 @@ settings! {
         setter: fn with_trace_requests_ttft_over(threshold: TraceSlowerThan) => threshold,
     },
     TRACE_REQUESTS_TPOT_OVER: TraceSlowerThan {
-        var: env::TRACE_REQUESTS_TPOT_OVER,
+        var: "PHASETRACE_TRACE_REQUESTS_TPOT_OVER",
         flag: "trace-requests-tpot-over",
         doc: "Also trace every request whose time per output token so far is over this (from then on), within the tail budget",
         expected: TraceSlowerThan::EXPECTED_REQUESTS,
@@ -167,7 +167,7 @@ settings! {
         setter: fn with_trace_requests_tpot_over(threshold: TraceSlowerThan) => threshold,
     },
     GRAPH_READ_EVERY: u64 {
-        var: env::GRAPH_READ_EVERY,
+        var: "PHASETRACE_GRAPH_READ_EVERY",
         flag: "graph-read-every",
         doc: "Read one CUDA-graph replay in N (Recorder::replay)",
         expected: "a whole number of replays (1 = every replay, 0 = none)",
@@ -182,7 +182,7 @@ settings! {
         setter: fn with_graph_read_every(n: u64) => n,
     },
     LAYER_ATTR: bool {
-        var: env::LAYER_ATTR,
+        var: "PHASETRACE_LAYER_ATTR",
         flag: "layer-attr",
         doc: "The layer attribute on section metrics",
         expected: SWITCH,
@@ -196,7 +196,7 @@ settings! {
         setter: fn with_layer_attr(on: bool) => on,
     },
     LAYER_RANKS: LayerRanks {
-        var: env::LAYER_RANKS,
+        var: "PHASETRACE_LAYER_RANKS",
         flag: "layer-ranks",
         doc: "The ranks that export per-layer series (a fleet: one rank per group)",
         expected: LayerRanks::EXPECTED,
@@ -213,7 +213,7 @@ settings! {
         setter: fn with_layer_ranks(ranks: LayerRanks) => ranks,
     },
     SUMMARY_EVERY: u64 {
-        var: env::SUMMARY_EVERY,
+        var: "PHASETRACE_SUMMARY_EVERY",
         flag: "summary-every",
         doc: "Console summary table every N steps",
         expected: "a whole number of steps (0 = off)",
@@ -228,7 +228,7 @@ settings! {
         setter: fn with_summary_every(n: u64) => n,
     },
     SPEC_SUMMARY_EVERY: u64 {
-        var: env::SPEC_SUMMARY_EVERY,
+        var: "PHASETRACE_SPEC_SUMMARY_EVERY",
         flag: "spec-summary-every",
         doc: "Console speculative line every N rounds",
         expected: "a whole number of rounds (0 = off)",
@@ -242,7 +242,7 @@ settings! {
         setter: fn with_spec_summary_every(n: u64) => n,
     },
     PROMETHEUS: Listen {
-        var: env::PROMETHEUS,
+        var: "PHASETRACE_PROMETHEUS",
         flag: "prometheus",
         doc: "The embedded Prometheus endpoint's listen address",
         expected: Listen::EXPECTED,
@@ -266,7 +266,7 @@ settings! {
         setter: fn without_prometheus() => Listen::Off,
     },
     PROMETHEUS_WEB_CONFIG: Option<PathBuf> {
-        var: env::PROMETHEUS_WEB_CONFIG,
+        var: "PHASETRACE_PROMETHEUS_WEB_CONFIG",
         flag: "prometheus-web-config",
         doc: "The Prometheus endpoint's web configuration file: TLS and basic auth in the exporter-toolkit format (unset: plain HTTP, no auth)",
         expected: "a path",
@@ -288,7 +288,7 @@ settings! {
         setter: fn with_prometheus_web_config(path: impl Into<PathBuf>) => Some(path.into()),
     },
     QUEUE: usize {
-        var: env::QUEUE,
+        var: "PHASETRACE_QUEUE",
         flag: "queue",
         doc: "Records per recorder buffer (24 bytes each; rounded up to a power of two)",
         expected: "a whole number of records from 64 to 16777216",
@@ -302,7 +302,7 @@ settings! {
         setter: fn with_queue(records: usize) => records,
     },
     RANK: u32 {
-        var: env::RANK,
+        var: "PHASETRACE_RANK",
         fallbacks: &env::RANK_FALLBACKS,
         doc: "This process's rank",
         expected: "a whole number",
@@ -316,7 +316,7 @@ settings! {
         setter: fn with_rank(rank: u32) => rank,
     },
     GROUP: String {
-        var: env::GROUP,
+        var: "PHASETRACE_GROUP",
         flag: "group",
         doc: "The collective group of this process's ranks (the group attribute on every series and span)",
         expected: "a group name of letters, digits, '_', '-', '.' or ':' (at most 64 bytes)",
@@ -332,7 +332,7 @@ settings! {
         setter: fn with_group(group: impl Into<String>) => group.into(),
     },
     EXPERT_COUNTER: bool {
-        var: env::EXPERT_COUNTER,
+        var: "PHASETRACE_EXPERT_COUNTER",
         flag: "expert-counter",
         doc: "MoE expert load: tokens per layer, imbalance and hot experts per (layer, rank), and the per-(layer, expert) counts in process",
         expected: SWITCH,
@@ -352,7 +352,7 @@ settings! {
         setter: fn with_expert_counter(on: bool) => on,
     },
     MOE_EXPERTS: u32 {
-        var: env::MOE_EXPERTS,
+        var: "PHASETRACE_MOE_EXPERTS",
         flag: "moe-experts",
         doc: "Routed experts per MoE layer; ids at or above it are dropped and counted (0: the highest id seen + 1)",
         expected: "a whole number of experts, from 0 to 65536",
@@ -366,7 +366,7 @@ settings! {
         setter: fn with_moe_experts(experts: u32) => experts,
     },
     EXPERT_WINDOW: u32 {
-        var: env::EXPERT_WINDOW,
+        var: "PHASETRACE_EXPERT_WINDOW",
         flag: "expert-window",
         doc: "Steps of a rank per expert-load window: imbalance and hot experts read the last complete one",
         expected: "a whole number of steps, from 1 to 1000000",
@@ -380,7 +380,7 @@ settings! {
         setter: fn with_expert_window(steps: u32) => steps,
     },
     EXPERT_TOP: u32 {
-        var: env::EXPERT_TOP,
+        var: "PHASETRACE_EXPERT_TOP",
         flag: "expert-top",
         doc: "Hot experts exported per (layer, rank), by tokens in the window",
         expected: "a whole number from 0 to 10",
@@ -393,7 +393,7 @@ settings! {
         setter: fn with_expert_top(n: u32) => n,
     },
     EXPERT_PARALLEL: u32 {
-        var: env::EXPERT_PARALLEL,
+        var: "PHASETRACE_EXPERT_PARALLEL",
         doc: "Expert-parallel ranks hosting each layer's experts in contiguous blocks (the ep_rank attribute of hot experts; 0: none)",
         expected: "a whole number of ranks, from 0 to 65536",
         example: "4",
@@ -406,7 +406,7 @@ settings! {
         setter: fn with_expert_parallel(ranks: u32) => ranks,
     },
     TIMING: Timing {
-        var: env::TIMING,
+        var: "PHASETRACE_TIMING",
         flag: "timing",
         doc: "Where boundary times come from",
         expected: Timing::EXPECTED,
@@ -421,7 +421,7 @@ settings! {
         setter: fn with_timing(timing: Timing) => timing,
     },
     HOST_CLOCK: HostSourceChoice {
-        var: env::HOST_CLOCK,
+        var: "PHASETRACE_HOST_CLOCK",
         flag: "host-clock",
         doc: "Where the host clock reads: the TSC where usable, or forced",
         expected: HostSourceChoice::EXPECTED,
@@ -435,7 +435,7 @@ settings! {
         setter: fn with_host_clock(choice: HostSourceChoice) => choice,
     },
     SDK_DISABLED: bool {
-        var: env::OTEL_SDK_DISABLED,
+        var: "OTEL_SDK_DISABLED",
         doc: "true turns phasetrace off entirely: nothing recorded, nothing exported",
         expected: "true or false",
         example: "true",
@@ -449,7 +449,7 @@ settings! {
         field: sdk_disabled,
     },
     SERVICE_NAME: String {
-        var: env::OTEL_SERVICE_NAME,
+        var: "OTEL_SERVICE_NAME",
         flag: "service-name",
         doc: "Resource service.name",
         expected: "a service name",
@@ -462,7 +462,7 @@ settings! {
         setter: fn with_service_name(name: impl Into<String>) => name.into(),
     },
     RESOURCE_ATTRIBUTES: Vec<(String, String)> {
-        var: env::OTEL_RESOURCE_ATTRIBUTES,
+        var: "OTEL_RESOURCE_ATTRIBUTES",
         doc: "Extra resource attributes (values percent-decoded)",
         expected: KV,
         example: "deployment.environment=prod,host.gpu=h200",
@@ -474,7 +474,7 @@ settings! {
 
     // The general OTLP connection: `Config::otlp`, and what each signal inherits.
     OTLP_ENDPOINT: Option<String> {
-        var: env::OTEL_EXPORTER_OTLP_ENDPOINT,
+        var: "OTEL_EXPORTER_OTLP_ENDPOINT",
         flag: "otlp-endpoint",
         doc: "The OTLP endpoint that spans and metrics are pushed to",
         expected: "an http:// or https:// URL with a host and an optional port",
@@ -485,7 +485,7 @@ settings! {
         get: |c| Some(c.otlp.as_ref().map(|o| o.endpoint.clone())),
     },
     OTLP_PROTOCOL: Protocol {
-        var: env::OTEL_EXPORTER_OTLP_PROTOCOL,
+        var: "OTEL_EXPORTER_OTLP_PROTOCOL",
         flag: "otlp-protocol",
         doc: "The OTLP transport",
         expected: Protocol::EXPECTED,
@@ -503,7 +503,7 @@ settings! {
         setter: fn with_otlp_protocol(protocol: Protocol) => protocol,
     },
     OTLP_HEADERS: Vec<(String, String)> {
-        var: env::OTEL_EXPORTER_OTLP_HEADERS,
+        var: "OTEL_EXPORTER_OTLP_HEADERS",
         doc: "OTLP request headers (API keys; values are never printed)",
         expected: KV,
         example: "x-api-key=s3cr%2Ct",
@@ -517,7 +517,7 @@ settings! {
         setter: fn with_otlp_headers(headers: Vec<(String, String)>) => headers,
     },
     OTLP_TIMEOUT: Duration {
-        var: env::OTEL_EXPORTER_OTLP_TIMEOUT,
+        var: "OTEL_EXPORTER_OTLP_TIMEOUT",
         doc: "OTLP export timeout in milliseconds",
         expected: MILLIS,
         example: "2500",
@@ -529,7 +529,7 @@ settings! {
         setter: fn with_otlp_timeout(timeout: Duration) => timeout,
     },
     SHUTDOWN_TIMEOUT: Duration {
-        var: env::SHUTDOWN_TIMEOUT,
+        var: "PHASETRACE_SHUTDOWN_TIMEOUT",
         doc: "How long shutdown may take in all, in milliseconds (its OTLP exports included)",
         expected: MILLIS,
         example: "2000",
@@ -543,7 +543,7 @@ settings! {
         setter: fn with_shutdown_timeout(timeout: Duration) => timeout,
     },
     OTLP_COMPRESSION: Compression {
-        var: env::OTEL_EXPORTER_OTLP_COMPRESSION,
+        var: "OTEL_EXPORTER_OTLP_COMPRESSION",
         doc: "Compression of OTLP request bodies",
         expected: Compression::EXPECTED,
         example: "gzip",
@@ -556,7 +556,7 @@ settings! {
         setter: fn with_otlp_gzip(on: bool) => Compression::from_gzip(on),
     },
     OTLP_CERTIFICATE: Option<PathBuf> {
-        var: env::OTEL_EXPORTER_OTLP_CERTIFICATE,
+        var: "OTEL_EXPORTER_OTLP_CERTIFICATE",
         doc: "PEM file of a custom CA for https:// endpoints (unset: the system's roots)",
         expected: "a path",
         example: "/etc/ssl/collector-ca.pem",
@@ -569,7 +569,7 @@ settings! {
         setter: fn with_otlp_certificate(path: impl Into<PathBuf>) => Some(path.into()),
     },
     OTLP_HISTOGRAM: HistogramAggregation {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+        var: "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
         doc: "Histogram aggregation of OTLP metrics (the Prometheus endpoint keeps explicit buckets)",
         expected: HistogramAggregation::EXPECTED,
         example: "base2_exponential_bucket_histogram",
@@ -585,80 +585,80 @@ settings! {
 
     // Each signal's own connection: its variables win over the general ones.
     TRACES_ENDPOINT: String = signal(OTLP_ENDPOINT, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+        var: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         doc: "The OTLP endpoint (for http/protobuf the whole URL)",
         example: "https://collector.example:4318/v1/traces",
         given: given_traces.endpoint,
     },
     TRACES_PROTOCOL: Protocol = signal(OTLP_PROTOCOL, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+        var: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
         doc: "The OTLP transport",
         example: "http/protobuf",
         given: given_traces.protocol,
     },
     TRACES_HEADERS: Vec<(String, String)> = signal(OTLP_HEADERS, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_HEADERS,
+        var: "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
         doc: "OTLP request headers",
         example: "x-api-key=tr4ces",
         given: given_traces.headers,
     },
     TRACES_TIMEOUT: Duration = signal(OTLP_TIMEOUT, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_TIMEOUT,
+        var: "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
         doc: "OTLP export timeout in milliseconds",
         example: "3000",
         given: given_traces.timeout,
     },
     TRACES_COMPRESSION: Compression = signal(OTLP_COMPRESSION, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_COMPRESSION,
+        var: "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
         doc: "Compression of OTLP request bodies",
         example: "none",
         given: given_traces.compression,
     },
     TRACES_CERTIFICATE: PathBuf = signal(OTLP_CERTIFICATE, "traces") {
-        var: env::OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE,
+        var: "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
         doc: "PEM file of a custom CA for https:// endpoints",
         example: "/etc/ssl/traces-ca.pem",
         given: given_traces.certificate,
     },
     METRICS_ENDPOINT: String = signal(OTLP_ENDPOINT, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
+        var: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
         doc: "The OTLP endpoint (for http/protobuf the whole URL)",
         example: "https://collector.example:4317",
         given: given_metrics.endpoint,
     },
     METRICS_PROTOCOL: Protocol = signal(OTLP_PROTOCOL, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+        var: "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
         doc: "The OTLP transport",
         example: "grpc",
         given: given_metrics.protocol,
     },
     METRICS_HEADERS: Vec<(String, String)> = signal(OTLP_HEADERS, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_HEADERS,
+        var: "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
         doc: "OTLP request headers",
         example: "x-api-key=m3trics",
         given: given_metrics.headers,
     },
     METRICS_TIMEOUT: Duration = signal(OTLP_TIMEOUT, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_TIMEOUT,
+        var: "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT",
         doc: "OTLP export timeout in milliseconds",
         example: "4000",
         given: given_metrics.timeout,
     },
     METRICS_COMPRESSION: Compression = signal(OTLP_COMPRESSION, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_COMPRESSION,
+        var: "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION",
         doc: "Compression of OTLP request bodies",
         example: "gzip",
         given: given_metrics.compression,
     },
     METRICS_CERTIFICATE: PathBuf = signal(OTLP_CERTIFICATE, "metrics") {
-        var: env::OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE,
+        var: "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
         doc: "PEM file of a custom CA for https:// endpoints",
         example: "/etc/ssl/metrics-ca.pem",
         given: given_metrics.certificate,
     },
 
     METRIC_EXPORT_INTERVAL: Duration {
-        var: env::OTEL_METRIC_EXPORT_INTERVAL,
+        var: "OTEL_METRIC_EXPORT_INTERVAL",
         doc: "How often metrics are pushed over OTLP",
         expected: MILLIS,
         example: "1000",
@@ -671,7 +671,7 @@ settings! {
         setter: fn with_metric_export_interval(every: Duration) => every,
     },
     TRACES_EXPORTER: ExporterSet {
-        var: env::OTEL_TRACES_EXPORTER,
+        var: "OTEL_TRACES_EXPORTER",
         doc: "Where spans go",
         expected: ExporterSet::TRACES_EXPECTED,
         example: "console",
@@ -686,7 +686,7 @@ settings! {
         setter: fn with_traces_exporter(exporters: ExporterSet) => exporters,
     },
     METRICS_EXPORTER: ExporterSet {
-        var: env::OTEL_METRICS_EXPORTER,
+        var: "OTEL_METRICS_EXPORTER",
         doc: "Where metrics go (console: the summary table)",
         expected: ExporterSet::METRICS_EXPECTED,
         example: "otlp,prometheus",

@@ -2,8 +2,8 @@
 //! table (`phasetrace::config::settings::SETTINGS`, declared in `src/config/table.rs`) name the
 //! same variables: every variable of the names crate (`env::ALL` and the rank fallbacks) is read
 //! by a setting (as its variable or one of its fallbacks), and every variable a setting reads is
-//! named there. A setting is its declaration plus its variable's name; this test fails while
-//! either is missing.
+//! named there. `names/src/env.rs` is generated from the table by `cargo xtask docs`: this test
+//! fails while that file is stale (as `cargo xtask docs --check` does).
 
 use phasetrace::config::settings::SETTINGS;
 use phasetrace_names::env;
@@ -25,7 +25,7 @@ fn the_names_crate_and_the_settings_table_list_the_same_variables() {
     assert!(
         unread.is_empty() && unnamed.is_empty(),
         "phasetrace_names::env names variables that no setting reads: {unread:?}; settings read \
-         variables that phasetrace_names::env does not name: {unnamed:?} (a setting is its \
-         declaration in src/config/table.rs plus its variable in names/src/lib.rs)"
+         variables that phasetrace_names::env does not name: {unnamed:?} (names/src/env.rs is \
+         generated from src/config/table.rs: run cargo xtask docs)"
     );
 }

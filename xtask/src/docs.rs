@@ -1,6 +1,8 @@
 //! The generated references: the settings table of `docs/configuration.md` (from
-//! `phasetrace::config::settings::SETTINGS`, declared in `src/config/table.rs`) and the contract
-//! of `docs/telemetry.md` (from the `phasetrace-names` tables: `metric::ALL`, `attr::ALL`, ...).
+//! `phasetrace::config::settings::SETTINGS`, declared in `src/config/table.rs`), the contract
+//! of `docs/telemetry.md` (from the `phasetrace-names` tables: `metric::ALL`, `attr::ALL`, ...;
+//! its variables from `SETTINGS`) and the variables of `phasetrace_names::env`
+//! (`names/src/env.rs`, from `SETTINGS`).
 //! Each sits between two markers; the prose around it is written by hand.
 //!
 //! ```text
@@ -21,7 +23,41 @@ pub(crate) fn references() -> Vec<(&'static str, String)> {
     vec![
         ("docs/configuration.md", configuration()),
         ("docs/telemetry.md", telemetry()),
+        ("names/src/env.rs", names_env()),
     ]
+}
+
+/// A setting's constant in `phasetrace_names::env`: its variable without the `PHASETRACE_`
+/// prefix (`PHASETRACE_LEVEL` is `env::LEVEL`, `OTEL_TRACES_EXPORTER` keeps its name).
+fn env_constant(var: &str) -> &str {
+    var.strip_prefix("PHASETRACE_").unwrap_or(var)
+}
+
+/// A setting's description in `phasetrace_names::env`: what it does, then what it accepts.
+fn env_description(s: &dyn settings::AnySetting) -> String {
+    format!("{}: {}.", s.doc(), s.expected().trim_end_matches('.'))
+}
+
+/// `names/src/env.rs`: the `names!` block of `phasetrace_names::env`, one constant per setting
+/// of the table, in its order, so that a setting is declared in `src/config/table.rs` only.
+fn names_env() -> String {
+    let mut out = String::from("names! {\n");
+    for s in settings::SETTINGS {
+        let mut line = String::from("    ///");
+        for word in env_description(*s).split_whitespace() {
+            if line.len() + 1 + word.len() > 100 && line.len() > "    ///".len() {
+                let _ = writeln!(out, "{line}");
+                line = String::from("    ///");
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        let _ = writeln!(out, "{line}");
+        let _ = writeln!(out, "    {} = {:?};", env_constant(s.var()), s.var());
+    }
+    // The end marker sits in a Rust comment: its line's `// ` is the generated part's end.
+    out.push_str("}\n// ");
+    out
 }
 
 /// A Markdown table cell: no line breaks, `|` escaped.
@@ -298,9 +334,22 @@ fn telemetry() -> String {
             list(&env::RANK_FALLBACKS)
         ),
         "env",
-        env::ALL,
+        &env_rows(),
     );
     out.trim_end().to_owned() + "\n"
+}
+
+/// The rows of the environment variables' table, from the settings table itself (what
+/// `names/src/env.rs` is generated from), so that one `cargo xtask docs` brings both up to date.
+fn env_rows() -> Vec<Name> {
+    settings::SETTINGS
+        .iter()
+        .map(|s| Name {
+            constant: env_constant(s.var()),
+            value: s.var(),
+            description: Box::leak(env_description(*s).into_boxed_str()),
+        })
+        .collect()
 }
 
 /// The file with its generated part replaced by `generated`.

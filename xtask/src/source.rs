@@ -238,7 +238,9 @@ const TABLED: [(&str, &[&str]); 12] = [
     ("attr", &[]),
     ("resource", &["DISTRO"]),
     ("span", &[]),
-    ("env", &[]),
+    // `env::ALL` is generated from the settings table; `LOCAL_RANK` is a rank fallback (in
+    // `env::RANK_FALLBACKS`, which the reference lists), not a setting's variable.
+    ("env", &["LOCAL_RANK"]),
     ("reason", &[]),
     ("outcome", &[]),
     ("connection_close", &[]),
