@@ -160,6 +160,18 @@ impl Schedule {
             self.ends.pop_front();
         }
     }
+
+    /// Queues an operation of `ns` launched at `now`: it starts when the launch has reached the
+    /// device and the operation before it has ended. Returns its end.
+    fn enqueue(&mut self, now: u64, launch_latency_ns: u64, ns: u64) -> u64 {
+        let end = self
+            .cursor
+            .max(now.saturating_add(launch_latency_ns))
+            .saturating_add(ns);
+        self.cursor = end;
+        self.ends.push_back(end);
+        end
+    }
 }
 
 struct Inner {
@@ -191,12 +203,7 @@ impl Inner {
                         Op::Work(ns) => *ns,
                         Op::Record(_) => 0,
                     };
-                    let end = st
-                        .cursor
-                        .max(now.saturating_add(self.launch_latency_ns))
-                        .saturating_add(ns);
-                    st.cursor = end;
-                    st.ends.push_back(end);
+                    let end = st.enqueue(now, self.launch_latency_ns, ns);
                     if let Op::Record(event) = op {
                         event.0.store(end, Ordering::Release);
                     }
@@ -215,13 +222,7 @@ impl Inner {
             let now = now_ns();
             st.retire(now);
             if st.ends.len() < self.capacity {
-                let end = st
-                    .cursor
-                    .max(now.saturating_add(self.launch_latency_ns))
-                    .saturating_add(ns);
-                st.cursor = end;
-                st.ends.push_back(end);
-                return Some(end);
+                return Some(st.enqueue(now, self.launch_latency_ns, ns));
             }
             if !block {
                 return None;
