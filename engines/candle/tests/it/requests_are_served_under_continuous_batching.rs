@@ -133,6 +133,31 @@ fn every_request_reaches_the_gen_ai_histograms() {
     for (rank, (_, n)) in &steps {
         assert_eq!(*n as usize, out.steps, "rank {rank}");
     }
+    // Every step carries its kind (`Recorder::step_of`): a round's verify is `speculative`, a
+    // plain step `prefill`, `decode` or `mixed`.
+    let kinds = histogram_by(&metrics, metric::STEP_DURATION, attr::STEP_KIND);
+    let known: Vec<&str> = phasetrace_names::vocab::STEP_KINDS
+        .iter()
+        .map(|n| n.value)
+        .collect();
+    assert!(
+        kinds.keys().all(|k| known.contains(&k.as_str())),
+        "a step without a kind, or of a kind not in the contract: {kinds:?}"
+    );
+    assert_eq!(
+        kinds.values().map(|(_, n)| n).sum::<u64>(),
+        2 * out.steps as u64,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.get("speculative").map_or(0, |(_, n)| *n),
+        2 * out.rounds as u64,
+        "one speculative step a round on each rank: {kinds:?}"
+    );
+    assert!(
+        kinds.contains_key("prefill") || kinds.contains_key("mixed"),
+        "the prompts' steps: {kinds:?}"
+    );
     assert_eq!(
         stats.rounds,
         2 * out.rounds as u64,
