@@ -501,6 +501,8 @@ def main() -> int:
                      "balanced_minutes": a.balanced_minutes, "native_share": a.native_share,
                      "machine": f"{os.cpu_count()} cores"}
     failures: list[str] = []
+    # SIGTERM (a CI timeout, kill) stops the fleet and the tier as the end of a run does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         # The fleet first (its processes take a while to start), its addresses for the agent.
         targets, killed, t0 = start_fleet(a, procs, binary)
@@ -516,10 +518,29 @@ def main() -> int:
         log(f"the querier sees {seen:.0f} of {a.ranks} ranks, {time.time() - t0:.0f} s after the start")
         if seen < a.ranks:
             failures.append(f"only {seen:.0f} of {a.ranks} ranks reached the querier within 4 minutes")
-        # The balanced window.
+        # The balanced window. Once a minute: how far the store is behind the ranks (the newest
+        # sample the querier has). A tier that falls behind (receivers short of CPU) makes every
+        # figure after it meaningless (rules over windows that hold no data yet), so it fails
+        # the run, saying so, rather than measuring it.
         straggle_at = t0 + a.balanced_minutes * 60
+        lags: list[float] = []
+        next_lag = time.time()
         while time.time() < straggle_at:
+            if time.time() >= next_lag:
+                lag = q.scalar(f'time() - max(timestamp(phasetrace_steps_total{{job="{JOB}"}}))')
+                if lag is not None:
+                    lags.append(lag)
+                    log(f"the store is {lag:.0f} s behind the ranks")
+                next_lag = time.time() + 60
             time.sleep(min(10, max(0.1, straggle_at - time.time())))
+        # Four scrapes and a minute of remote write: past it the rules' 2-minute windows are empty.
+        lag_limit = 4 * a.scrape_interval + 60
+        results["store_lag_max_s"] = max(lags, default=None)
+        results["store_lag_median_s"] = sorted(lags)[len(lags) // 2] if lags else None
+        if lags and max(lags) > lag_limit:
+            failures.append(f"the store fell {max(lags):.0f} s behind the ranks (limit {lag_limit:.0f} s: four "
+                            f"scrapes and a minute of remote write): the tier is short of CPU for {a.ranks} ranks "
+                            f"at a {a.scrape_interval:g} s scrape; the figures of this run are not valid")
         balanced_false = sink.alerts(STRAGGLER)
         rank_hours = a.ranks * a.balanced_minutes / 60
         results["balanced_rank_hours"] = rank_hours
