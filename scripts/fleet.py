@@ -403,6 +403,40 @@ def start_fleet(a, procs: Procs, binary: str) -> tuple[list[str], dict, float]:
 RULE_DURATION = 'max by (rule_group) (prometheus_rule_group_last_duration_seconds{job="thanos", component="rule"})'
 
 
+def rules_alone(a, ports: dict, procs: "Procs") -> dict:
+    """The rule groups' evaluation time with the tier alone on the machine: the rank processes
+    and the agent stopped (SIGSTOP) for four evaluation intervals, the store holding what they
+    wrote. On one machine the fleet's processes take the CPU the querier needs, so the figure
+    under load (`rule_group_seconds_balanced_median`) measures the machine as much as the rules;
+    a real tier runs on machines of its own. Nothing is ingested meanwhile: the rules read the
+    last minutes' samples, as they did."""
+    paused = [p for name, p in procs.procs if name.startswith("g") or name == "agent"]
+    for p in paused:
+        try:
+            os.killpg(p.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    samples: dict[str, list[float]] = {}
+    try:
+        time.sleep(a.eval_interval)  # the evaluation under way when they stopped ends first
+        for _ in range(4):
+            time.sleep(a.eval_interval)
+            # From the ruler itself: the agent that scrapes it into the store is stopped too.
+            text = http_get(f"http://127.0.0.1:{ports['rule_http']}/metrics").decode()
+            for m in re.finditer(r'^prometheus_rule_group_last_duration_seconds\{rule_group="([^"]*)"\} (\S+)$',
+                                 text, re.M):
+                samples.setdefault(m.group(1).rsplit(";", 1)[-1], []).append(float(m.group(2)))
+    finally:
+        for p in paused:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    med = {g: sorted(v)[len(v) // 2] for g, v in sorted(samples.items())}
+    log(f"rule groups with the tier alone: {sum(med.values()) * 1000:.0f} ms in all")
+    return {"rule_group_seconds_tier_alone": med, "rule_seconds_total_tier_alone": sum(med.values())}
+
+
 def costs(a, q: Query, ports: dict, procs: Procs, work: Path, ranks: int) -> dict:
     """What the fleet costs the tier, read from the store itself (the agent scrapes the tier's
     own metrics as job `thanos`) and from /proc and the TSDB folders."""
@@ -613,6 +647,7 @@ def main() -> int:
         if not ok:
             failures.append("dashboard queries failed against the querier:\n" + text)
         results.update(costs(a, q, ports, procs, work, a.ranks))
+        results.update(rules_alone(a, ports, procs))
     finally:
         procs.stop()
     results["failures"] = failures
