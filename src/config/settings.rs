@@ -404,7 +404,7 @@ macro_rules! settings {
             $($(
                 #[doc = concat!($doc, ".")]
                 #[doc = ""]
-                #[doc = concat!("Variable: [`phasetrace_names::", stringify!($var), "`].")]
+                #[doc = concat!("Variable: `", $var, "`.")]
                 pub $field: $t,
             )?)*
             $($(#[$derived_meta])* $derived_vis $derived: $derived_t,)*

@@ -82,7 +82,10 @@ impl OpenSteps {
         }
         ranks.sort_unstable_by_key(|(r, _)| *r);
         for (rank, ns) in ranks {
-            f(&[rank_attr(rank), self.group.clone()], ns as f64 * 1e-9);
+            f(
+                &[rank_attr(rank), self.group.clone()],
+                crate::worker::sinks::metrics::layers::secs(ns),
+            );
         }
     }
 

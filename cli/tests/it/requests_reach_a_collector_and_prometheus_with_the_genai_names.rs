@@ -277,7 +277,12 @@ fn prometheus_stores_the_genai_histograms_under_their_translated_names() {
         "gen_ai_server_time_per_output_token_seconds"
     );
     // The batch and the queue, for the dashboard's request row.
-    prometheus.wait_for_query("phasetrace_batch_size_count", |s| s.len() == 2, WAIT);
+    // One series per rank once summed over the step kinds (the demo's steps carry theirs).
+    prometheus.wait_for_query(
+        "sum by (rank) (phasetrace_batch_size_count)",
+        |s| s.len() == 2,
+        WAIT,
+    );
     prometheus.wait_for_query("phasetrace_requests_running", |s| s.len() == 1, WAIT);
     let status = demo.interrupt_and_wait(WAIT);
     assert!(status.success(), "{status}; output:\n{}", demo.output());

@@ -186,8 +186,9 @@ fn prometheus_scrapes_the_demos_embedded_endpoint() {
     assert_eq!(demo.prometheus_addr(WAIT), target);
     demo.wait_for_run_end(RUN);
 
+    // Summed over the step kinds: the demo's steps carry theirs (prefill, decode, mixed).
     let steps = prometheus.wait_for_query(
-        "phasetrace_steps_total",
+        "sum by (job, instance, rank) (phasetrace_steps_total)",
         |s| s.len() == RANKS as usize && s.iter().all(|(_, v)| *v == STEPS as f64),
         WAIT,
     );

@@ -534,7 +534,7 @@ impl Instruments {
         let Some(i) = self.requests.as_deref() else {
             return;
         };
-        let secs = |ns: u64| ns as f64 * 1e-9;
+        let secs = super::layers::secs;
         self.note(
             metric::GEN_AI_SERVER_REQUEST_DURATION,
             kv,
