@@ -423,15 +423,19 @@ def rules_alone(a, ports: dict, procs: "Procs") -> dict:
             time.sleep(a.eval_interval)
             # From the ruler itself: the agent that scrapes it into the store is stopped too.
             text = http_get(f"http://127.0.0.1:{ports['rule_http']}/metrics").decode()
-            for m in re.finditer(r'^prometheus_rule_group_last_duration_seconds\{rule_group="([^"]*)"\} (\S+)$',
-                                 text, re.M):
-                samples.setdefault(m.group(1).rsplit(";", 1)[-1], []).append(float(m.group(2)))
+            # Thanos adds labels of its own (`strategy`) beside `rule_group`.
+            for m in re.finditer(r'^prometheus_rule_group_last_duration_seconds\{([^}]*)\} (\S+)$', text, re.M):
+                group = re.search(r'rule_group="([^"]*)"', m.group(1))
+                if group:
+                    samples.setdefault(group.group(1).rsplit(";", 1)[-1], []).append(float(m.group(2)))
     finally:
         for p in paused:
             try:
                 os.killpg(p.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+    if not samples:
+        log("rule groups with the tier alone: the ruler's /metrics had no prometheus_rule_group_last_duration_seconds")
     med = {g: sorted(v)[len(v) // 2] for g, v in sorted(samples.items())}
     log(f"rule groups with the tier alone: {sum(med.values()) * 1000:.0f} ms in all")
     return {"rule_group_seconds_tier_alone": med, "rule_seconds_total_tier_alone": sum(med.values())}
