@@ -534,6 +534,10 @@ def main() -> int:
     binary = a.phasetrace or next((str(b) for b in (ROOT / "target/release/phasetrace", ROOT / "target/debug/phasetrace") if b.exists()), None)
     if not binary:
         p.error("no phasetrace binary: cargo build --release -p phasetrace-cli (or pass --phasetrace)")
+    # The processes run in the work folder: a relative path is taken from here, once.
+    binary = os.path.abspath(binary)
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        p.error(f"--phasetrace {a.phasetrace}: expected an executable phasetrace binary, found none at {binary}")
     t = tools()
     if not t.get("PHASETRACE_THANOS_BIN"):
         p.error("no thanos binary: run scripts/install-tools.sh (it writes .tools/env), or set PHASETRACE_THANOS_BIN")
