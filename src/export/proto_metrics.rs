@@ -27,8 +27,8 @@
 use super::ExportError;
 use super::counted::FailureCounts;
 use super::exemplars::{EXEMPLAR_METRICS, Exemplar, ExemplarStore};
-use super::transport;
-use crate::config::{OtlpConfig, Protocol};
+use super::transport::{Otlp, Signal};
+use crate::config::OtlpConfig;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 #[cfg(feature = "otlp-http")]
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceResponse;
@@ -39,58 +39,48 @@ use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::Temporality;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-#[cfg(feature = "otlp-http")]
-use prost::Message as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-enum Transport {
-    #[cfg(feature = "otlp-grpc")]
-    Grpc {
-        client: MetricsServiceClient<tonic::transport::Channel>,
-        metadata: Box<tonic::metadata::MetadataMap>,
-        /// The OTLP runtime, which drives the channel and each export.
-        runtime: tokio::runtime::Handle,
-    },
+/// The metrics signal: OTLP's metrics service.
+pub(crate) struct Metrics;
+
+impl Signal for Metrics {
+    const NAME: &'static str = "metrics";
+    type Request = ExportMetricsServiceRequest;
     #[cfg(feature = "otlp-http")]
-    Http {
-        client: reqwest::blocking::Client,
-        url: String,
-    },
+    type Response = ExportMetricsServiceResponse;
+    #[cfg(feature = "otlp-grpc")]
+    type Client = MetricsServiceClient<tonic::transport::Channel>;
+
+    #[cfg(feature = "otlp-grpc")]
+    fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client {
+        let client = MetricsServiceClient::new(channel)
+            .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
+        match gzip {
+            true => client.send_compressed(tonic::codec::CompressionEncoding::Gzip),
+            false => client,
+        }
+    }
+
+    #[cfg(feature = "otlp-grpc")]
+    async fn export(
+        mut client: Self::Client,
+        request: tonic::Request<Self::Request>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        client.export(request).await.map(|r| r.map(drop))
+    }
 }
 
 /// An OTLP metrics exporter that adds the exemplars of an [`ExemplarStore`] and counts its
 /// failures by reason.
+#[derive(Debug)]
 pub(crate) struct ProtoMetricExporter {
-    transport: Transport,
-    otlp: OtlpConfig,
+    otlp: Otlp<Metrics>,
     exemplars: Arc<ExemplarStore>,
     failures: Arc<FailureCounts>,
     shut_down: AtomicBool,
-}
-
-impl std::fmt::Debug for ProtoMetricExporter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let t = match &self.transport {
-            #[cfg(feature = "otlp-grpc")]
-            Transport::Grpc { .. } => "grpc",
-            #[cfg(feature = "otlp-http")]
-            Transport::Http { .. } => "http/protobuf",
-        };
-        f.debug_struct("ProtoMetricExporter")
-            .field("transport", &t)
-            .finish()
-    }
-}
-
-fn err(o: &OtlpConfig, detail: impl std::fmt::Display) -> ExportError {
-    ExportError::Otlp {
-        signal: "metrics",
-        var: o.endpoint_var(),
-        endpoint: o.endpoint.clone(),
-        detail: detail.to_string(),
-    }
 }
 
 impl ProtoMetricExporter {
@@ -102,76 +92,12 @@ impl ProtoMetricExporter {
         exemplars: Arc<ExemplarStore>,
         failures: Arc<FailureCounts>,
     ) -> Result<Self, ExportError> {
-        let _ = &rt;
-        let transport = match (o.protocol, rt) {
-            #[cfg(feature = "otlp-grpc")]
-            (Protocol::Grpc, Some(rt)) => {
-                let channel = {
-                    let _guard = rt.enter();
-                    transport::channel(&o.target()).map_err(|e| err(o, e))?
-                };
-                let mut client = MetricsServiceClient::new(channel)
-                    .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
-                if o.gzip {
-                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-                }
-                Transport::Grpc {
-                    client,
-                    metadata: Box::new(transport::metadata(&o.target()).map_err(|e| err(o, e))?),
-                    runtime: rt.handle().clone(),
-                }
-            }
-            #[cfg(feature = "otlp-grpc")]
-            (Protocol::Grpc, None) => return Err(err(o, "no runtime for the gRPC channel")),
-            #[cfg(feature = "otlp-http")]
-            (Protocol::HttpProtobuf, _) => Transport::Http {
-                client: super::transport::client("metrics", o)?,
-                url: o.endpoint.clone(),
-            },
-            #[allow(unreachable_patterns)]
-            (p, _) => {
-                return Err(err(
-                    o,
-                    format!("this build of phasetrace has no OTLP {p} exporter"),
-                ));
-            }
-        };
         Ok(ProtoMetricExporter {
-            transport,
-            otlp: o.clone(),
+            otlp: Otlp::new(o, rt)?,
             exemplars,
             failures,
             shut_down: AtomicBool::new(false),
         })
-    }
-
-    async fn send(&self, message: ExportMetricsServiceRequest) -> Result<(), transport::Failed> {
-        match &self.transport {
-            #[cfg(feature = "otlp-grpc")]
-            Transport::Grpc {
-                client,
-                metadata,
-                runtime,
-            } => {
-                let mut client = client.clone();
-                let req = transport::request(message, metadata);
-                transport::grpc_call(runtime, self.otlp.timeout, async move {
-                    client.export(req).await
-                })
-                .await
-                .map(drop)
-            }
-            #[cfg(feature = "otlp-http")]
-            Transport::Http { client, url } => {
-                transport::http_call::<ExportMetricsServiceResponse>(
-                    client,
-                    &self.otlp,
-                    url,
-                    message.encode_to_vec(),
-                )
-                .map(drop)
-            }
-        }
     }
 
     /// The request for `rm`, with the store's exemplars on the duration histograms' points.
@@ -251,7 +177,7 @@ impl PushMetricExporter for ProtoMetricExporter {
             let Some(message) = message else {
                 return Err(OTelSdkError::AlreadyShutdown);
             };
-            match self.send(message).await {
+            match self.otlp.send(message).await {
                 Ok(()) => {
                     self.failures.ok();
                     Ok(())

@@ -13,8 +13,8 @@
 
 use super::ExportError;
 use super::counted::FailureCounts;
-use super::transport;
-use crate::config::{OtlpConfig, Protocol};
+use super::transport::{Otlp, Signal};
+use crate::config::OtlpConfig;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 #[cfg(feature = "otlp-http")]
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
@@ -25,52 +25,47 @@ use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_sc
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
-#[cfg(feature = "otlp-http")]
-use prost::Message as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-enum Transport {
-    #[cfg(feature = "otlp-grpc")]
-    Grpc {
-        client: TraceServiceClient<tonic::transport::Channel>,
-        metadata: Box<tonic::metadata::MetadataMap>,
-        /// The OTLP runtime, which drives the channel and each export.
-        runtime: tokio::runtime::Handle,
-    },
+/// The traces signal: OTLP's trace service.
+pub(crate) struct Traces;
+
+impl Signal for Traces {
+    const NAME: &'static str = "traces";
+    type Request = ExportTraceServiceRequest;
     #[cfg(feature = "otlp-http")]
-    Http {
-        client: reqwest::blocking::Client,
-        url: String,
-    },
+    type Response = ExportTraceServiceResponse;
+    #[cfg(feature = "otlp-grpc")]
+    type Client = TraceServiceClient<tonic::transport::Channel>;
+
+    #[cfg(feature = "otlp-grpc")]
+    fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client {
+        let client = TraceServiceClient::new(channel)
+            .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
+        match gzip {
+            true => client.send_compressed(tonic::codec::CompressionEncoding::Gzip),
+            false => client,
+        }
+    }
+
+    #[cfg(feature = "otlp-grpc")]
+    async fn export(
+        mut client: Self::Client,
+        request: tonic::Request<Self::Request>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        client.export(request).await.map(|r| r.map(drop))
+    }
 }
 
 /// An OTLP span exporter that counts its failures by reason.
+#[derive(Debug)]
 pub(crate) struct ProtoSpanExporter {
-    transport: Transport,
-    otlp: OtlpConfig,
+    otlp: Otlp<Traces>,
     resource: ResourceAttributesWithSchema,
     failures: Arc<FailureCounts>,
     shut_down: AtomicBool,
-}
-
-impl std::fmt::Debug for ProtoSpanExporter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProtoSpanExporter")
-            .field("protocol", &self.otlp.protocol)
-            .field("endpoint", &self.otlp.endpoint)
-            .finish()
-    }
-}
-
-fn err(o: &OtlpConfig, detail: impl std::fmt::Display) -> ExportError {
-    ExportError::Otlp {
-        signal: "traces",
-        var: o.endpoint_var(),
-        endpoint: o.endpoint.clone(),
-        detail: detail.to_string(),
-    }
 }
 
 impl ProtoSpanExporter {
@@ -81,75 +76,12 @@ impl ProtoSpanExporter {
         rt: Option<&tokio::runtime::Runtime>,
         failures: Arc<FailureCounts>,
     ) -> Result<Self, ExportError> {
-        let _ = &rt;
-        let transport = match (o.protocol, rt) {
-            #[cfg(feature = "otlp-grpc")]
-            (Protocol::Grpc, Some(rt)) => {
-                let channel = {
-                    let _guard = rt.enter();
-                    transport::channel(&o.target())
-                        .map_err(|e| transport::export_err("traces", o, e))?
-                };
-                let mut client = TraceServiceClient::new(channel)
-                    .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
-                if o.gzip {
-                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-                }
-                Transport::Grpc {
-                    client,
-                    metadata: Box::new(transport::metadata(&o.target()).map_err(|e| err(o, e))?),
-                    runtime: rt.handle().clone(),
-                }
-            }
-            #[cfg(feature = "otlp-grpc")]
-            (Protocol::Grpc, None) => return Err(err(o, "no runtime for the gRPC channel")),
-            #[cfg(feature = "otlp-http")]
-            (Protocol::HttpProtobuf, _) => Transport::Http {
-                client: transport::client("traces", o)?,
-                url: o.endpoint.clone(),
-            },
-            #[allow(unreachable_patterns)]
-            (p, _) => {
-                return Err(err(
-                    o,
-                    format!("this build of phasetrace has no OTLP {p} exporter"),
-                ));
-            }
-        };
         Ok(ProtoSpanExporter {
-            transport,
-            otlp: o.clone(),
+            otlp: Otlp::new(o, rt)?,
             resource: ResourceAttributesWithSchema::default(),
             failures,
             shut_down: AtomicBool::new(false),
         })
-    }
-
-    async fn send(&self, message: ExportTraceServiceRequest) -> Result<(), transport::Failed> {
-        match &self.transport {
-            #[cfg(feature = "otlp-grpc")]
-            Transport::Grpc {
-                client,
-                metadata,
-                runtime,
-            } => {
-                let mut client = client.clone();
-                let req = transport::request(message, metadata);
-                transport::grpc_call(runtime, self.otlp.timeout, async move {
-                    client.export(req).await
-                })
-                .await
-                .map(drop)
-            }
-            #[cfg(feature = "otlp-http")]
-            Transport::Http { client, url } => transport::http_call::<ExportTraceServiceResponse>(
-                client,
-                &self.otlp,
-                url,
-                message.encode_to_vec(),
-            )
-            .map(drop),
-        }
     }
 }
 
@@ -161,7 +93,7 @@ impl SpanExporter for ProtoSpanExporter {
         let message = ExportTraceServiceRequest {
             resource_spans: group_spans_by_resource_and_scope(batch, &self.resource),
         };
-        match self.send(message).await {
+        match self.otlp.send(message).await {
             Ok(()) => {
                 self.failures.ok();
                 Ok(())

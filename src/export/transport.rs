@@ -4,14 +4,26 @@
 //! glue: its errors as [`ExportError`]s, and one bounded exchange per export ([`grpc_call`],
 //! [`http_call`]) that says why it failed ([`Failure`]). What it reads of the settings is
 //! [`OtlpConfig::target`] (`config/transport.rs`), the conversion the importer and `check` use.
+//!
+//! [`Otlp`] is one signal's sender, gRPC or HTTP as configured; what differs between the
+//! signals (their messages and their gRPC service) is a [`Signal`].
+//!
+//! ```text
+//! Otlp::<S>::new(config, runtime) ──grpc──> S::client(channel(target), gzip), metadata, runtime
+//!                                 ──http──> http_client(target), the endpoint's URL
+//! Otlp::<S>::send(S::Request) ──grpc──> grpc_call(S::export(client, request(message, metadata)))
+//!                             ──http──> http_call::<S::Response>(POST url, message's bytes)
+//! ```
 
 use super::ExportError;
-use crate::config::OtlpConfig;
+use crate::config::{OtlpConfig, Protocol};
 pub(crate) use phasetrace_transport::{Error, Failure};
 #[cfg(feature = "otlp-grpc")]
 pub(crate) use phasetrace_transport::{channel, metadata, request, status_failure, status_text};
 #[cfg(feature = "otlp-http")]
 pub(crate) use phasetrace_transport::{http_client, post};
+#[cfg(feature = "otlp-http")]
+use prost::Message as _;
 
 /// `e` as the error of exporting `signal` to `o`: an unreadable CA keeps its own variant.
 pub(crate) fn export_err(signal: &'static str, o: &OtlpConfig, e: Error) -> ExportError {
@@ -80,4 +92,143 @@ pub(crate) fn http_call<R: prost::Message + Default>(
             format!("answered 2xx with a body that is not an OTLP response ({e})"),
         )
     })
+}
+
+/// The error of exporting `signal` to `o`, for `detail`.
+pub(crate) fn otlp_err(
+    signal: &'static str,
+    o: &OtlpConfig,
+    detail: impl std::fmt::Display,
+) -> ExportError {
+    ExportError::Otlp {
+        signal,
+        var: o.endpoint_var(),
+        endpoint: o.endpoint.clone(),
+        detail: detail.to_string(),
+    }
+}
+
+/// What one OTLP signal's exchange has of its own: its name, its messages and its gRPC
+/// service's client. The rest is [`Otlp`]'s.
+pub(crate) trait Signal: 'static {
+    /// The signal as errors name it: `traces` or `metrics`.
+    const NAME: &'static str;
+    /// The export request.
+    type Request: prost::Message + Send + 'static;
+    /// The export response, decoded from a 2xx OTLP/HTTP answer.
+    #[cfg(feature = "otlp-http")]
+    type Response: prost::Message + Default;
+    /// The signal's gRPC service client.
+    #[cfg(feature = "otlp-grpc")]
+    type Client: Clone + Send + Sync + 'static;
+    /// The client over `channel`: answers read up to
+    /// [`phasetrace_transport::MAX_RESPONSE_BYTES`], requests gzipped if `gzip`.
+    #[cfg(feature = "otlp-grpc")]
+    fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client;
+    /// One export call on `client` (its answer's message dropped).
+    #[cfg(feature = "otlp-grpc")]
+    fn export(
+        client: Self::Client,
+        request: tonic::Request<Self::Request>,
+    ) -> impl std::future::Future<Output = Result<tonic::Response<()>, tonic::Status>> + Send + 'static;
+}
+
+enum Way<S: Signal> {
+    #[cfg(feature = "otlp-grpc")]
+    Grpc {
+        client: S::Client,
+        metadata: Box<tonic::metadata::MetadataMap>,
+        /// The OTLP runtime, which drives the channel and each export.
+        runtime: tokio::runtime::Handle,
+    },
+    #[cfg(feature = "otlp-http")]
+    Http {
+        client: reqwest::blocking::Client,
+        url: String,
+        /// The signal, named here for a build without gRPC (whose variant names it).
+        signal: std::marker::PhantomData<fn() -> S>,
+    },
+}
+
+/// One signal's OTLP sender: the configured protocol's client, and the settings it was built
+/// from.
+pub(crate) struct Otlp<S: Signal> {
+    way: Way<S>,
+    otlp: OtlpConfig,
+}
+
+impl<S: Signal> std::fmt::Debug for Otlp<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Otlp")
+            .field("signal", &S::NAME)
+            .field("protocol", &self.otlp.protocol)
+            .field("endpoint", &self.otlp.endpoint)
+            .finish()
+    }
+}
+
+impl<S: Signal> Otlp<S> {
+    /// The sender for `o`; gRPC needs `rt`, the OTLP runtime.
+    pub(crate) fn new(
+        o: &OtlpConfig,
+        rt: Option<&tokio::runtime::Runtime>,
+    ) -> Result<Self, ExportError> {
+        let _ = &rt;
+        let way = match (o.protocol, rt) {
+            #[cfg(feature = "otlp-grpc")]
+            (Protocol::Grpc, Some(rt)) => {
+                let channel = {
+                    let _guard = rt.enter();
+                    channel(&o.target()).map_err(|e| export_err(S::NAME, o, e))?
+                };
+                let metadata = metadata(&o.target()).map_err(|e| otlp_err(S::NAME, o, e))?;
+                Way::Grpc {
+                    client: S::client(channel, o.gzip),
+                    metadata: Box::new(metadata),
+                    runtime: rt.handle().clone(),
+                }
+            }
+            #[cfg(feature = "otlp-grpc")]
+            (Protocol::Grpc, None) => {
+                return Err(otlp_err(S::NAME, o, "no runtime for the gRPC channel"));
+            }
+            #[cfg(feature = "otlp-http")]
+            (Protocol::HttpProtobuf, _) => Way::Http {
+                client: client(S::NAME, o)?,
+                url: o.endpoint.clone(),
+                signal: std::marker::PhantomData,
+            },
+            #[allow(unreachable_patterns)]
+            (p, _) => {
+                return Err(otlp_err(
+                    S::NAME,
+                    o,
+                    format!("this build of phasetrace has no OTLP {p} exporter"),
+                ));
+            }
+        };
+        Ok(Otlp {
+            way,
+            otlp: o.clone(),
+        })
+    }
+
+    /// One export of `message`, bounded by the OTLP timeout; why it failed if it did.
+    pub(crate) async fn send(&self, message: S::Request) -> Result<(), Failed> {
+        match &self.way {
+            #[cfg(feature = "otlp-grpc")]
+            Way::Grpc {
+                client,
+                metadata,
+                runtime,
+            } => {
+                let call = S::export(client.clone(), request(message, metadata));
+                grpc_call(runtime, self.otlp.timeout, call).await
+            }
+            #[cfg(feature = "otlp-http")]
+            Way::Http { client, url, .. } => {
+                http_call::<S::Response>(client, &self.otlp, url, message.encode_to_vec()).map(drop)
+            }
+        }
+    }
 }

@@ -148,6 +148,22 @@ fn errors_name_the_signals_own_variable_when_it_was_set() {
         "{msg}"
     );
     assert!(!msg.contains("s3cret"), "{msg}");
+    // The metrics exporter over gRPC names its own CA variable too.
+    let msg = build(&[
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "https://localhost:4317",
+        ),
+        ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc"),
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+            "/nonexistent/metrics-ca.pem",
+        ),
+    ]);
+    assert!(
+        msg.contains("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE=/nonexistent/metrics-ca.pem"),
+        "{msg}"
+    );
     // The general variables, when they are the ones set, are named as before.
     let msg = build(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://localhost:4317"),
