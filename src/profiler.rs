@@ -7,7 +7,7 @@ use crate::config::{
 use crate::export::{Bind, ExportError, Exporters, Given};
 use crate::record::{Gate, Recorder, RecorderOptions, Shared};
 use crate::timing::{Clock, EngineStream, HostClock};
-use crate::worker::{Kept, Pipeline, Stats, Worker, WorkerOptions};
+use crate::worker::{Kept, Pipeline, Stats, Worker, WorkerInputs, WorkerOptions};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -340,7 +340,15 @@ impl Start {
     fn run(&self, shared: &Arc<Shared>, cfg: &Config) -> Result<Running, Error> {
         let given = &self.given;
         let mut exporters = off_runtime(|| crate::export::build(cfg, given))??;
-        match Worker::build(cfg, shared, &exporters, given, &self.kept, self.opts) {
+        let inputs = WorkerInputs {
+            cfg,
+            shared,
+            exporters: &exporters,
+            given,
+            kept: &self.kept,
+            opts: self.opts,
+        };
+        match Worker::build(&inputs) {
             Ok(worker) => Ok(Running { worker, exporters }),
             Err(e) => {
                 let _ = off_runtime(move || exporters.shutdown(Duration::from_millis(500)));

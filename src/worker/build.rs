@@ -72,23 +72,36 @@ pub(crate) struct Options {
     pub(crate) drain_interval: Duration,
 }
 
+/// What the worker is built from: the resolved configuration, the recorders' shared state,
+/// the exporters in force, the engine's own providers, what outlives a restart and the
+/// builder's options.
+pub(crate) struct Inputs<'a> {
+    pub(crate) cfg: &'a Config,
+    pub(crate) shared: &'a Arc<Shared>,
+    pub(crate) exporters: &'a Exporters,
+    pub(crate) given: &'a Given,
+    pub(crate) kept: &'a Kept,
+    pub(crate) opts: Options,
+}
+
 impl Worker {
     /// Builds the pipeline `cfg` asks for over `exporters` and starts its drain thread.
-    pub(crate) fn build(
-        cfg: &Config,
-        shared: &Arc<Shared>,
-        exporters: &Exporters,
-        given: &Given,
-        kept: &Kept,
-        opts: Options,
-    ) -> std::io::Result<Worker> {
+    pub(crate) fn build(i: &Inputs<'_>) -> std::io::Result<Worker> {
+        let Inputs {
+            cfg,
+            shared,
+            exporters,
+            kept,
+            opts,
+            ..
+        } = i;
         let layers = LayerTotals::new(&cfg.group, cfg.layer_attr, cfg.layer_ranks.clone());
         let parts = Parts {
             open: OpenSteps::new(layers.group().clone()),
             request_gauges: Arc::new(RequestGauges::default()),
             layers,
         };
-        let inst = instruments(cfg, shared, exporters, given, kept, opts, &parts);
+        let inst = instruments(i, &parts);
         let Parts {
             layers,
             open,
@@ -111,13 +124,13 @@ impl Worker {
             console: ConsoleSink::new(cfg.summary_every, cfg.spec_summary_every),
         };
         let requests = Requests::new(
-            shared.clone(),
+            (*shared).clone(),
             tracing_requests,
             Tail::new(cfg.trace_requests_ttft_over, cfg.trace_slow_budget),
             Tail::new(cfg.trace_requests_tpot_over, cfg.trace_slow_budget),
             request_gauges,
         );
-        let pipeline = Pipeline::new(shared.clone(), open, sinks, requests);
+        let pipeline = Pipeline::new((*shared).clone(), open, sinks, requests);
         Worker::start(pipeline, opts.drain_interval)
     }
 }
@@ -131,15 +144,15 @@ struct Parts {
 
 /// The worker's instruments on each of the exporters' meters; says once when the engine's
 /// provider took none of the per-layer instruments through `phasetrace::view()`.
-fn instruments(
-    cfg: &Config,
-    shared: &Arc<Shared>,
-    exporters: &Exporters,
-    given: &Given,
-    kept: &Kept,
-    opts: Options,
-    parts: &Parts,
-) -> Vec<Instruments> {
+fn instruments(i: &Inputs<'_>, parts: &Parts) -> Vec<Instruments> {
+    let Inputs {
+        cfg,
+        shared,
+        exporters,
+        given,
+        kept,
+        opts,
+    } = i;
     let Parts {
         layers,
         open,

@@ -36,7 +36,7 @@ pub(crate) mod sinks;
 mod stats;
 mod trace;
 
-pub(crate) use build::{Kept, Options as WorkerOptions};
+pub(crate) use build::{Inputs as WorkerInputs, Kept, Options as WorkerOptions};
 pub(crate) use sinks::console::summary_table;
 pub use stats::{Dropped, Stats};
 
