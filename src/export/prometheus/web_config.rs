@@ -233,21 +233,63 @@ pub(crate) fn read(path: &Path, files: &mut Files) -> Result<WebConfig, WebConfi
     })
 }
 
-/// `text` with what stands between each pair of double quotes replaced by `…`.
+/// `text` (a YAML error) with nothing of the file that could be a secret: what stands between
+/// double quotes (serde quotes an unexpected value in full) becomes `…`, and so does what stands
+/// between backticks unless it is a plain name (serde's `unknown field` and `expected one of`:
+/// a key such as `alice:$2y$...`, a user line missing its space, is not echoed), and any run
+/// that reads like a bcrypt hash (`$2` and its alphabet) left elsewhere.
 fn redact_quoted(text: &str) -> String {
+    let plain = |name: &str| {
+        name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
     let mut out = String::with_capacity(text.len());
-    let mut inside = false;
-    for c in text.chars() {
-        if c == '"' {
-            if inside {
-                out.push('…');
-            }
-            inside = !inside;
-            out.push(c);
-        } else if !inside {
-            out.push(c);
-        }
+    let mut rest = text;
+    while let Some(at) = rest.find(['"', '`']) {
+        let quote = &rest[at..=at];
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let Some(end) = after.find(quote) else {
+            // An unclosed quote: what follows it is dropped.
+            out.push_str(quote);
+            out.push('…');
+            return scrub_hashes(&out);
+        };
+        let inner = &after[..end];
+        out.push_str(quote);
+        out.push_str(if quote == "`" && plain(inner) {
+            inner
+        } else {
+            "…"
+        });
+        out.push_str(quote);
+        rest = &after[end + 1..];
     }
+    out.push_str(rest);
+    scrub_hashes(&out)
+}
+
+/// `text` with each `$2` followed by 20 or more characters of bcrypt's alphabet (`$`, `.`, `/`,
+/// letters and digits) replaced by `…`.
+fn scrub_hashes(text: &str) -> String {
+    let hashy = |c: char| c.is_ascii_alphanumeric() || matches!(c, '$' | '.' | '/');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("$2") {
+        out.push_str(&rest[..at]);
+        let run = rest[at..]
+            .find(|c: char| !hashy(c))
+            .unwrap_or(rest.len() - at);
+        if run >= 20 {
+            out.push('…');
+        } else {
+            out.push_str(&rest[at..at + run]);
+        }
+        rest = &rest[at + run..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -761,6 +803,29 @@ mod tests {
         let e = err(&format!(")# m)# ma ~{hash}...==)# =m"), "string-doc");
         assert!(!e.contains(hash), "{e}");
         assert!(e.contains("invalid type"), "{e}");
+    }
+
+    #[test]
+    fn a_key_holding_a_hash_is_refused_without_echoing_it() {
+        // What the `web_config` fuzz target found next (2026-12-06): a user line missing the
+        // space after its colon is one key, echoed by serde's `unknown field`.
+        let hash = "$2y$04$8TOHE6wLwOTU1lhBD8FOphbjXVVlb3FnE4vQ/R2yFnE4vQ/R2yFpPv";
+        for (i, text) in [
+            format!("ba{hash}tlice:FpPvtlice: $2y$B6Zbpbh"),
+            format!("alice:{hash}: x\n"),
+            format!("tls_server_config:\n  alice:{hash}: x\n"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let e = err(text, &format!("hash-key{i}"));
+            assert!(!e.contains(hash) && !e.contains("$2y$04$8TOHE"), "{e}");
+            assert!(e.contains("unknown field `…`"), "{e}");
+        }
+        // Plain names are still named.
+        assert!(redact_quoted("unknown field `colour`, expected `cert_file`").contains("`colour`"));
+        assert_eq!(scrub_hashes("a $2y$10$ short"), "a $2y$10$ short");
+        assert_eq!(scrub_hashes(&format!("x {hash} y")), "x … y");
     }
 
     #[test]
