@@ -27,7 +27,7 @@
 use super::ExportError;
 use super::counted::FailureCounts;
 use super::exemplars::{EXEMPLAR_METRICS, Exemplar, ExemplarStore};
-use super::transport::{Otlp, Signal};
+use super::transport::{Otlp, signal};
 use crate::config::OtlpConfig;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 #[cfg(feature = "otlp-http")]
@@ -43,35 +43,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-/// The metrics signal: OTLP's metrics service.
-pub(crate) struct Metrics;
-
-impl Signal for Metrics {
-    const NAME: &'static str = "metrics";
-    type Request = ExportMetricsServiceRequest;
-    #[cfg(feature = "otlp-http")]
-    type Response = ExportMetricsServiceResponse;
-    #[cfg(feature = "otlp-grpc")]
-    type Client = MetricsServiceClient<tonic::transport::Channel>;
-
-    #[cfg(feature = "otlp-grpc")]
-    fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client {
-        let client = MetricsServiceClient::new(channel)
-            .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
-        match gzip {
-            true => client.send_compressed(tonic::codec::CompressionEncoding::Gzip),
-            false => client,
-        }
-    }
-
-    #[cfg(feature = "otlp-grpc")]
-    async fn export(
-        mut client: Self::Client,
-        request: tonic::Request<Self::Request>,
-    ) -> Result<tonic::Response<()>, tonic::Status> {
-        client.export(request).await.map(|r| r.map(drop))
-    }
-}
+signal!(
+    /// The metrics signal: OTLP's metrics service.
+    Metrics,
+    "metrics",
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+    MetricsServiceClient
+);
 
 /// An OTLP metrics exporter that adds the exemplars of an [`ExemplarStore`] and counts its
 /// failures by reason.

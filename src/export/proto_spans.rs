@@ -13,7 +13,7 @@
 
 use super::ExportError;
 use super::counted::FailureCounts;
-use super::transport::{Otlp, Signal};
+use super::transport::{Otlp, signal};
 use crate::config::OtlpConfig;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 #[cfg(feature = "otlp-http")]
@@ -29,35 +29,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
-/// The traces signal: OTLP's trace service.
-pub(crate) struct Traces;
-
-impl Signal for Traces {
-    const NAME: &'static str = "traces";
-    type Request = ExportTraceServiceRequest;
-    #[cfg(feature = "otlp-http")]
-    type Response = ExportTraceServiceResponse;
-    #[cfg(feature = "otlp-grpc")]
-    type Client = TraceServiceClient<tonic::transport::Channel>;
-
-    #[cfg(feature = "otlp-grpc")]
-    fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client {
-        let client = TraceServiceClient::new(channel)
-            .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
-        match gzip {
-            true => client.send_compressed(tonic::codec::CompressionEncoding::Gzip),
-            false => client,
-        }
-    }
-
-    #[cfg(feature = "otlp-grpc")]
-    async fn export(
-        mut client: Self::Client,
-        request: tonic::Request<Self::Request>,
-    ) -> Result<tonic::Response<()>, tonic::Status> {
-        client.export(request).await.map(|r| r.map(drop))
-    }
-}
+signal!(
+    /// The traces signal: OTLP's trace service.
+    Traces,
+    "traces",
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+    TraceServiceClient
+);
 
 /// An OTLP span exporter that counts its failures by reason.
 #[derive(Debug)]

@@ -133,6 +133,44 @@ pub(crate) trait Signal: 'static {
     ) -> impl std::future::Future<Output = Result<tonic::Response<()>, tonic::Status>> + Send + 'static;
 }
 
+/// Declares a [`Signal`] `$ty` from its name, its OTLP request and response messages and its
+/// tonic service client (generic over the channel): what the span and the metric exporters
+/// each declare in one line.
+macro_rules! signal {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $request:ty, $response:ty, $client:ident) => {
+        $(#[$doc])*
+        pub(crate) struct $ty;
+
+        impl $crate::export::transport::Signal for $ty {
+            const NAME: &'static str = $name;
+            type Request = $request;
+            #[cfg(feature = "otlp-http")]
+            type Response = $response;
+            #[cfg(feature = "otlp-grpc")]
+            type Client = $client<tonic::transport::Channel>;
+
+            #[cfg(feature = "otlp-grpc")]
+            fn client(channel: tonic::transport::Channel, gzip: bool) -> Self::Client {
+                let client = $client::new(channel)
+                    .max_decoding_message_size(phasetrace_transport::MAX_RESPONSE_BYTES);
+                match gzip {
+                    true => client.send_compressed(tonic::codec::CompressionEncoding::Gzip),
+                    false => client,
+                }
+            }
+
+            #[cfg(feature = "otlp-grpc")]
+            async fn export(
+                mut client: Self::Client,
+                request: tonic::Request<Self::Request>,
+            ) -> Result<tonic::Response<()>, tonic::Status> {
+                client.export(request).await.map(|r| r.map(drop))
+            }
+        }
+    };
+}
+pub(crate) use signal;
+
 enum Way<S: Signal> {
     #[cfg(feature = "otlp-grpc")]
     Grpc {
