@@ -55,6 +55,15 @@ const IDLE_BACKOFF: u32 = 16;
 /// How much sooner the worker polls while a graph replay waits to be read (1 ms -> 100 µs).
 const REPLAY_SPEEDUP: u32 = 10;
 
+/// Integer nanoseconds as seconds, the double nearest the exact decimal (a division by 1e9 is
+/// correctly rounded; a product with 1e-9 is not): a total of 2,687,350 ns is exported as
+/// `0.00268735`, not `0.0026873500000000002`, which also keeps the scrape's text short. What
+/// the observable instruments report (per-layer totals, open steps, request figures) goes
+/// through it; the drain's histogram recordings still multiply by 1e-9.
+pub(crate) fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
 /// Pairing and the sinks of its events.
 pub(crate) struct Pipeline {
     pairing: Pairing,

@@ -84,7 +84,7 @@ impl OpenSteps {
         for (rank, ns) in ranks {
             f(
                 &[rank_attr(rank), self.group.clone()],
-                crate::worker::sinks::metrics::layers::secs(ns),
+                crate::worker::secs(ns),
             );
         }
     }

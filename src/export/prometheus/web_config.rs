@@ -238,7 +238,7 @@ pub(crate) fn read(path: &Path, files: &mut Files) -> Result<WebConfig, WebConfi
 /// between backticks unless it is a plain name (serde's `unknown field` and `expected one of`:
 /// a key such as `alice:$2y$...`, a user line missing its space, is not echoed), and any run
 /// that reads like a bcrypt hash (`$2` and its alphabet) left elsewhere.
-fn redact_quoted(text: &str) -> String {
+fn redact(text: &str) -> String {
     let plain = |name: &str| {
         name.len() <= 64
             && name
@@ -304,7 +304,7 @@ fn parse(text: &str, bad: &dyn Fn(&str, String) -> WebConfigError) -> Result<Fil
         // serde quotes an unexpected value in full (`invalid type: string "$2y$..."`): that
         // value may be a bcrypt hash or a password, so what stood between double quotes is not
         // echoed (found by the `web_config` fuzz target).
-        let msg = redact_quoted(&e.to_string());
+        let msg = redact(&e.to_string());
         // serde_yaml_ng prefixes the path of the offending field: keep it as the field.
         match msg.split_once(": ") {
             Some((field, rest)) if !field.contains(' ') => bad(field, rest.to_owned()),
@@ -823,7 +823,7 @@ mod tests {
             assert!(e.contains("unknown field `…`"), "{e}");
         }
         // Plain names are still named.
-        assert!(redact_quoted("unknown field `colour`, expected `cert_file`").contains("`colour`"));
+        assert!(redact("unknown field `colour`, expected `cert_file`").contains("`colour`"));
         assert_eq!(scrub_hashes("a $2y$10$ short"), "a $2y$10$ short");
         assert_eq!(scrub_hashes(&format!("x {hash} y")), "x … y");
     }

@@ -534,7 +534,7 @@ impl Instruments {
         let Some(i) = self.requests.as_deref() else {
             return;
         };
-        let secs = super::layers::secs;
+        let secs = crate::worker::secs;
         self.note(
             metric::GEN_AI_SERVER_REQUEST_DURATION,
             kv,

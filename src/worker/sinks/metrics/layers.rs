@@ -192,7 +192,7 @@ impl LayerTotals {
         self.each(|key, layer, ns, calls| {
             if let RowKind::Section(s) = key.kind {
                 let kv = section_layer_attrs(&self.group, s, layer, key.site, key.rank);
-                f(&kv, secs(ns), calls);
+                f(&kv, crate::worker::secs(ns), calls);
             }
         });
     }
@@ -203,20 +203,13 @@ impl LayerTotals {
         self.each(|key, layer, ns, calls| match key.kind {
             RowKind::Wait => {
                 let kv = wait_layer_attrs(&self.group, key.site, layer, key.rank);
-                f(&kv, secs(ns), calls);
+                f(&kv, crate::worker::secs(ns), calls);
             }
             RowKind::SiteWait => {
                 let (kv, n) = wait_attrs(&self.group, key.site, key.rank);
-                f(&kv[..n], secs(ns), calls);
+                f(&kv[..n], crate::worker::secs(ns), calls);
             }
             RowKind::Section(_) => {}
         });
     }
-}
-
-/// Integer nanoseconds as seconds, the double nearest the exact decimal (a division by 1e9 is
-/// correctly rounded; a product with 1e-9 is not): a total of 2,687,350 ns is exported as
-/// `0.00268735`, not `0.0026873500000000002`, which also keeps the scrape's text short.
-pub(crate) fn secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
 }
