@@ -90,19 +90,22 @@ fn cases() -> Vec<Case> {
 }
 
 /// The `reason` each misbehaviour must be counted under.
-fn expected(mode: HostileMode) -> &'static str {
+/// The reasons a failure against `mode` may be counted under: one, but for garbage frames,
+/// where the call in flight when the client's HTTP/2 connection fails on the bad frame is
+/// cancelled as "connection closed" (hyper's report to the call, about a third of the time
+/// here) rather than failed by the frame's error itself.
+fn expected(mode: HostileMode) -> &'static [&'static str] {
     use phasetrace::names::export_failure as reason;
     match mode {
-        HostileMode::HttpHugeBody | HostileMode::GrpcHugeMessage => reason::RESPONSE_TOO_LARGE,
+        HostileMode::HttpHugeBody | HostileMode::GrpcHugeMessage => &[reason::RESPONSE_TOO_LARGE],
         HostileMode::HttpSlowBody
         | HostileMode::GrpcSlowBody
         | HostileMode::PingFlood
-        | HostileMode::SettingsFlood => reason::TIMEOUT,
-        HostileMode::HttpGarbage
-        | HostileMode::GrpcGarbageMessage
-        | HostileMode::GrpcGarbageFrames => reason::BAD_RESPONSE,
-        HostileMode::HttpRedirectLoop | HostileMode::HttpRedirectAway => reason::REDIRECT,
-        HostileMode::TlsWrongName => reason::TLS,
+        | HostileMode::SettingsFlood => &[reason::TIMEOUT],
+        HostileMode::HttpGarbage | HostileMode::GrpcGarbageMessage => &[reason::BAD_RESPONSE],
+        HostileMode::GrpcGarbageFrames => &[reason::BAD_RESPONSE, reason::CONNECT],
+        HostileMode::HttpRedirectLoop | HostileMode::HttpRedirectAway => &[reason::REDIRECT],
+        HostileMode::TlsWrongName => &[reason::TLS],
     }
 }
 
@@ -351,7 +354,9 @@ fn check(f: &Figures) {
     }
     for signal in signals {
         assert!(
-            reasons.split(',').any(|r| r == format!("{signal}:{want}")),
+            reasons
+                .split(',')
+                .any(|r| want.iter().any(|w| r == format!("{signal}:{w}"))),
             "{c:?}: the {signal} failures are not counted as {want:?}: {}",
             f.line
         );
